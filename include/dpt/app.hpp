@@ -1,0 +1,56 @@
+// What the executables share: MPI start-up and shutdown, set-up stages that fail on every rank
+// together, the backend and transport chosen from the config, and the start-up banner.
+#pragma once
+#include <mpi.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dpt/backend.hpp"
+#include "dpt/comm.hpp"
+#include "dpt/config.hpp"
+
+namespace dpt {
+
+// MPI_Init_thread / MPI_Finalize, rank-aware logging, HDF5 error printing off.
+class MpiSession {
+ public:
+  MpiSession(int& argc, char**& argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+// Runs f on every rank; if any rank throws, every rank learns it (rank 0 prints each distinct
+// message) and the result is the largest exit code, else 0. Only for code that every rank
+// reaches with no collective that a failed rank could skip.
+int stage(MPI_Comm c, const std::function<void()>& f);
+
+// Reads the INI file on rank 0, broadcasts its text, parses on every rank.
+Invocation read_invocation(MPI_Comm c, int argc, char** argv);
+
+struct Runtime {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Comm> comm;
+  NodeInfo node;
+};
+
+// Backend and transport from device.type / comm.backend, one GPU per local rank (several ranks
+// per GPU only with the MPI transport). Run inside stage().
+void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt);
+void make_comm_for(const Config& cfg, MPI_Comm c, Runtime& rt);
+
+// Rank 0 prints the resolved config, backend, transport, ranks and devices, library versions.
+void print_banner(const Config& cfg, const Runtime& rt, MPI_Comm c);
+
+// Turns an error escaping the run phase into an exit: collective errors exit together (rank 0
+// prints), any other error is printed by its rank and aborts every rank (MPI_Abort).
+int fail_run(const std::exception& e, MPI_Comm c);
+
+}  // namespace dpt

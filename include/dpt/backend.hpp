@@ -1,0 +1,133 @@
+// Compute backends: `cpu` (OpenBLAS cblas + loops) and `cuda` (cuBLAS/cuBLASLt + kernels).
+// A backend owns its memory, streams and library handles; every op works on buffers it
+// allocated. Ops may run asynchronously (cuda: on the backend's compute stream); copy_to_host
+// and synchronize() are the only points where the host waits. Knows nothing of communication
+// or files.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dpt {
+
+struct Dataset;
+
+enum class Act { none, relu, tanh, sigmoid, gelu };
+enum class Precision { fp32, tf32, bf16 };
+enum class OptKind { sgd, momentum, nesterov, adam, adamw };
+
+Act parse_act(const std::string& s);
+const char* act_name(Act a);
+Precision parse_precision(const std::string& s);
+OptKind parse_optimizer(const std::string& s);
+
+// Hyper-parameters of one optimizer step, torch.optim semantics.
+struct OptimStep {
+  OptKind kind = OptKind::sgd;
+  float lr = 0.01f;
+  float momentum = 0.f;      // sgd family
+  float weight_decay = 0.f;  // L2 added to the gradient (sgd*, adam); decoupled (adamw)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  int64_t t = 1;  // 1-based step count (Adam bias correction)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;      // "cpu" | "cuda"
+  virtual std::string describe() const = 0;  // device, library versions, math mode
+  virtual bool host_addressable() const = 0; // buffers readable by the host directly
+
+  // ---- memory ----
+  virtual void* alloc_bytes(size_t bytes) = 0;
+  virtual void free_bytes(void* p) noexcept = 0;
+  // host -> backend; the host buffer may be reused as soon as the call returns.
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  // backend -> host; returns when the data is on the host (waits for pending work).
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill(float* p, size_t n, float v) = 0;
+  virtual void scale(float* p, size_t n, float a) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- the MLP ----
+  // z = x·Wᵀ + b; a = act(z). x (batch,in), w (out,in), b (out), z and a (batch,out).
+  // With act == none, a may equal z.
+  virtual void linear_forward(const float* x, const float* w, const float* b, float* z, float* a,
+                              int batch, int in, int out, Act act) = 0;
+  // da (batch,out) holds dLoss/da on entry and is overwritten with dz = da·act'(z).
+  // dw (out,in) = dzᵀ·x and db (out) = Σ_rows dz, added to what is there when accumulate;
+  // dx (batch,in) = dz·w unless dx is nullptr (first layer).
+  virtual void linear_backward(const float* x, const float* w, const float* z, const float* a,
+                               float* da, int batch, int in, int out, Act act, float* dw,
+                               float* db, float* dx, bool accumulate) = 0;
+  // Softmax cross-entropy over logits (batch,classes) against labels (batch):
+  // dlogits = (softmax − onehot)·grad_scale unless dlogits is nullptr;
+  // stats[0] += Σ −log softmax[label], stats[1] += number of rows whose argmax == label.
+  virtual void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
+                            float grad_scale, float* dlogits, float* stats) = 0;
+
+  // ---- the optimizer, fused over the flat arena ----
+  // s1: momentum buffer / exp_avg; s2: exp_avg_sq (adam*) — nullptr where unused.
+  virtual void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n,
+                              const OptimStep& h) = 0;
+  // True when every element is finite (waits for the device).
+  virtual bool all_finite(const float* p, size_t n) = 0;
+
+  // ---- data ----
+  // x (count, dim) and y (count) in backend memory get rows `rows` of the dataset, converted to
+  // float with the dataset's scale and offset. Default: gather on the host, then upload.
+  virtual void load_batch(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y);
+
+ protected:
+  Backend() = default;
+};
+
+// Backend memory, RAII. T is float, int32_t, etc.
+template <class T> class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& be, size_t n) : be_(&be), n_(n) {
+    p_ = n ? static_cast<T*>(be.alloc_bytes(n * sizeof(T))) : nullptr;
+  }
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) { reset(); be_ = o.be_; p_ = o.p_; n_ = o.n_; o.p_ = nullptr; o.n_ = 0; }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+  void reset() noexcept { if (p_) be_->free_bytes(p_); p_ = nullptr; n_ = 0; }
+
+ private:
+  Backend* be_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+struct BackendOptions {
+  std::string type = "auto";  // auto|cuda|cpu
+  Precision precision = Precision::fp32;
+  int threads = 0;       // cpu: BLAS threads (0 = hardware threads / local ranks)
+  int local_rank = 0;    // which GPU (cuda) / share of cores (cpu)
+  int local_size = 1;
+  // cuda: ranks beyond the number of visible GPUs share them (device = local_rank % GPUs).
+  // Only valid with the MPI transport (NCCL refuses two ranks on one GPU); when false, such a
+  // rank is an InputError.
+  bool share_gpus = false;
+};
+
+// Number of CUDA devices this process can use; 0 where the build has no CUDA or no driver.
+int cuda_device_count();
+bool cuda_compiled();
+
+// "auto" picks cuda where a GPU is visible, else cpu. Throws InputError for "cuda" without one.
+std::unique_ptr<Backend> make_backend(const BackendOptions& opt);
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt);
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt);  // cuda builds only
+
+}  // namespace dpt

@@ -1,0 +1,59 @@
+// Checkpoints: the HDF5 layout of DESIGN.md (readable with h5dump and h5py), written atomically
+// (temporary file, fsync, rename, folder fsync) and validated on read (format, version, shapes,
+// checksum). Knows nothing of the training loop: it stores named float tensors and attributes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpt {
+
+struct Tensor {
+  std::string name;             // path inside the file, e.g. "model/fc0/weight"
+  std::vector<int64_t> shape;   // e.g. {out, in}
+  std::vector<float> data;      // row-major
+};
+
+struct Checkpoint {
+  static constexpr int kVersion = 1;
+  static constexpr const char* kFormat = "dptrain-checkpoint";  // root attribute `format`
+  int version = kVersion;
+  int64_t step = 0;          // optimizer steps taken
+  int64_t epoch = 0;         // epoch the next step belongs to
+  int64_t step_in_epoch = 0; // global batches of that epoch already consumed
+  int64_t samples_seen = 0;
+  int world_size = 1;
+  int64_t global_batch = 0;
+  uint64_t seed = 0;
+  std::string optimizer;     // e.g. "adam"
+  std::string config;        // the resolved INI text
+  std::vector<int> layers;   // e.g. {784, 256, 128, 10}
+  std::vector<Tensor> tensors;  // "model/fc<i>/weight|bias", "optimizer/<state>/fc<i>/weight|bias"
+                                // (read_checkpoint returns them in byte-wise name order)
+
+  const Tensor* find(const std::string& name) const;
+};
+
+// Root attribute `checksum_crc32` (uint32): zlib crc32 over the tensors in byte-wise name order,
+// each fed as its name bytes, one NUL, int64 rank, int64 dims, then float32 data (all
+// little-endian). Attributes are not covered; HDF5's own structure checks catch most damage there.
+uint32_t tensor_checksum(const std::vector<Tensor>& tensors);
+
+// Atomic write; throws Error on I/O failure (the previous file, if any, is left intact).
+// Also throws Error, before touching the disk, when the tensors disagree with `layers`.
+void write_checkpoint(const std::string& path, const Checkpoint& ck);
+// Validated read; throws InputError naming the file and what is wrong.
+Checkpoint read_checkpoint(const std::string& path);
+
+// <dir>/ckpt-<step, 9 digits>.h5
+std::string checkpoint_path(const std::string& dir, int64_t step);
+// Checkpoint files in dir, newest (highest step) first.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+// Newest file in dir that reads back valid; damaged ones are skipped with a warning.
+// Returns "" when there is none.
+std::string find_latest_valid(const std::string& dir);
+// Deletes all but the newest `keep` checkpoints (keep <= 0: keep all), and temporary files of
+// killed saves that have not been touched for an hour.
+void prune_checkpoints(const std::string& dir, int keep);
+
+}  // namespace dpt

@@ -1,0 +1,90 @@
+// The configuration: every option declared once (Boost.Program_options) for the INI file, the
+// command line and --help, and validated with messages naming the key, the value and the file.
+// Knows nothing of training; other layers read the plain Config struct.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpt {
+
+struct Config {
+  // [model]
+  std::vector<int> layers{784, 256, 128, 10};
+  std::string activation = "relu";  // relu|tanh|sigmoid|gelu
+  std::string init;                 // checkpoint to start from ("" = random init)
+  // [data]
+  std::string train_file;
+  std::string test_file;
+  bool shuffle = true;
+  // [train]
+  int epochs = 1;
+  int64_t steps = 0;  // optional cap on optimizer steps (0 = none)
+  int batch_per_rank = 64;
+  std::string optimizer = "sgd";  // sgd|momentum|nesterov|adam|adamw
+  double lr = 0.01;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::string lr_scaling = "none";  // none|linear|sqrt
+  int base_batch = 0;               // 0 = batch_per_rank (scale 1 on one rank)
+  int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // constant|step|cosine
+  int64_t step_every = 0;             // schedule=step: decay every N steps (0 = each epoch)
+  double step_gamma = 0.1;            // schedule=step: factor
+  double min_lr = 0.0;                // schedule=cosine: floor
+  uint64_t seed = 1;
+  std::string sync = "gradients";  // gradients|parameters
+  int average_every = 1;
+  std::string precision = "fp32";  // fp32|tf32|bf16
+  int accumulate = 1;
+  int64_t eval_every = 0;                 // steps between evaluations (0 = end of each epoch)
+  std::string on_nonfinite = "stop";      // stop|skip
+  // [comm]
+  std::string comm_backend = "auto";  // auto|nccl|mpi
+  double bucket_mb = 25.0;
+  double timeout_s = 300.0;
+  // [device]
+  std::string device_type = "auto";  // auto|cuda|cpu
+  int threads = 0;                   // BLAS threads per rank on the CPU (0 = cores / local ranks)
+  // [checkpoint]
+  std::string ckpt_dir;  // "" = no checkpoints
+  int64_t ckpt_every = 0;
+  int ckpt_keep = 3;
+  bool ckpt_at_start = false;
+  std::string resume = "auto";  // auto|none|<file>
+  // [log]
+  std::string metrics_file;
+  int64_t log_every = 50;
+  bool progress = true;
+
+  // Where it came from, for messages and the checkpoint's `config` attribute.
+  std::string source;    // the INI path, or "(command line)"
+  std::string resolved;  // the resolved configuration as INI text
+};
+
+// Command-line actions besides training.
+struct Invocation {
+  Config cfg;
+  bool help = false;
+  bool eval_only = false;        // --eval --checkpoint FILE [--data.test FILE]
+  std::string eval_checkpoint;
+  std::string help_text;
+};
+
+// Parse `--config FILE` (its text read on rank 0 and passed in as ini_text) and overrides.
+// Throws InputError naming key, value and file. Pure: no MPI, no I/O except nothing.
+Invocation parse_invocation(int argc, const char* const* argv, const std::string& ini_path,
+                            const std::string& ini_text);
+
+// The value of --config in argv ("" if absent), found before the full parse so rank 0 can read it.
+std::string find_config_path(int argc, const char* const* argv);
+
+// Checks across keys (impossible combinations); throws InputError.
+void validate(const Config& cfg);
+
+// Resolved configuration as INI text (sorted by section), printed at start-up and stored in
+// checkpoints.
+std::string to_ini(const Config& cfg);
+
+}  // namespace dpt

@@ -1,0 +1,69 @@
+// The model: an MLP of Linear layers with one activation between them, its parameters and
+// gradients each in one flat contiguous arena (Torch's getParameters() idea), forward and
+// backward on a Backend. Layer i owns weight (out, in) then bias (out), in layer order, so the
+// last layer's gradients sit at the end of the arena. Knows nothing of files or communication.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dpt/backend.hpp"
+
+namespace dpt {
+
+struct LayerSlice {
+  int in = 0, out = 0;
+  size_t w_off = 0;  // weight (out, in), row-major
+  size_t b_off = 0;  // bias (out)
+  size_t begin() const { return w_off; }
+  size_t end() const { return b_off + size_t(out); }
+};
+
+// Parses "784,256,128,10"; throws InputError.
+std::vector<int> parse_layers(const std::string& s);
+
+class MLP {
+ public:
+  MLP(Backend& be, std::vector<int> layers, Act act, int max_batch);
+
+  int num_layers() const { return int(slices_.size()); }
+  const LayerSlice& layer(int i) const { return slices_[size_t(i)]; }
+  const std::vector<int>& widths() const { return widths_; }
+  Act activation() const { return act_; }
+  size_t num_params() const { return n_params_; }
+  int max_batch() const { return max_batch_; }
+  int in_dim() const { return widths_.front(); }
+  int classes() const { return widths_.back(); }
+
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+
+  // PyTorch nn.Linear's default init (weight and bias ~ U(−1/√in, 1/√in)), from a deterministic
+  // generator seeded by `seed`; computed on the host, uploaded.
+  void init_params(uint64_t seed);
+
+  // x (batch, in_dim) -> logits (batch, classes), kept for backward.
+  const float* forward(const float* x, int batch);
+  // Loss and gradient of the logits from the last forward: adds Σ loss and #correct to stats[0..1];
+  // the gradient is scaled by grad_scale (1 / samples the gradient is a mean over).
+  void loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad);
+  // Backward from the last loss(); grads are overwritten (accumulate=false) or added to.
+  // layer_done(i) is called once layer i's gradients are final, last layer first.
+  void backward(const float* x, int batch, bool accumulate,
+                const std::function<void(int)>& layer_done = {});
+
+ private:
+  Backend& be_;
+  std::vector<int> widths_;
+  Act act_;
+  int max_batch_;
+  std::vector<LayerSlice> slices_;
+  size_t n_params_ = 0;
+  Buffer<float> params_, grads_;
+  std::vector<Buffer<float>> z_, a_;  // per layer: pre- and post-activation (batch, out)
+  Buffer<float> dbuf_[2];             // backward scratch (batch, max width)
+  int last_batch_ = 0;
+};
+
+}  // namespace dpt

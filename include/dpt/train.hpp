@@ -1,0 +1,99 @@
+// The training loop: data order, forward/backward, gradient sync (bucketed, reverse layer order)
+// or periodic parameter averaging, the optimizer and LR schedule, evaluation reduced over all
+// ranks, metrics JSONL, progress, checkpoints and resume, signals. Knows how no layer works
+// inside: it drives MLP, Optimizer, Comm and the checkpoint store through their interfaces.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpt/backend.hpp"
+#include "dpt/comm.hpp"
+#include "dpt/config.hpp"
+#include "dpt/data.hpp"
+#include "dpt/nn.hpp"
+#include "dpt/optim.hpp"
+
+namespace dpt {
+
+struct EvalResult {
+  double loss = 0;      // mean over the dataset
+  double accuracy = 0;  // fraction correct
+  int64_t n = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0;           // optimizer steps taken in total (including before a resume)
+  int64_t epoch = 0;           // epoch the next step would belong to
+  double seconds = 0;          // wall time of the loop on this run
+  double samples_per_s = 0;    // global samples per second over the loop
+  EvalResult last_eval;        // last evaluation on the test set (n = 0 if none)
+  std::vector<double> losses;  // global mean loss of every logged step (log.every_steps)
+  bool stopped_by_signal = false;
+};
+
+class Trainer {
+ public:
+  // train/test may be null (test: no evaluation). Parameters are initialised (or loaded from
+  // model.init or a resume checkpoint) and broadcast from rank 0.
+  Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train, const Dataset* test);
+  ~Trainer();
+
+  TrainResult run();
+  EvalResult evaluate(const Dataset& ds);
+
+  MLP& model() { return *model_; }
+  Optimizer& optimizer() { return *opt_; }
+  std::vector<float> params_host();
+  // Global batch: batch_per_rank × ranks × accumulate.
+  int64_t global_batch() const;
+  // Where training starts (after a resume): optimizer steps already taken.
+  int64_t start_step() const { return step_; }
+
+ private:
+  const Config& cfg_;
+  Backend& be_;
+  Comm& comm_;
+  const Dataset* train_;
+  const Dataset* test_;
+  std::unique_ptr<MLP> model_;
+  std::unique_ptr<Optimizer> opt_;
+  Buffer<float> x_, stats_;  // x (max_batch, in_dim); stats [Σ loss, #correct]
+  Buffer<int32_t> y_;        // (max_batch)
+  int64_t step_ = 0, epoch_ = 0, step_in_epoch_ = 0, samples_seen_ = 0;
+  int64_t last_saved_ = -1;
+  int64_t total_steps_ = 0;
+  std::chrono::steady_clock::time_point t0_;
+  double t_last_ = 0;  // seconds since t0_ at the last logged step
+  int64_t s_last_ = 0; // step at the last logged step
+  std::unique_ptr<class MetricsWriter> metrics_;
+
+  void load_initial_state();
+  void save_checkpoint();
+  void average_parameters();
+  // One optimizer step on global batch k of the epoch order; false if skipped (non-finite).
+  bool train_step(const std::vector<int64_t>& order, int64_t k, double lr, void* sync);
+  void log_step(double lr, TrainResult& res);
+  void log_eval(const EvalResult& e);
+  bool agree_stop();
+};
+
+// Rank 0 writes one JSON object per line; other ranks hold a closed writer.
+class MetricsWriter {
+ public:
+  MetricsWriter(const std::string& path, bool active);
+  ~MetricsWriter();
+  void write(const std::string& json_object);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Installs SIGTERM/SIGUSR1 handlers that set a flag; the loop agrees on it across ranks.
+void install_stop_signals();
+bool stop_requested();
+
+}  // namespace dpt

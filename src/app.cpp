@@ -1,0 +1,138 @@
+#include "dpt/app.hpp"
+
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "dpt/check.hpp"
+#include "dpt/log.hpp"
+
+namespace dpt {
+
+MpiSession::MpiSession(int& argc, char**& argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // Errors come back as codes that DPT_CHECK_MPI turns into messages, not as MPI's own abort.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  set_where(rank_, host);
+  log::set_rank(rank_);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+MpiSession::~MpiSession() { MPI_Finalize(); }
+
+int stage(MPI_Comm c, const std::function<void()>& f) {
+  std::string msg;
+  int code = 0;
+  try {
+    f();
+  } catch (const Error& e) {
+    msg = e.what();
+    code = e.code();
+  } catch (const std::exception& e) {
+    msg = e.what();
+    code = kExitRuntime;
+  }
+  if (all_ok(c, code == 0, msg)) return 0;
+  int worst = 0;
+  MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, c);
+  return worst;
+}
+
+Invocation read_invocation(MPI_Comm c, int argc, char** argv) {
+  int rank = 0;
+  MPI_Comm_rank(c, &rank);
+  const std::string path = find_config_path(argc, argv);
+  std::string text, err;
+  if (rank == 0 && !path.empty()) {
+    std::ifstream in(path);
+    if (!in) err = "cannot read config file " + path;
+    std::ostringstream os;
+    os << in.rdbuf();
+    text = os.str();
+    if (text.size() > (16u << 20)) err = "config file " + path + " is larger than 16 MiB";
+  }
+  bcast_string(c, err);
+  if (!err.empty()) throw InputError(err);
+  bcast_string(c, text);
+  return parse_invocation(argc, argv, path, text);
+}
+
+void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
+  rt.node = node_info(c);
+  BackendOptions opt;
+  opt.type = cfg.device_type;
+  opt.precision = parse_precision(cfg.precision);
+  opt.threads = cfg.threads;
+  opt.local_rank = rt.node.local_rank;
+  opt.local_size = rt.node.local_size;
+  const int gpus = cfg.device_type == "cpu" ? 0 : cuda_device_count();
+  if (gpus > 0 && rt.node.local_size > gpus) {
+    if (cfg.comm_backend == "nccl")
+      throw InputError(std::to_string(rt.node.local_size) + " ranks on " + rt.node.host + " but only " +
+                       std::to_string(gpus) + " GPU(s) visible: NCCL needs one GPU per rank; "
+                       "use comm.backend = mpi to share GPUs, or start fewer ranks");
+    opt.local_rank = rt.node.local_rank % gpus;  // several ranks per GPU (MPS-style), MPI transport
+  }
+  if (gpus == 0 && opt.precision != Precision::fp32)
+    throw InputError("train.precision = " + cfg.precision + " needs a GPU (the cpu backend is fp32)");
+  rt.backend = make_backend(opt);
+}
+
+void make_comm_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
+  std::string kind = cfg.comm_backend;
+  int gpus = rt.backend->name() == "cuda" ? cuda_device_count() : 0;
+  if (kind == "auto" && gpus > 0 && rt.node.local_size > gpus) kind = "mpi";
+  rt.comm = make_comm(kind, c, *rt.backend);
+}
+
+void print_banner(const Config& cfg, const Runtime& rt, MPI_Comm c) {
+  // Every rank's device line, gathered so rank 0 can show the whole job.
+  std::string mine = rt.node.host + " local rank " + std::to_string(rt.node.local_rank) + ": " +
+                     rt.backend->describe();
+  int size = 1, rank = 0;
+  MPI_Comm_size(c, &size);
+  MPI_Comm_rank(c, &rank);
+  std::vector<std::string> lines;
+  for (int r = 0; r < size; ++r) {
+    std::string s = mine;
+    bcast_string(c, s, r);
+    lines.push_back(s);
+  }
+  if (rank != 0) return;
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  std::ostringstream os;
+  os << "dptrain: " << size << " rank(s), backend " << rt.backend->name() << ", transport "
+     << rt.comm->describe() << "\n";
+  os << "HDF5 " << maj << "." << min << "." << rel << "\n";
+  for (int r = 0; r < size; ++r) {
+    if (r > 0 && lines[size_t(r)] == lines[size_t(r - 1)].substr(0)) continue;
+    os << "  rank " << r << ": " << lines[size_t(r)] << "\n";
+  }
+  os << "resolved configuration (" << cfg.source << "):\n" << cfg.resolved;
+  log::info(os.str());
+}
+
+int fail_run(const std::exception& e, MPI_Comm c) {
+  const auto* err = dynamic_cast<const Error*>(&e);
+  const int code = err ? err->code() : kExitRuntime;
+  int rank = 0;
+  MPI_Comm_rank(c, &rank);
+  if (err && err->collective()) {
+    if (rank == 0) std::fprintf(stderr, "dptrain: %s\n", e.what());
+    return code;
+  }
+  log::error(e.what());
+  MPI_Abort(MPI_COMM_WORLD, code);
+  return code;
+}
+
+}  // namespace dpt

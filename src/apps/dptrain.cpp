@@ -1,0 +1,100 @@
+// dptrain: data-parallel training of an MLP, one rank per GPU (or CPU share).
+//   mpirun -np 2 ./dptrain --config inputs/run.ini [--section.key value ...]
+//   mpirun -np 2 ./dptrain --eval --checkpoint runs/x/ckpt-000001000.h5 [--data.test FILE]
+#include <cstdio>
+#include <memory>
+
+#include "dpt/app.hpp"
+#include "dpt/check.hpp"
+#include "dpt/ckpt.hpp"
+#include "dpt/data.hpp"
+#include "dpt/log.hpp"
+#include "dpt/train.hpp"
+
+using namespace dpt;
+
+namespace {
+
+// --eval: the checkpoint's own configuration is the base, the command line overrides it.
+Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const std::string& ckpt) {
+  std::string text, err;
+  if (log::rank() == 0) {
+    try {
+      text = read_checkpoint(ckpt).config;
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  bcast_string(c, err);
+  if (!err.empty()) throw InputError(err);
+  bcast_string(c, text);
+  Invocation inv = parse_invocation(argc, argv, ckpt + " (its config)", text);
+  inv.cfg.init = ckpt;
+  inv.cfg.resume = "none";
+  return inv;
+}
+
+void print_summary(const TrainResult& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "done: %lld steps in %.2f s, %.0f samples/s%s",
+                static_cast<long long>(r.steps), r.seconds, r.samples_per_s,
+                r.stopped_by_signal ? " (stopped by signal after a checkpoint)" : "");
+  log::info(buf);
+  if (r.last_eval.n) {
+    std::snprintf(buf, sizeof buf, "final test accuracy %.4f, loss %.4f", r.last_eval.accuracy, r.last_eval.loss);
+    log::info(buf);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiSession mpi(argc, argv);
+  const MPI_Comm world = MPI_COMM_WORLD;
+  Invocation inv;
+  if (int rc = stage(world, [&] { inv = read_invocation(world, argc, argv); })) return rc;
+  if (inv.help) {
+    log::info(inv.help_text);
+    return 0;
+  }
+  if (inv.eval_only && stage(world, [&] {
+        if (inv.eval_checkpoint.empty()) throw InputError("--eval needs --checkpoint FILE");
+        inv = eval_invocation(world, argc, argv, inv.eval_checkpoint);
+        inv.eval_only = true;
+      }))
+    return kExitUsage;
+  const Config& cfg = inv.cfg;
+  Runtime rt;
+  if (int rc = stage(world, [&] { make_backend_for(cfg, world, rt); })) return rc;
+  if (int rc = stage(world, [&] { make_comm_for(cfg, world, rt); })) return rc;
+  print_banner(cfg, rt, world);
+  Dataset train, test;
+  if (int rc = stage(world, [&] {
+        if (!inv.eval_only) train = load_dataset(cfg.train_file);
+        if (!cfg.test_file.empty()) test = load_dataset(cfg.test_file);
+        if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
+      }))
+    return rc;
+  std::unique_ptr<Trainer> trainer;
+  if (int rc = stage(world, [&] {
+        trainer = std::make_unique<Trainer>(cfg, *rt.backend, *rt.comm, inv.eval_only ? nullptr : &train,
+                                            cfg.test_file.empty() ? nullptr : &test);
+      }))
+    return rc;
+  install_stop_signals();
+  try {
+    if (inv.eval_only) {
+      EvalResult e = trainer->evaluate(test);
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.4f, accuracy %.4f", cfg.test_file.c_str(),
+                    static_cast<long long>(e.n), e.loss, e.accuracy);
+      log::info(buf);
+      return 0;
+    }
+    TrainResult r = trainer->run();
+    print_summary(r);
+    return r.stopped_by_signal ? kExitSignal : kExitOk;
+  } catch (const std::exception& e) {
+    return fail_run(e, world);
+  }
+}

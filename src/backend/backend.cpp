@@ -1,0 +1,81 @@
+// Backend-independent pieces: names, the backend choice, the default batch loader.
+#include "dpt/backend.hpp"
+
+#include <vector>
+
+#include "dpt/check.hpp"
+#include "dpt/data.hpp"
+
+namespace dpt {
+
+Act parse_act(const std::string& s) {
+  if (s == "relu") return Act::relu;
+  if (s == "tanh") return Act::tanh;
+  if (s == "sigmoid") return Act::sigmoid;
+  if (s == "gelu") return Act::gelu;
+  if (s == "none") return Act::none;
+  throw InputError("unknown activation '" + s + "' (relu | tanh | sigmoid | gelu)");
+}
+
+const char* act_name(Act a) {
+  switch (a) {
+    case Act::relu: return "relu";
+    case Act::tanh: return "tanh";
+    case Act::sigmoid: return "sigmoid";
+    case Act::gelu: return "gelu";
+    default: return "none";
+  }
+}
+
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::fp32;
+  if (s == "tf32") return Precision::tf32;
+  if (s == "bf16") return Precision::bf16;
+  throw InputError("unknown precision '" + s + "' (fp32 | tf32 | bf16)");
+}
+
+OptKind parse_optimizer(const std::string& s) {
+  if (s == "sgd") return OptKind::sgd;
+  if (s == "momentum") return OptKind::momentum;
+  if (s == "nesterov") return OptKind::nesterov;
+  if (s == "adam") return OptKind::adam;
+  if (s == "adamw") return OptKind::adamw;
+  throw InputError("unknown optimizer '" + s + "' (sgd | momentum | nesterov | adam | adamw)");
+}
+
+void Backend::load_batch(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y) {
+  if (host_addressable()) {
+    ds.gather(rows, count, x, y);
+    return;
+  }
+  std::vector<float> hx(size_t(count) * size_t(ds.dim));
+  std::vector<int32_t> hy(static_cast<size_t>(count));
+  ds.gather(rows, count, hx.data(), hy.data());
+  upload(x, hx.data(), hx.size() * sizeof(float));
+  upload(y, hy.data(), hy.size() * sizeof(int32_t));
+}
+
+#ifndef DPT_HAVE_CUDA
+int cuda_device_count() { return 0; }
+bool cuda_compiled() { return false; }
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
+  throw InputError("device.type = cuda, but this dptrain was built without CUDA");
+}
+#else
+bool cuda_compiled() { return true; }
+#endif
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& opt) {
+  if (opt.type == "cpu") return make_cpu_backend(opt);
+  const int gpus = cuda_device_count();
+  if (opt.type == "cuda") {
+    if (gpus == 0)
+      throw InputError(cuda_compiled() ? "device.type = cuda, but no CUDA device is visible"
+                                       : "device.type = cuda, but this dptrain was built without CUDA");
+    return make_cuda_backend(opt);
+  }
+  if (gpus > 0) return make_cuda_backend(opt);
+  return make_cpu_backend(opt);
+}
+
+}  // namespace dpt

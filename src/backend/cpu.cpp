@@ -1,0 +1,189 @@
+// The CPU backend: OpenBLAS cblas for every GEMM, plain loops for the elementwise work.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "dpt/backend.hpp"
+#include "dpt/check.hpp"
+
+namespace dpt {
+namespace {
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+inline float act_fwd(Act act, float z) {
+  switch (act) {
+    case Act::relu: return z > 0.f ? z : 0.f;
+    case Act::tanh: return std::tanh(z);
+    case Act::sigmoid: return 1.f / (1.f + std::exp(-z));
+    case Act::gelu: return 0.5f * z * (1.f + std::erf(z * kInvSqrt2));  // exact, as torch.nn.GELU
+    default: return z;
+  }
+}
+
+// d act / dz, from z (and a = act(z) where that is cheaper).
+inline float act_grad(Act act, float z, float a) {
+  switch (act) {
+    case Act::relu: return z > 0.f ? 1.f : 0.f;
+    case Act::tanh: return 1.f - a * a;
+    case Act::sigmoid: return a * (1.f - a);
+    case Act::gelu:
+      return 0.5f * (1.f + std::erf(z * kInvSqrt2)) + z * kInvSqrt2Pi * std::exp(-0.5f * z * z);
+    default: return 1.f;
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& opt) {
+    threads_ = opt.threads;
+    if (threads_ <= 0) {
+      int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+      threads_ = std::max(1, hw / std::max(1, opt.local_size));
+    }
+    openblas_set_num_threads(threads_);
+  }
+
+  std::string name() const override { return "cpu"; }
+  std::string describe() const override {
+    return "cpu, OpenBLAS " + std::string(openblas_get_config()) + ", " +
+           std::to_string(threads_) + " BLAS thread(s) per rank, fp32";
+  }
+  bool host_addressable() const override { return true; }
+
+  void* alloc_bytes(size_t bytes) override {
+    // 64-byte alignment for vector loads; aligned_alloc needs a multiple of the alignment.
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void free_bytes(void* p) noexcept override { std::free(p); }
+  void upload(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
+  void download(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
+  void copy(void* d, const void* s, size_t n) override { std::memmove(d, s, n); }
+  void fill(float* p, size_t n, float v) override { std::fill(p, p + n, v); }
+  void scale(float* p, size_t n, float a) override {
+    for (size_t i = 0; i < n; ++i) p[i] *= a;
+  }
+  void synchronize() override {}
+
+  void linear_forward(const float* x, const float* w, const float* b, float* z, float* a,
+                      int batch, int in, int out, Act act) override {
+    for (int r = 0; r < batch; ++r) std::memcpy(z + size_t(r) * out, b, size_t(out) * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, out, in, 1.f, x, in, w, in, 1.f,
+                z, out);
+    if (act == Act::none) {
+      if (a != z) std::memcpy(a, z, size_t(batch) * out * sizeof(float));
+      return;
+    }
+    const size_t n = size_t(batch) * out;
+    for (size_t i = 0; i < n; ++i) a[i] = act_fwd(act, z[i]);
+  }
+
+  void linear_backward(const float* x, const float* w, const float* z, const float* a, float* da,
+                       int batch, int in, int out, Act act, float* dw, float* db, float* dx,
+                       bool accumulate) override {
+    const size_t n = size_t(batch) * out;
+    if (act != Act::none)
+      for (size_t i = 0; i < n; ++i) da[i] *= act_grad(act, z[i], a[i]);
+    const float* dz = da;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.f, dz, out, x, in,
+                accumulate ? 1.f : 0.f, dw, in);
+    if (!accumulate) std::fill(db, db + out, 0.f);
+    for (int r = 0; r < batch; ++r) {
+      const float* row = dz + size_t(r) * out;
+      for (int j = 0; j < out; ++j) db[j] += row[j];
+    }
+    if (dx)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, out, 1.f, dz, out, w, in,
+                  0.f, dx, in);
+  }
+
+  void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
+                    float grad_scale, float* dlogits, float* stats) override {
+    double loss = 0;
+    int correct = 0;
+    for (int r = 0; r < batch; ++r) {
+      const float* l = logits + size_t(r) * classes;
+      int arg = 0;
+      for (int j = 1; j < classes; ++j)
+        if (l[j] > l[arg]) arg = j;
+      const float m = l[arg];
+      double sum = 0;
+      for (int j = 0; j < classes; ++j) sum += std::exp(double(l[j] - m));
+      const int y = labels[r];
+      loss += std::log(sum) - double(l[y] - m);
+      correct += (arg == y);
+      if (dlogits) {
+        float* d = dlogits + size_t(r) * classes;
+        const float inv = float(1.0 / sum);
+        for (int j = 0; j < classes; ++j) d[j] = std::exp(l[j] - m) * inv * grad_scale;
+        d[y] -= grad_scale;
+      }
+    }
+    stats[0] += float(loss);
+    stats[1] += float(correct);
+  }
+
+  void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n,
+                      const OptimStep& h) override {
+    switch (h.kind) {
+      case OptKind::sgd:
+        for (size_t i = 0; i < n; ++i) p[i] -= h.lr * (g[i] + h.weight_decay * p[i]);
+        return;
+      case OptKind::momentum:
+      case OptKind::nesterov: {
+        const bool nest = h.kind == OptKind::nesterov;
+        for (size_t i = 0; i < n; ++i) {
+          const float gi = g[i] + h.weight_decay * p[i];
+          s1[i] = h.momentum * s1[i] + gi;  // torch: dampening 0; buf starts at g (zeros + g)
+          p[i] -= h.lr * (nest ? gi + h.momentum * s1[i] : s1[i]);
+        }
+        return;
+      }
+      case OptKind::adam:
+      case OptKind::adamw: adam(p, g, s1, s2, n, h); return;
+    }
+  }
+
+  bool all_finite(const float* p, size_t n) override {
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(p[i])) return false;
+    return true;
+  }
+
+ private:
+  int threads_ = 1;
+
+  // torch.optim.Adam / AdamW (foreach=False formulas, amsgrad=False).
+  static void adam(float* p, const float* g, float* m, float* v, size_t n, const OptimStep& h) {
+    const bool decoupled = h.kind == OptKind::adamw;
+    const float bc1 = 1.f - std::pow(h.beta1, float(h.t));
+    const float bc2_sqrt = std::sqrt(1.f - std::pow(h.beta2, float(h.t)));
+    const float step = h.lr / bc1;
+    const float shrink = 1.f - h.lr * h.weight_decay;
+    for (size_t i = 0; i < n; ++i) {
+      float gi = g[i];
+      if (decoupled) p[i] *= shrink;
+      else gi += h.weight_decay * p[i];
+      m[i] = h.beta1 * m[i] + (1.f - h.beta1) * gi;
+      v[i] = h.beta2 * v[i] + (1.f - h.beta2) * gi * gi;
+      p[i] -= step * m[i] / (std::sqrt(v[i]) / bc2_sqrt + h.eps);
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt) {
+  return std::make_unique<CpuBackend>(opt);
+}
+
+}  // namespace dpt

@@ -1,0 +1,189 @@
+// The MPI transport, the transport choice, and the small host-side MPI helpers.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "dpt/backend.hpp"
+#include "dpt/check.hpp"
+#include "dpt/comm.hpp"
+#include "dpt/log.hpp"
+
+namespace dpt {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: case DType::i32: return 4;
+    case DType::f64: case DType::i64: return 8;
+    case DType::bf16: return 2;
+    default: return 1;
+  }
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+    default: throw Error("the MPI transport has no bf16 reduction");
+  }
+}
+
+static MPI_Op mpi_op(RedOp op) {
+  return op == RedOp::sum ? MPI_SUM : op == RedOp::max ? MPI_MAX : MPI_MIN;
+}
+
+Comm::Comm(MPI_Comm c) : mpi_(c) {
+  DPT_CHECK_MPI(MPI_Comm_rank(c, &rank_));
+  DPT_CHECK_MPI(MPI_Comm_size(c, &size_));
+}
+
+namespace {
+
+// Blocking MPI collectives. With a device backend, buffers are staged through host vectors:
+// download waits for the compute that produced them, upload feeds the compute that follows.
+class MpiComm final : public Comm {
+ public:
+  MpiComm(MPI_Comm c, Backend* staging) : Comm(c), staging_(staging) {}
+  std::string name() const override { return "mpi"; }
+  std::string describe() const override {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    std::string s(v, size_t(len));
+    auto nl = s.find_first_of("\n,");
+    return "mpi (" + s.substr(0, nl) + (staging_ ? ", host-staged" : "") + ")";
+  }
+
+  void allreduce(const void* send, void* recv, size_t count, DType t, RedOp op) override {
+    if (!staging_) {
+      const void* s = send == recv ? MPI_IN_PLACE : send;
+      DPT_CHECK_MPI(MPI_Allreduce(s, recv, int_count(count), mpi_type(t), mpi_op(op), mpi_));
+      return;
+    }
+    auto& h = host(0, count * dtype_size(t));
+    staging_->download(h.data(), send, h.size());
+    DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, h.data(), int_count(count), mpi_type(t), mpi_op(op), mpi_));
+    staging_->upload(recv, h.data(), h.size());
+  }
+
+  void broadcast(void* buf, size_t count, DType t, int root) override {
+    if (!staging_) {
+      DPT_CHECK_MPI(MPI_Bcast(buf, int_count(count), mpi_type(t), root, mpi_));
+      return;
+    }
+    auto& h = host(0, count * dtype_size(t));
+    if (rank_ == root) staging_->download(h.data(), buf, h.size());
+    DPT_CHECK_MPI(MPI_Bcast(h.data(), int_count(count), mpi_type(t), root, mpi_));
+    staging_->upload(buf, h.data(), h.size());
+  }
+
+  void reduce_scatter(const void* send, void* recv, size_t count, DType t, RedOp op) override {
+    const size_t bytes = count * dtype_size(t);
+    if (!staging_) {
+      DPT_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, int_count(count), mpi_type(t), mpi_op(op), mpi_));
+      return;
+    }
+    auto& hs = host(0, bytes * size_t(size_));
+    auto& hr = host(1, bytes);
+    staging_->download(hs.data(), send, hs.size());
+    DPT_CHECK_MPI(MPI_Reduce_scatter_block(hs.data(), hr.data(), int_count(count), mpi_type(t), mpi_op(op), mpi_));
+    staging_->upload(recv, hr.data(), bytes);
+  }
+
+  void allgather(const void* send, void* recv, size_t count, DType t) override {
+    const size_t bytes = count * dtype_size(t);
+    if (!staging_) {
+      DPT_CHECK_MPI(MPI_Allgather(send, int_count(count), mpi_type(t), recv, int_count(count), mpi_type(t), mpi_));
+      return;
+    }
+    auto& hs = host(0, bytes);
+    auto& hr = host(1, bytes * size_t(size_));
+    staging_->download(hs.data(), send, bytes);
+    DPT_CHECK_MPI(MPI_Allgather(hs.data(), int_count(count), mpi_type(t), hr.data(), int_count(count), mpi_type(t), mpi_));
+    staging_->upload(recv, hr.data(), hr.size());
+  }
+
+ private:
+  Backend* staging_;
+  std::vector<char> host_[2];
+
+  std::vector<char>& host(int i, size_t bytes) {
+    host_[i].resize(bytes);
+    return host_[i];
+  }
+  static int int_count(size_t n) {
+    if (n > size_t(INT32_MAX)) throw Error("MPI message of " + std::to_string(n) + " elements exceeds int range");
+    return int(n);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, Backend* staging) {
+  return std::make_unique<MpiComm>(c, staging);
+}
+
+std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& be) {
+  const bool cuda = be.name() == "cuda";
+  if (kind == "nccl" && !cuda)
+    throw InputError("comm.backend = nccl needs the cuda backend (no GPU in use on this rank)");
+#ifdef DPT_HAVE_CUDA
+  if (cuda && (kind == "nccl" || kind == "auto")) return make_nccl_comm(c, be);
+#endif
+  return make_mpi_comm(c, be.host_addressable() ? nullptr : &be);
+}
+
+bool all_ok(MPI_Comm c, bool ok, const std::string& msg) {
+  int mine = ok ? 1 : 0, all = 0, rank = 0, size = 1;
+  MPI_Comm_rank(c, &rank);
+  MPI_Comm_size(c, &size);
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, c);
+  if (all) return true;
+  // Gather every rank's message on rank 0 so one place names every rank that failed.
+  int len = ok ? 0 : int(msg.size());
+  std::vector<int> lens(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c);
+  int total = 0;
+  for (int i = 0; i < size; ++i) { displs[size_t(i)] = total; total += lens[size_t(i)]; }
+  std::string all_msgs(size_t(std::max(total, 1)), '\0');
+  MPI_Gatherv(msg.data(), len, MPI_CHAR, all_msgs.data(), lens.data(), displs.data(), MPI_CHAR, 0, c);
+  if (rank == 0) {
+    // Identical messages from every rank are printed once.
+    std::vector<std::string> seen;
+    for (int i = 0; i < size; ++i) {
+      if (!lens[size_t(i)]) continue;
+      std::string m = all_msgs.substr(size_t(displs[size_t(i)]), size_t(lens[size_t(i)]));
+      if (std::find(seen.begin(), seen.end(), m) != seen.end()) continue;
+      seen.push_back(m);
+      std::fprintf(stderr, "dptrain: %s%s\n", size > 1 ? ("rank " + std::to_string(i) + ": ").c_str() : "", m.c_str());
+    }
+    std::fflush(stderr);
+  }
+  return false;
+}
+
+NodeInfo node_info(MPI_Comm c) {
+  NodeInfo info;
+  MPI_Comm local;
+  DPT_CHECK_MPI(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  DPT_CHECK_MPI(MPI_Comm_rank(local, &info.local_rank));
+  DPT_CHECK_MPI(MPI_Comm_size(local, &info.local_size));
+  MPI_Comm_free(&local);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  info.host = host;
+  return info;
+}
+
+void bcast_string(MPI_Comm c, std::string& s, int root) {
+  uint64_t n = s.size();
+  DPT_CHECK_MPI(MPI_Bcast(&n, 1, MPI_UINT64_T, root, c));
+  s.resize(n);
+  if (n) DPT_CHECK_MPI(MPI_Bcast(s.data(), int(n), MPI_CHAR, root, c));
+}
+
+}  // namespace dpt

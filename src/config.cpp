@@ -1,0 +1,239 @@
+#include "dpt/config.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "dpt/check.hpp"
+#include "dpt/nn.hpp"
+
+namespace po = boost::program_options;
+
+namespace dpt {
+namespace {
+
+std::string show(const std::string& v) { return v; }
+std::string show(bool v) { return v ? "true" : "false"; }
+std::string show(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+template <class T> std::string show(T v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// The one option table: every key's name, field, default (the field's initial value) and help.
+class Table {
+ public:
+  po::options_description desc{"Configuration keys (INI section.key; every key also --section.key)"};
+  std::vector<std::pair<std::string, std::function<std::string()>>> shown;
+
+  template <class T> void add(const char* name, T* field, const char* help) {
+    desc.add_options()(name, po::value<T>(field)->default_value(*field, show(*field)), help);
+    shown.emplace_back(name, [field] { return show(*field); });
+  }
+};
+
+void build_table(Table& t, Config& c, std::string& layers) {
+  t.add("model.layers", &layers, "layer widths, input first: 784,256,128,10");
+  t.add("model.activation", &c.activation, "relu | tanh | sigmoid | gelu");
+  t.add("model.init", &c.init, "checkpoint to start from (its model weights)");
+  t.add("data.train", &c.train_file, "training set (HDF5, see README)");
+  t.add("data.test", &c.test_file, "test set (HDF5), evaluated across all ranks");
+  t.add("data.shuffle", &c.shuffle, "one permutation per epoch seeded by (seed, epoch)");
+  t.add("train.epochs", &c.epochs, "passes over the training set");
+  t.add("train.steps", &c.steps, "cap on optimizer steps (0 = none)");
+  t.add("train.batch_per_rank", &c.batch_per_rank, "samples per rank per micro-batch");
+  t.add("train.optimizer", &c.optimizer, "sgd | momentum | nesterov | adam | adamw");
+  t.add("train.lr", &c.lr, "learning rate (before scaling)");
+  t.add("train.momentum", &c.momentum, "momentum (momentum, nesterov)");
+  t.add("train.weight_decay", &c.weight_decay, "L2 (sgd*, adam) or decoupled (adamw)");
+  t.add("train.beta1", &c.beta1, "Adam beta1");
+  t.add("train.beta2", &c.beta2, "Adam beta2");
+  t.add("train.eps", &c.eps, "Adam epsilon");
+  t.add("train.lr_scaling", &c.lr_scaling, "none | linear | sqrt (global batch / base_batch)");
+  t.add("train.base_batch", &c.base_batch, "batch the lr was tuned for (0 = batch_per_rank)");
+  t.add("train.warmup_steps", &c.warmup_steps, "linear warm-up steps");
+  t.add("train.schedule", &c.schedule, "constant | step | cosine");
+  t.add("train.step_every", &c.step_every, "schedule=step: steps between decays (0 = epoch)");
+  t.add("train.step_gamma", &c.step_gamma, "schedule=step: decay factor");
+  t.add("train.min_lr", &c.min_lr, "schedule=cosine: final learning rate");
+  t.add("train.seed", &c.seed, "seed of initial weights and data order");
+  t.add("train.sync", &c.sync, "gradients | parameters");
+  t.add("train.average_every", &c.average_every, "sync=parameters: steps between averages");
+  t.add("train.precision", &c.precision, "fp32 | tf32 | bf16 (cuda)");
+  t.add("train.accumulate", &c.accumulate, "micro-batches per optimizer step");
+  t.add("train.eval_every", &c.eval_every, "steps between evaluations (0 = each epoch)");
+  t.add("train.on_nonfinite", &c.on_nonfinite, "stop | skip a step whose loss is NaN/Inf");
+  t.add("comm.backend", &c.comm_backend, "auto | nccl | mpi");
+  t.add("comm.bucket_mb", &c.bucket_mb, "gradient bucket size in MB");
+  t.add("comm.timeout_s", &c.timeout_s, "deadline of any collective, seconds");
+  t.add("device.type", &c.device_type, "auto | cuda | cpu");
+  t.add("device.threads", &c.threads, "cpu: BLAS threads per rank (0 = cores / ranks)");
+  t.add("checkpoint.dir", &c.ckpt_dir, "folder for checkpoints (empty = none)");
+  t.add("checkpoint.every_steps", &c.ckpt_every, "steps between checkpoints (0 = end only)");
+  t.add("checkpoint.keep", &c.ckpt_keep, "newest checkpoints kept (0 = all)");
+  t.add("checkpoint.at_start", &c.ckpt_at_start, "write one before the first step");
+  t.add("checkpoint.resume", &c.resume, "auto | none | <file>");
+  t.add("log.metrics", &c.metrics_file, "metrics JSON Lines file (rank 0)");
+  t.add("log.every_steps", &c.log_every, "steps between progress lines and metrics");
+  t.add("log.progress", &c.progress, "print progress lines");
+}
+
+[[noreturn]] void bad(const std::string& key, const std::string& value, const Config& c,
+                      const std::string& why) {
+  throw InputError("config error in " + c.source + ": " + key + " = '" + value + "': " + why);
+}
+
+void one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok,
+            const Config& c) {
+  std::string list;
+  for (const char* o : ok) {
+    if (v == o) return;
+    list += (list.empty() ? "" : " | ") + std::string(o);
+  }
+  bad(key, v, c, "expected " + list);
+}
+
+template <class T> void at_least(const std::string& key, T v, T lo, const Config& c) {
+  if (!(v >= lo)) bad(key, show(v), c, "must be >= " + show(lo));
+}
+
+}  // namespace
+
+std::string find_config_path(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) return argv[i + 1];
+    if (a.rfind("--config=", 0) == 0) return a.substr(9);
+  }
+  return "";
+}
+
+Invocation parse_invocation(int argc, const char* const* argv, const std::string& ini_path,
+                            const std::string& ini_text) {
+  Invocation inv;
+  Config& c = inv.cfg;
+  c.source = ini_path.empty() ? "(command line)" : ini_path;
+  std::string layers = show(c.layers);
+  Table t;
+  build_table(t, c, layers);
+  po::options_description generic("Usage: dptrain --config FILE [--section.key value ...]");
+  std::string cfg_path;
+  generic.add_options()("help,h", "print this help")("config", po::value<std::string>(&cfg_path),
+                                                     "INI file with the keys below")(
+      "eval", "evaluate --checkpoint on data.test (or data.train) and exit")(
+      "checkpoint", po::value<std::string>(&inv.eval_checkpoint), "checkpoint for --eval");
+  po::options_description all;
+  all.add(generic).add(t.desc);
+  std::ostringstream help;
+  help << all;
+  inv.help_text = help.str();
+
+  po::variables_map vm;
+  try {  // command line first: po::store keeps the first value stored, so the CLI wins
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+  } catch (const po::error& e) {
+    throw InputError(std::string("command line error: ") + e.what() + " (see --help)");
+  }
+  if (!ini_text.empty()) {
+    std::istringstream in(ini_text);
+    try {
+      po::store(po::parse_config_file(in, t.desc, false), vm);
+    } catch (const po::error& e) {
+      throw InputError("config error in " + ini_path + ": " + e.what());
+    }
+  }
+  po::notify(vm);
+  inv.help = vm.count("help") > 0;
+  inv.eval_only = vm.count("eval") > 0;
+  if (inv.help) return inv;
+  try {
+    c.layers = parse_layers(layers);
+  } catch (const InputError& e) {
+    bad("model.layers", layers, c, e.what());
+  }
+  validate(c);
+  c.resolved = to_ini(c);
+  return inv;
+}
+
+void validate(const Config& c) {
+  one_of("model.activation", c.activation, {"relu", "tanh", "sigmoid", "gelu"}, c);
+  one_of("train.optimizer", c.optimizer, {"sgd", "momentum", "nesterov", "adam", "adamw"}, c);
+  one_of("train.lr_scaling", c.lr_scaling, {"none", "linear", "sqrt"}, c);
+  one_of("train.schedule", c.schedule, {"constant", "step", "cosine"}, c);
+  one_of("train.sync", c.sync, {"gradients", "parameters"}, c);
+  one_of("train.precision", c.precision, {"fp32", "tf32", "bf16"}, c);
+  one_of("train.on_nonfinite", c.on_nonfinite, {"stop", "skip"}, c);
+  one_of("comm.backend", c.comm_backend, {"auto", "nccl", "mpi"}, c);
+  one_of("device.type", c.device_type, {"auto", "cuda", "cpu"}, c);
+  at_least("train.epochs", c.epochs, 1, c);
+  at_least<int64_t>("train.steps", c.steps, 0, c);
+  at_least("train.batch_per_rank", c.batch_per_rank, 1, c);
+  if (c.batch_per_rank > (1 << 24)) bad("train.batch_per_rank", show(c.batch_per_rank), c, "too large");
+  at_least("train.accumulate", c.accumulate, 1, c);
+  if (c.accumulate > 65536) bad("train.accumulate", show(c.accumulate), c, "too large");
+  at_least("train.average_every", c.average_every, 1, c);
+  at_least("train.base_batch", c.base_batch, 0, c);
+  at_least<int64_t>("train.warmup_steps", c.warmup_steps, 0, c);
+  at_least<int64_t>("train.eval_every", c.eval_every, 0, c);
+  at_least<int64_t>("train.step_every", c.step_every, 0, c);
+  auto finite_pos = [&](const char* key, double v, bool allow_zero) {
+    if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0)) bad(key, show(v), c, "must be a finite positive number");
+  };
+  finite_pos("train.lr", c.lr, false);
+  finite_pos("train.weight_decay", c.weight_decay, true);
+  finite_pos("train.min_lr", c.min_lr, true);
+  finite_pos("train.eps", c.eps, false);
+  if (!(c.momentum >= 0 && c.momentum < 1)) bad("train.momentum", show(c.momentum), c, "must be in [0, 1)");
+  if (!(c.beta1 >= 0 && c.beta1 < 1)) bad("train.beta1", show(c.beta1), c, "must be in [0, 1)");
+  if (!(c.beta2 >= 0 && c.beta2 < 1)) bad("train.beta2", show(c.beta2), c, "must be in [0, 1)");
+  if (!(c.step_gamma > 0 && c.step_gamma <= 1)) bad("train.step_gamma", show(c.step_gamma), c, "must be in (0, 1]");
+  if (!(c.bucket_mb > 0 && c.bucket_mb <= 4096)) bad("comm.bucket_mb", show(c.bucket_mb), c, "must be in (0, 4096]");
+  if (!(c.timeout_s > 0 && c.timeout_s <= 1e6)) bad("comm.timeout_s", show(c.timeout_s), c, "must be in (0, 1e6]");
+  at_least("device.threads", c.threads, 0, c);
+  if (c.threads > 4096) bad("device.threads", show(c.threads), c, "too large");
+  at_least<int64_t>("checkpoint.every_steps", c.ckpt_every, 0, c);
+  at_least("checkpoint.keep", c.ckpt_keep, 0, c);
+  at_least<int64_t>("log.every_steps", c.log_every, 1, c);
+  if (c.optimizer == "nesterov" && c.momentum <= 0)
+    bad("train.momentum", show(c.momentum), c, "nesterov needs momentum > 0");
+  if (c.sync == "parameters" && c.ckpt_every > 0 && c.ckpt_every % c.average_every != 0)
+    bad("checkpoint.every_steps", show(c.ckpt_every), c,
+        "with sync = parameters it must be a multiple of train.average_every (" +
+            show(c.average_every) + ") so every rank holds the same model when it is saved");
+  if (c.precision != "fp32" && c.device_type == "cpu")
+    bad("train.precision", c.precision, c, "tf32 and bf16 need device.type = cuda (or auto on a GPU)");
+  if (c.train_file.empty()) bad("data.train", "", c, "a training set is required");
+}
+
+std::string to_ini(const Config& cfg) {
+  Config c = cfg;  // the table binds to fields; work on a copy
+  std::string layers = show(c.layers);
+  Table t;
+  build_table(t, c, layers);
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> sections;
+  std::vector<std::string> order;
+  for (auto& [name, value] : t.shown) {
+    auto dot = name.find('.');
+    std::string sec = name.substr(0, dot);
+    if (!sections.count(sec)) order.push_back(sec);
+    sections[sec].emplace_back(name.substr(dot + 1), value());
+  }
+  std::ostringstream os;
+  for (auto& sec : order) {
+    os << "[" << sec << "]\n";
+    for (auto& [k, v] : sections[sec]) os << k << " = " << v << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace dpt

@@ -1,0 +1,33 @@
+#include "dpt/log.hpp"
+
+#include <cstdio>
+
+#include "dpt/check.hpp"
+
+namespace dpt::log {
+namespace {
+int g_rank = 0;
+bool g_quiet = false;
+}  // namespace
+
+void set_rank(int rank) { g_rank = rank; }
+int rank() { return g_rank; }
+void set_quiet(bool quiet) { g_quiet = quiet; }
+
+void info(const std::string& msg) {
+  if (g_rank != 0 || g_quiet) return;
+  std::fprintf(stdout, "%s\n", msg.c_str());
+  std::fflush(stdout);
+}
+
+void warn(const std::string& msg) {
+  std::fprintf(stderr, "dptrain warning (%s): %s\n", where().c_str(), msg.c_str());
+  std::fflush(stderr);
+}
+
+void error(const std::string& msg) {
+  std::fprintf(stderr, "dptrain error (%s): %s\n", where().c_str(), msg.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace dpt::log

@@ -1,0 +1,111 @@
+#include "dpt/nn.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "dpt/check.hpp"
+#include "dpt/data.hpp"
+
+namespace dpt {
+
+std::vector<int> parse_layers(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string tok;
+  while (std::getline(in, tok, ',')) {
+    size_t pos = 0;
+    long v = 0;
+    try {
+      v = std::stol(tok, &pos);
+    } catch (...) {
+      pos = 0;
+    }
+    while (pos < tok.size() && std::isspace(static_cast<unsigned char>(tok[pos]))) ++pos;
+    if (pos == 0 || pos != tok.size() || v < 1 || v > (1 << 20))
+      throw InputError("layer width '" + tok + "' is not an integer in [1, 1048576]");
+    out.push_back(int(v));
+  }
+  if (out.size() < 2) throw InputError("need at least an input and an output width, e.g. 784,10");
+  return out;
+}
+
+MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch)
+    : be_(be), widths_(std::move(layers)), act_(act), max_batch_(max_batch) {
+  size_t off = 0;
+  int widest = 0;
+  for (size_t i = 0; i + 1 < widths_.size(); ++i) {
+    LayerSlice s;
+    s.in = widths_[i];
+    s.out = widths_[i + 1];
+    s.w_off = off;
+    s.b_off = off + size_t(s.in) * size_t(s.out);
+    off = s.end();
+    slices_.push_back(s);
+    widest = std::max({widest, s.in, s.out});
+  }
+  n_params_ = off;
+  params_ = Buffer<float>(be, n_params_);
+  grads_ = Buffer<float>(be, n_params_);
+  be.fill(grads_.data(), n_params_, 0.f);
+  for (auto& s : slices_) {
+    z_.emplace_back(be, size_t(max_batch) * size_t(s.out));
+    // The last layer has no activation: its a is its z.
+    a_.emplace_back(&s == &slices_.back() ? Buffer<float>() : Buffer<float>(be, size_t(max_batch) * size_t(s.out)));
+  }
+  for (auto& d : dbuf_) d = Buffer<float>(be, size_t(max_batch) * size_t(widest));
+}
+
+void MLP::init_params(uint64_t seed) {
+  // nn.Linear.reset_parameters: kaiming_uniform_(a=√5) gives U(−1/√in, 1/√in) for the weight,
+  // and the bias uses the same bound.
+  std::vector<float> host(n_params_);
+  SplitMix64 rng(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull);
+  for (auto& s : slices_) {
+    const double bound = 1.0 / std::sqrt(double(s.in));
+    for (size_t i = s.begin(); i < s.end(); ++i) host[i] = float((2.0 * rng.uniform() - 1.0) * bound);
+  }
+  be_.upload(params_.data(), host.data(), n_params_ * sizeof(float));
+}
+
+const float* MLP::forward(const float* x, int batch) {
+  if (batch > max_batch_) throw Error("batch " + std::to_string(batch) + " exceeds the model's max batch");
+  const float* in = x;
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const LayerSlice& s = slices_[i];
+    const bool last = i + 1 == slices_.size();
+    float* z = z_[i].data();
+    float* a = last ? z : a_[i].data();
+    be_.linear_forward(in, params_.data() + s.w_off, params_.data() + s.b_off, z, a, batch, s.in,
+                       s.out, last ? Act::none : act_);
+    in = a;
+  }
+  last_batch_ = batch;
+  return z_.back().data();
+}
+
+void MLP::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad) {
+  be_.softmax_xent(z_.back().data(), labels, batch, classes(), grad_scale,
+                   need_grad ? dbuf_[0].data() : nullptr, stats);
+}
+
+void MLP::backward(const float* x, int batch, bool accumulate,
+                   const std::function<void(int)>& layer_done) {
+  // dbuf_[0] holds dLoss/dlogits from loss(); each layer turns its d(output) into d(input) in
+  // the other scratch buffer.
+  int cur = 0;
+  for (int i = num_layers() - 1; i >= 0; --i) {
+    const LayerSlice& s = slices_[size_t(i)];
+    const bool last = i == num_layers() - 1;
+    const float* in = i == 0 ? x : a_[size_t(i) - 1].data();
+    const float* z = z_[size_t(i)].data();
+    const float* a = last ? z : a_[size_t(i)].data();
+    float* dx = i == 0 ? nullptr : dbuf_[1 - cur].data();
+    be_.linear_backward(in, params_.data() + s.w_off, z, a, dbuf_[cur].data(), batch, s.in, s.out,
+                        last ? Act::none : act_, grads_.data() + s.w_off,
+                        grads_.data() + s.b_off, dx, accumulate);
+    if (layer_done) layer_done(i);
+    cur = 1 - cur;
+  }
+}
+
+}  // namespace dpt

@@ -1,0 +1,69 @@
+#include "dpt/optim.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dpt {
+
+Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n) : be_(be), n_(n) {
+  h_.kind = parse_optimizer(cfg.optimizer);
+  h_.momentum = float(cfg.momentum);
+  h_.weight_decay = float(cfg.weight_decay);
+  h_.beta1 = float(cfg.beta1);
+  h_.beta2 = float(cfg.beta2);
+  h_.eps = float(cfg.eps);
+  h_.t = 1;
+  const bool sgd_family = h_.kind == OptKind::momentum || h_.kind == OptKind::nesterov;
+  const bool adam_family = h_.kind == OptKind::adam || h_.kind == OptKind::adamw;
+  if (sgd_family || adam_family) {
+    s1_ = Buffer<float>(be, n);
+    be.fill(s1_.data(), n, 0.f);
+  }
+  if (adam_family) {
+    s2_ = Buffer<float>(be, n);
+    be.fill(s2_.data(), n, 0.f);
+  }
+}
+
+void Optimizer::step(float* params, const float* grads, double lr) {
+  h_.lr = float(lr);
+  be_.optimizer_step(params, grads, s1_.data(), s2_.data(), n_, h_);
+  ++h_.t;
+}
+
+std::vector<Optimizer::State> Optimizer::state() {
+  switch (h_.kind) {
+    case OptKind::momentum:
+    case OptKind::nesterov: return {{"momentum_buffer", s1_.data()}};
+    case OptKind::adam:
+    case OptKind::adamw: return {{"exp_avg", s1_.data()}, {"exp_avg_sq", s2_.data()}};
+    default: return {};
+  }
+}
+
+LrSchedule::LrSchedule(const Config& cfg, int world, int64_t steps_per_epoch, int64_t total_steps)
+    : cfg_(cfg), steps_per_epoch_(std::max<int64_t>(1, steps_per_epoch)), total_(total_steps) {
+  const double global = double(cfg.batch_per_rank) * world * cfg.accumulate;
+  const double base = cfg.base_batch > 0 ? cfg.base_batch : cfg.batch_per_rank;
+  const double ratio = global / base;
+  scale_ = cfg.lr_scaling == "linear" ? ratio : cfg.lr_scaling == "sqrt" ? std::sqrt(ratio) : 1.0;
+  peak_ = cfg.lr * scale_;
+  start_ = scale_ > 1.0 ? cfg.lr : 0.0;
+}
+
+double LrSchedule::at(int64_t step) const {
+  const int64_t w = cfg_.warmup_steps;
+  if (w > 0 && step <= w) return start_ + (peak_ - start_) * double(step) / double(w);
+  if (cfg_.schedule == "step") {
+    const int64_t every = cfg_.step_every > 0 ? cfg_.step_every : steps_per_epoch_;
+    return peak_ * std::pow(cfg_.step_gamma, double((step - 1) / every));
+  }
+  if (cfg_.schedule == "cosine") {
+    const double span = double(std::max<int64_t>(1, total_ - w));
+    const double t = std::min(1.0, double(step - w - 1) / span);
+    return cfg_.min_lr + (peak_ - cfg_.min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
+  }
+  return peak_;
+}
+
+}  // namespace dpt

@@ -1,0 +1,461 @@
+#include "dpt/train.hpp"
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "dpt/check.hpp"
+#include "dpt/ckpt.hpp"
+#include "dpt/log.hpp"
+
+namespace dpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string hms(double s) {
+  if (!std::isfinite(s) || s < 0) s = 0;
+  char buf[32];
+  const long t = long(s + 0.5);
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  return buf;
+}
+
+// Host-side reduction of a few doubles over the ranks (metrics, verdicts): plain MPI, whatever
+// the transport, since the values live on the host.
+void host_sum(MPI_Comm c, double* v, int n) {
+  DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, c));
+}
+
+// Rank 0 runs f; every rank learns whether it worked and throws the same error if not, so
+// no rank is left waiting in a collective.
+template <class F> void on_rank0(MPI_Comm c, int rank, F&& f) {
+  std::string msg;
+  int code = 0;
+  if (rank == 0) {
+    try {
+      f();
+    } catch (const Error& e) {
+      msg = e.what();
+      code = e.code();
+    } catch (const std::exception& e) {
+      msg = e.what();
+      code = kExitRuntime;
+    }
+  }
+  DPT_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, c));
+  if (code == 0) return;
+  bcast_string(c, msg);
+  throw Error(msg, code, /*collective=*/true);
+}
+
+// Gradient buckets: consecutive layers, last layer first, each at least bucket_mb (the last
+// bucket may be smaller). A bucket's allreduce starts as soon as its lowest layer's backward
+// is done; with the NCCL transport it runs on the communication stream while backward goes on.
+class GradSync {
+ public:
+  GradSync(MLP& m, Comm& comm, double bucket_mb) : m_(m), comm_(comm) {
+    const size_t cap = std::max<size_t>(1, size_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+    int top = m.num_layers() - 1;  // highest layer of the bucket being built
+    for (int i = top; i >= 0; --i) {
+      if (m.layer(top).end() - m.layer(i).begin() >= cap || i == 0) {
+        lowest_.push_back(i);
+        begin_.push_back(m.layer(i).begin());
+        end_.push_back(m.layer(top).end());
+        top = i - 1;
+      }
+    }
+  }
+  // Called by MLP::backward after layer i's gradients are final.
+  void layer_done(int i) {
+    for (size_t b = 0; b < lowest_.size(); ++b)
+      if (lowest_[b] == i) comm_.allreduce(m_.grads() + begin_[b], m_.grads() + begin_[b], end_[b] - begin_[b], DType::f32, RedOp::sum);
+  }
+  size_t buckets() const { return lowest_.size(); }
+
+ private:
+  MLP& m_;
+  Comm& comm_;
+  std::vector<int> lowest_;
+  std::vector<size_t> begin_, end_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train,
+                 const Dataset* test)
+    : cfg_(cfg), be_(be), comm_(comm), train_(train), test_(test) {
+  for (const Dataset* ds : {train, test}) {
+    if (!ds) continue;
+    if (ds->dim != cfg.layers.front())
+      throw InputError("model.layers starts with " + std::to_string(cfg.layers.front()) +
+                       " inputs but " + ds->path + " has " + std::to_string(ds->dim) +
+                       " features per row");
+    if (ds->num_classes > cfg.layers.back())
+      throw InputError("model.layers ends with " + std::to_string(cfg.layers.back()) +
+                       " outputs but " + ds->path + " has " + std::to_string(ds->num_classes) +
+                       " classes");
+  }
+  const int max_batch = std::max(cfg.batch_per_rank, 1024);
+  model_ = std::make_unique<MLP>(be, cfg.layers, parse_act(cfg.activation), max_batch);
+  opt_ = std::make_unique<Optimizer>(be, cfg, model_->num_params());
+  x_ = Buffer<float>(be, size_t(max_batch) * size_t(cfg.layers.front()));
+  y_ = Buffer<int32_t>(be, size_t(max_batch));
+  stats_ = Buffer<float>(be, 2);
+  on_rank0(comm.mpi(), comm.rank(), [&] { metrics_ = std::make_unique<MetricsWriter>(cfg.metrics_file, true); });
+  if (!metrics_) metrics_ = std::make_unique<MetricsWriter>("", false);
+  load_initial_state();
+}
+
+Trainer::~Trainer() = default;
+
+
+std::vector<float> Trainer::params_host() {
+  std::vector<float> h(model_->num_params());
+  be_.download(h.data(), model_->params(), h.size() * sizeof(float));
+  return h;
+}
+
+namespace {
+
+std::string layer_name(int i) { return "fc" + std::to_string(i); }
+
+// The flat arena <-> per-layer tensors named as in DESIGN.md.
+void arena_to_tensors(const MLP& m, const std::string& prefix, const std::vector<float>& flat,
+                      std::vector<Tensor>& out) {
+  for (int i = 0; i < m.num_layers(); ++i) {
+    const LayerSlice& s = m.layer(i);
+    Tensor w{prefix + "/" + layer_name(i) + "/weight", {s.out, s.in},
+             std::vector<float>(flat.begin() + long(s.w_off), flat.begin() + long(s.b_off))};
+    Tensor b{prefix + "/" + layer_name(i) + "/bias", {s.out},
+             std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.end()))};
+    out.push_back(std::move(w));
+    out.push_back(std::move(b));
+  }
+}
+
+std::vector<float> tensors_to_arena(const MLP& m, const Checkpoint& ck, const std::string& prefix,
+                                    const std::string& file) {
+  std::vector<float> flat(m.num_params());
+  for (int i = 0; i < m.num_layers(); ++i) {
+    const LayerSlice& s = m.layer(i);
+    for (const char* part : {"weight", "bias"}) {
+      const std::string name = prefix + "/" + layer_name(i) + "/" + part;
+      const Tensor* t = ck.find(name);
+      const size_t want = part[0] == 'w' ? s.b_off - s.w_off : size_t(s.out);
+      if (!t || t->data.size() != want)
+        throw InputError(file + ": tensor /" + name + " is missing or has the wrong size for model.layers");
+      std::copy(t->data.begin(), t->data.end(), flat.begin() + long(part[0] == 'w' ? s.w_off : s.b_off));
+    }
+  }
+  return flat;
+}
+
+}  // namespace
+
+void Trainer::load_initial_state() {
+  MPI_Comm c = comm_.mpi();
+  std::string path;
+  if (cfg_.resume == "auto") {
+    on_rank0(c, comm_.rank(), [&] { if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir); });
+  } else if (cfg_.resume != "none") {
+    path = cfg_.resume;
+  }
+  bcast_string(c, path);
+  const bool resuming = !path.empty();
+  if (!resuming && cfg_.init.empty()) {
+    model_->init_params(cfg_.seed);
+  } else {
+    const std::string file = resuming ? path : cfg_.init;
+    std::vector<float> params;
+    std::vector<std::vector<float>> state;
+    int64_t counters[4] = {0, 0, 0, 0};
+    on_rank0(c, comm_.rank(), [&] {
+      Checkpoint ck = read_checkpoint(file);
+      if (ck.layers != cfg_.layers)
+        throw InputError(file + ": its model has other layer widths than model.layers");
+      params = tensors_to_arena(*model_, ck, "model", file);
+      if (!resuming) return;
+      if (ck.optimizer != cfg_.optimizer)
+        throw InputError(file + ": saved with optimizer " + ck.optimizer + ", config says " + cfg_.optimizer);
+      for (auto& s : opt_->state()) state.push_back(tensors_to_arena(*model_, ck, "optimizer/" + s.name, file));
+      const int64_t G = int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
+      // The data position is kept in samples, so a run resumed with another global batch
+      // continues from the same place in the same epoch order.
+      counters[0] = ck.step;
+      counters[1] = ck.epoch;
+      counters[2] = ck.step_in_epoch * ck.global_batch / G;
+      counters[3] = ck.samples_seen;
+      if (ck.step_in_epoch * ck.global_batch % G != 0)
+        log::warn("resuming with global batch " + std::to_string(G) + " (saved with " +
+                  std::to_string(ck.global_batch) + "): the epoch position is rounded down");
+      log::info("resuming from " + file + " at step " + std::to_string(ck.step));
+    });
+    params.resize(model_->num_params());
+    be_.upload(model_->params(), params.data(), params.size() * sizeof(float));
+    DPT_CHECK_MPI(MPI_Bcast(counters, 4, MPI_INT64_T, 0, c));
+    step_ = counters[0], epoch_ = counters[1], step_in_epoch_ = counters[2], samples_seen_ = counters[3];
+    auto st = opt_->state();
+    for (size_t i = 0; resuming && i < st.size(); ++i) {
+      if (comm_.rank() == 0) be_.upload(st[i].data, state[i].data(), state[i].size() * sizeof(float));
+      comm_.broadcast(st[i].data, opt_->size(), DType::f32, 0);
+    }
+    opt_->set_steps_taken(step_);
+    if (resuming) last_saved_ = step_;
+  }
+  // Ranks agree on the initial parameters whatever their seeds: rank 0's win.
+  comm_.broadcast(model_->params(), model_->num_params(), DType::f32, 0);
+  comm_.synchronize();
+}
+
+void Trainer::save_checkpoint() {
+  if (cfg_.ckpt_dir.empty()) return;
+  Checkpoint ck;
+  const bool root = comm_.rank() == 0;
+  if (root) {
+    ck.step = step_;
+    ck.epoch = epoch_;
+    ck.step_in_epoch = step_in_epoch_;
+    ck.samples_seen = samples_seen_;
+    ck.world_size = comm_.size();
+    ck.global_batch = int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
+    ck.seed = cfg_.seed;
+    ck.optimizer = cfg_.optimizer;
+    ck.config = cfg_.resolved;
+    ck.layers = cfg_.layers;
+    arena_to_tensors(*model_, "model", params_host(), ck.tensors);
+    for (auto& s : opt_->state()) {
+      std::vector<float> h(opt_->size());
+      be_.download(h.data(), s.data, h.size() * sizeof(float));
+      arena_to_tensors(*model_, "optimizer/" + s.name, h, ck.tensors);
+    }
+  }
+  on_rank0(comm_.mpi(), comm_.rank(), [&] {
+    write_checkpoint(checkpoint_path(cfg_.ckpt_dir, step_), ck);
+    prune_checkpoints(cfg_.ckpt_dir, cfg_.ckpt_keep);
+  });
+  last_saved_ = step_;
+}
+
+void Trainer::average_parameters() {
+  const float inv = 1.f / float(comm_.size());
+  comm_.allreduce(model_->params(), model_->params(), model_->num_params(), DType::f32, RedOp::sum);
+  comm_.synchronize();
+  be_.scale(model_->params(), model_->num_params(), inv);
+  for (auto& s : opt_->state()) {
+    comm_.allreduce(s.data, s.data, opt_->size(), DType::f32, RedOp::sum);
+    comm_.synchronize();
+    be_.scale(s.data, opt_->size(), inv);
+  }
+}
+
+EvalResult Trainer::evaluate(const Dataset& ds) {
+  int64_t begin = 0, end = 0;
+  eval_shard(ds.n, comm_.rank(), comm_.size(), begin, end);
+  const int chunk = model_->max_batch();
+  std::vector<int64_t> rows(static_cast<size_t>(chunk));
+  double sums[3] = {0, 0, double(end - begin)};
+  float host_stats[2];
+  for (int64_t r0 = begin; r0 < end; r0 += chunk) {
+    const int n = int(std::min<int64_t>(chunk, end - r0));
+    for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
+    be_.fill(stats_.data(), 2, 0.f);
+    be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
+    model_->forward(x_.data(), n);
+    model_->loss(y_.data(), n, 0.f, stats_.data(), false);
+    be_.download(host_stats, stats_.data(), sizeof host_stats);
+    sums[0] += host_stats[0];
+    sums[1] += host_stats[1];
+  }
+  host_sum(comm_.mpi(), sums, 3);
+  EvalResult r;
+  r.n = int64_t(sums[2]);
+  r.loss = r.n ? sums[0] / double(r.n) : 0;
+  r.accuracy = r.n ? sums[1] / double(r.n) : 0;
+  return r;
+}
+
+int64_t Trainer::global_batch() const {
+  return int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
+}
+
+bool Trainer::train_step(const std::vector<int64_t>& order, int64_t k, double lr, void* sync_ptr) {
+  auto* sync = static_cast<GradSync*>(sync_ptr);
+  const int b = cfg_.batch_per_rank, A = cfg_.accumulate, W = comm_.size();
+  // Gradients are means: over the global batch when they are summed over ranks, over this
+  // rank's samples when each rank steps on its own.
+  const float grad_scale = 1.f / float(sync ? global_batch() : int64_t(b) * A);
+  be_.fill(stats_.data(), 2, 0.f);
+  for (int a = 0; a < A; ++a) {
+    const int64_t* rows = order.data() + batch_offset(k, a, comm_.rank(), b, W, A);
+    be_.load_batch(*train_, rows, b, x_.data(), y_.data());
+    model_->forward(x_.data(), b);
+    model_->loss(y_.data(), b, grad_scale, stats_.data(), true);
+    const bool last = a == A - 1;
+    model_->backward(x_.data(), b, a > 0, last && sync ? [sync](int i) { sync->layer_done(i); }
+                                                       : std::function<void(int)>());
+  }
+  comm_.synchronize();
+  // After the reduction every rank holds the same gradients, so every rank decides alike.
+  bool finite = be_.all_finite(model_->grads(), model_->num_params());
+  if (!sync) {
+    double bad = finite ? 0 : 1;
+    host_sum(comm_.mpi(), &bad, 1);
+    finite = bad == 0;
+  }
+  if (!finite) {
+    if (cfg_.on_nonfinite == "stop")
+      throw Error("non-finite gradients at step " + std::to_string(step_ + 1) +
+                  " (train.on_nonfinite = stop); the last checkpoint is intact", kExitNonFinite,
+                  /*collective=*/true);
+    log::info("step " + std::to_string(step_ + 1) + ": non-finite gradients, update skipped");
+    return false;
+  }
+  opt_->step(model_->params(), model_->grads(), lr);
+  return true;
+}
+
+void Trainer::log_step(double lr, TrainResult& res) {
+  float st[2];
+  be_.download(st, stats_.data(), sizeof st);
+  double sums[1] = {st[0]};
+  host_sum(comm_.mpi(), sums, 1);
+  const double loss = sums[0] / double(global_batch());
+  res.losses.push_back(loss);
+  const double now = seconds_since(t0_);
+  const double sps = double((step_ - s_last_) * global_batch()) / std::max(1e-9, now - t_last_);
+  t_last_ = now;
+  s_last_ = step_;
+  if (comm_.rank() != 0) return;
+  std::ostringstream js;
+  js << "{\"step\": " << step_ << ", \"epoch\": " << epoch_ + 1 << ", \"loss\": " << fmt("%.6g", loss)
+     << ", \"lr\": " << fmt("%.6g", lr) << ", \"samples_per_s\": " << fmt("%.1f", sps)
+     << ", \"time_s\": " << fmt("%.3f", now) << "}";
+  metrics_->write(js.str());
+  if (cfg_.progress) {
+    const double left = double(total_steps_ - step_) * double(global_batch()) / std::max(sps, 1e-9);
+    log::info("step " + std::to_string(step_) + "/" + std::to_string(total_steps_) + "  epoch " +
+              std::to_string(epoch_ + 1) + "/" + std::to_string(cfg_.epochs) + "  loss " +
+              fmt("%.4f", loss) + "  lr " + fmt("%.4g", lr) + "  " + fmt("%.0f", sps) +
+              " samples/s  ETA " + hms(left));
+  }
+}
+
+void Trainer::log_eval(const EvalResult& e) {
+  if (comm_.rank() != 0) return;
+  std::ostringstream js;
+  js << "{\"eval\": \"test\", \"step\": " << step_ << ", \"epoch\": " << epoch_ + 1
+     << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy) << "}";
+  metrics_->write(js.str());
+  log::info("eval  step " + std::to_string(step_) + "  test loss " + fmt("%.4f", e.loss) +
+            "  accuracy " + fmt("%.4f", e.accuracy) + "  (" + std::to_string(e.n) + " samples)");
+}
+
+// A signal reaches one rank or all; every rank stops at the same step either way.
+bool Trainer::agree_stop() {
+  int mine = stop_requested() ? 1 : 0, any = 0;
+  DPT_CHECK_MPI(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm_.mpi()));
+  return any != 0;
+}
+
+TrainResult Trainer::run() {
+  TrainResult res;
+  const int64_t N = train_->n, G = global_batch();
+  const int64_t per_epoch = N / G;
+  if (per_epoch == 0)
+    throw InputError(train_->path + " has " + std::to_string(N) + " rows, fewer than one global batch (" +
+                     std::to_string(G) + " = batch_per_rank × ranks × accumulate)", true);
+  total_steps_ = int64_t(cfg_.epochs) * per_epoch;
+  if (cfg_.steps > 0) total_steps_ = std::min(total_steps_, cfg_.steps);
+  LrSchedule sched(cfg_, comm_.size(), per_epoch, total_steps_);
+  const bool by_gradients = cfg_.sync == "gradients";
+  GradSync sync(*model_, comm_, cfg_.bucket_mb);
+  if (cfg_.ckpt_at_start && step_ == 0) save_checkpoint();
+  t0_ = Clock::now();
+  t_last_ = 0;
+  s_last_ = step_;
+  const int64_t first_step = step_;
+  for (; epoch_ < cfg_.epochs && step_ < total_steps_; ++epoch_, step_in_epoch_ = 0) {
+    const std::vector<int64_t> order = epoch_order(N, cfg_.shuffle, cfg_.seed, epoch_);
+    for (; step_in_epoch_ < per_epoch && step_ < total_steps_;) {
+      const double lr = sched.at(step_ + 1);
+      train_step(order, step_in_epoch_, lr, by_gradients ? &sync : nullptr);
+      ++step_;
+      ++step_in_epoch_;
+      samples_seen_ += G;
+      if (!by_gradients && step_ % cfg_.average_every == 0) average_parameters();
+      if (step_ % cfg_.log_every == 0 || step_ == total_steps_) log_step(lr, res);
+      if (test_ && cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) log_eval(res.last_eval = evaluate(*test_));
+      if (cfg_.ckpt_every > 0 && step_ % cfg_.ckpt_every == 0) save_checkpoint();
+      // With sync = parameters, stop only where the ranks hold one model (after an average).
+      const bool one_model = by_gradients || step_ % cfg_.average_every == 0;
+      if (one_model && (comm_.size() > 1 ? agree_stop() : stop_requested())) {
+        res.stopped_by_signal = true;
+        break;
+      }
+    }
+    if (res.stopped_by_signal) break;
+    if (test_ && cfg_.eval_every == 0 && step_in_epoch_ == per_epoch) log_eval(res.last_eval = evaluate(*test_));
+  }
+  be_.synchronize();
+  res.seconds = seconds_since(t0_);
+  res.samples_per_s = double((step_ - first_step) * G) / std::max(1e-9, res.seconds);
+  if (!by_gradients && step_ % cfg_.average_every != 0) average_parameters();  // one final model
+  if (last_saved_ != step_) save_checkpoint();
+  res.steps = step_;
+  res.epoch = epoch_;
+  return res;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct MetricsWriter::Impl {
+  std::ofstream out;
+};
+
+MetricsWriter::MetricsWriter(const std::string& path, bool active) : impl_(new Impl) {
+  if (!active || path.empty()) return;
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  impl_->out.open(path, std::ios::app);
+  if (!impl_->out) throw InputError("cannot open log.metrics file " + path + " for writing");
+}
+
+MetricsWriter::~MetricsWriter() = default;
+
+void MetricsWriter::write(const std::string& json_object) {
+  if (!impl_->out.is_open()) return;
+  impl_->out << json_object << '\n';
+  impl_->out.flush();  // a killed job keeps every line written so far
+}
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+}  // namespace
+
+void install_stop_signals() {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+}
+
+bool stop_requested() { return g_stop != 0; }
+
+}  // namespace dpt
