@@ -1,0 +1,671 @@
+// Checkpoints in HDF5 (C API): layout checks shared by writer and reader, the atomic writer
+// (temporary file, fsync, rename, folder fsync), the validating reader, and the folder helpers
+// (list, find the newest valid one, prune).
+#include "dpt/ckpt.hpp"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <utility>
+
+#include "dpt/check.hpp"
+#include "dpt/log.hpp"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the checksum feeds host-order bytes and is defined as little-endian");
+
+namespace dpt {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxLayers = 4096;       // a layers attribute longer than this is damage
+constexpr int64_t kMaxWidth = 1 << 26;    // widest layer accepted
+constexpr int kMaxRank = 8;               // tensors are 0-d to 2-d today; leave room
+constexpr size_t kMaxTensors = 1 << 16;
+constexpr int64_t kMaxChunkedBytes = int64_t(1) << 36;  // compressed data can outgrow the file
+
+// ---- RAII for hid_t: move-only; the destructor closes and never throws ----
+class H5Id {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Id() = default;
+  H5Id(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), closer_(o.closer_) {}
+  H5Id& operator=(H5Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  ~H5Id() { reset(); }
+
+  hid_t get() const { return id_; }
+  // Explicit close whose status matters (H5Fclose flushes: a full disk shows up here).
+  herr_t close() {
+    herr_t rc = id_ >= 0 ? closer_(id_) : 0;
+    id_ = H5I_INVALID_HID;
+    return rc;
+  }
+  void reset() noexcept {
+    if (id_ >= 0) closer_(id_);  // a destructor cannot report; close() is for when it matters
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+// Writer side: a failed call is a runtime failure (dpt::Error naming the call).
+H5Id checked(hid_t id, H5Id::Closer closer, const char* call, int line) {
+  if (id < 0) throw_call_error("HDF5", call, hdf5_error_string(), __FILE__, line);
+  return H5Id(id, closer);
+}
+#define DPT_H5_OPEN(call, closer) checked((call), (closer), #call, __LINE__)
+
+// Reader side: every problem is the user's file, so it is an InputError naming the file.
+struct Reader {
+  std::string path;
+  [[noreturn]] void fail(const std::string& what) const {
+    throw InputError("checkpoint " + path + ": " + what);
+  }
+  H5Id open(hid_t id, H5Id::Closer closer, const std::string& what) const {
+    if (id < 0) fail(what + " (" + hdf5_error_string() + ")");
+    return H5Id(id, closer);
+  }
+  void ok(herr_t rc, const std::string& what) const {
+    if (rc < 0) fail(what + " (" + hdf5_error_string() + ")");
+  }
+};
+
+std::string join_dir(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + ")";
+}
+
+std::vector<std::string> split(const std::string& name) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    size_t slash = name.find('/', start);
+    parts.push_back(name.substr(start, slash - start));
+    if (slash == std::string::npos) return parts;
+    start = slash + 1;
+  }
+}
+
+// "fc12" -> 12; anything else -> -1.
+int64_t fc_index(const std::string& s) {
+  if (s.size() < 3 || s.compare(0, 2, "fc") != 0 || s.size() > 11) return -1;
+  int64_t i = 0;
+  for (size_t k = 2; k < s.size(); ++k) {
+    if (s[k] < '0' || s[k] > '9') return -1;
+    i = i * 10 + (s[k] - '0');
+  }
+  return i;
+}
+
+std::string name_problem(const std::string& name) {
+  auto parts = split(name);
+  if (parts.size() < 2 || (parts[0] != "model" && parts[0] != "optimizer"))
+    return "tensor name '" + name + "' must start with model/ or optimizer/";
+  for (const auto& p : parts)
+    if (p.empty() || p == "." || p == "..")
+      return "tensor name '" + name + "' has an empty or relative component";
+  return "";
+}
+
+// Shape a tensor named .../fc<i>/weight|bias must have. Returns false when the name does not
+// follow that pattern; sets *problem when it does but names a layer that does not exist.
+bool expected_shape(const std::vector<int>& layers, const std::vector<std::string>& parts,
+                    std::vector<int64_t>* shape, std::string* problem) {
+  if (parts.size() < 3) return false;
+  int64_t i = fc_index(parts[parts.size() - 2]);
+  const std::string& leaf = parts.back();
+  if (i < 0 || (leaf != "weight" && leaf != "bias")) return false;
+  if (i + 1 >= int64_t(layers.size())) {
+    *problem = "names layer fc" + std::to_string(i) + " but layers has only " +
+               std::to_string(layers.size() - 1) + " Linear layers";
+    return true;
+  }
+  int64_t out = layers[size_t(i) + 1], in = layers[size_t(i)];
+  *shape = leaf == "weight" ? std::vector<int64_t>{out, in} : std::vector<int64_t>{out};
+  return true;
+}
+
+std::string layers_problem(const std::vector<int>& layers) {
+  if (layers.size() < 2 || layers.size() > kMaxLayers)
+    return "layers has " + std::to_string(layers.size()) + " entries (need 2.." +
+           std::to_string(kMaxLayers) + ")";
+  for (int w : layers)
+    if (w < 1 || w > kMaxWidth) return "layer width " + std::to_string(w) + " is out of range";
+  return "";
+}
+
+std::string tensor_problem(const std::vector<int>& layers, const Tensor& t) {
+  std::string p = name_problem(t.name);
+  if (!p.empty()) return p;
+  uint64_t n = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0) return "tensor " + t.name + " has a negative dimension";
+    n *= uint64_t(d);
+  }
+  if (n != t.data.size())
+    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " +
+           std::to_string(t.data.size()) + " values";
+  std::vector<int64_t> want;
+  std::string why;
+  if (!expected_shape(layers, split(t.name), &want, &why)) {
+    if (t.name.compare(0, 6, "model/") == 0) return "unexpected model tensor " + t.name;
+    return "";  // free-form optimizer state (e.g. a scalar) is allowed
+  }
+  if (!why.empty()) return "tensor " + t.name + " " + why;
+  if (t.shape != want)
+    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but layers " +
+           "require " + shape_str(want);
+  return "";
+}
+
+// Everything the writer promises and the reader demands about names and shapes.
+std::string layout_problem(const Checkpoint& ck) {
+  std::string p = layers_problem(ck.layers);
+  if (!p.empty()) return p;
+  if (ck.tensors.size() > kMaxTensors) return "too many tensors";
+  std::set<std::string> names;
+  for (const Tensor& t : ck.tensors) {
+    p = tensor_problem(ck.layers, t);
+    if (!p.empty()) return p;
+    if (!names.insert(t.name).second) return "tensor " + t.name + " appears twice";
+  }
+  for (size_t i = 0; i + 1 < ck.layers.size(); ++i)
+    for (const char* leaf : {"weight", "bias"}) {
+      std::string n = "model/fc" + std::to_string(i) + "/" + leaf;
+      if (!names.count(n)) return "tensor " + n + " is missing";
+    }
+  return "";
+}
+
+}  // namespace
+
+uint32_t tensor_checksum(const std::vector<Tensor>& tensors) {
+  std::vector<const Tensor*> order;
+  for (const Tensor& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(),
+            [](const Tensor* a, const Tensor* b) { return a->name < b->name; });
+  uLong crc = crc32(0L, Z_NULL, 0);
+  auto feed = [&crc](const void* p, size_t n) {
+    const auto* b = static_cast<const Bytef*>(p);
+    for (size_t off = 0; off < n;) {  // crc32 takes a uInt length
+      uInt len = uInt(std::min<size_t>(n - off, size_t(1) << 30));
+      crc = crc32(crc, b + off, len);
+      off += len;
+    }
+  };
+  for (const Tensor* t : order) {
+    feed(t->name.c_str(), t->name.size() + 1);  // the NUL keeps "ab"+"c" apart from "a"+"bc"
+    int64_t rank = int64_t(t->shape.size());
+    feed(&rank, sizeof rank);
+    feed(t->shape.data(), t->shape.size() * sizeof(int64_t));
+    feed(t->data.data(), t->data.size() * sizeof(float));
+  }
+  return uint32_t(crc);
+}
+
+const Tensor* Checkpoint::find(const std::string& name) const {
+  for (const Tensor& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+// =================================== writer ===================================
+namespace {
+
+H5Id file_access_plist() {
+  H5Id fapl = DPT_H5_OPEN(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  // Strong close: H5Fclose really closes (and flushes) even if a handle leaked somewhere.
+  DPT_CHECK_H5(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG));
+  // Lock where the file system can; Lustre/NFS without flock must not make checkpoints fail.
+  DPT_CHECK_H5(H5Pset_file_locking(fapl.get(), true, true));
+  return fapl;
+}
+
+void write_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* v) {
+  H5Id space = DPT_H5_OPEN(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr = DPT_H5_OPEN(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                          H5Aclose);
+  DPT_CHECK_H5(H5Awrite(attr.get(), mem_type, v));
+}
+
+// Variable-length UTF-8: reads as str in h5py and prints as text in h5dump.
+void write_string_attr(hid_t obj, const char* name, const std::string& s) {
+  H5Id type = DPT_H5_OPEN(H5Tcopy(H5T_C_S1), H5Tclose);
+  DPT_CHECK_H5(H5Tset_size(type.get(), H5T_VARIABLE));
+  DPT_CHECK_H5(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  const char* p = s.c_str();
+  write_attr(obj, name, type.get(), type.get(), &p);
+}
+
+void write_ints_attr(hid_t obj, const char* name, const std::vector<int>& v) {
+  hsize_t n = v.size();
+  H5Id space = DPT_H5_OPEN(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  H5Id attr = DPT_H5_OPEN(
+      H5Acreate2(obj, name, H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  DPT_CHECK_H5(H5Awrite(attr.get(), H5T_NATIVE_INT, v.data()));
+}
+
+void write_root_attrs(hid_t file, const Checkpoint& ck) {
+  write_string_attr(file, "format", Checkpoint::kFormat);
+  write_attr(file, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &ck.version);
+  write_attr(file, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.step);
+  write_attr(file, "epoch", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.epoch);
+  write_attr(file, "step_in_epoch", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.step_in_epoch);
+  write_attr(file, "samples_seen", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.samples_seen);
+  write_attr(file, "global_batch", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.global_batch);
+  write_attr(file, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &ck.world_size);
+  write_attr(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &ck.seed);
+  write_string_attr(file, "optimizer", ck.optimizer);
+  write_string_attr(file, "config", ck.config);
+  write_ints_attr(file, "layers", ck.layers);
+  uint32_t crc = tensor_checksum(ck.tensors);
+  write_attr(file, "checksum_crc32", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc);
+}
+
+void write_tensor(hid_t file, hid_t lcpl, const Tensor& t) {
+  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+  H5Id space = t.shape.empty()
+                   ? DPT_H5_OPEN(H5Screate(H5S_SCALAR), H5Sclose)
+                   : DPT_H5_OPEN(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
+  H5Id dset = DPT_H5_OPEN(H5Dcreate2(file, t.name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl,
+                                     H5P_DEFAULT, H5P_DEFAULT),
+                          H5Dclose);
+  if (!t.data.empty())
+    DPT_CHECK_H5(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                          t.data.data()));
+}
+
+void write_hdf5(const std::string& path, const Checkpoint& ck) {
+  H5Id fapl = file_access_plist();
+  H5Id lcpl = DPT_H5_OPEN(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  DPT_CHECK_H5(H5Pset_create_intermediate_group(lcpl.get(), 1));
+  H5Id file = DPT_H5_OPEN(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                          H5Fclose);
+  write_root_attrs(file.get(), ck);
+  for (const Tensor& t : ck.tensors) write_tensor(file.get(), lcpl.get(), t);
+  DPT_CHECK_H5(file.close());
+}
+
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw Error(what + ": " + std::strerror(errno));
+}
+
+// Data and metadata on stable storage before the rename publishes the file.
+void fsync_path(const std::string& path, bool is_dir) {
+  int fd = ::open(path.c_str(), (is_dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw_errno("open " + path + " for fsync");
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some file systems cannot fsync a folder (EINVAL); the rename itself is still atomic there.
+  if (rc != 0 && !(is_dir && err == EINVAL)) {
+    errno = err;
+    throw_errno("fsync " + path);
+  }
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const Checkpoint& ck) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const std::string fail = "cannot write checkpoint " + path + ": ";
+  std::string problem = layout_problem(ck);
+  if (!problem.empty()) throw Error(fail + problem);
+
+  fs::path final_path(path);
+  std::string dir = final_path.has_parent_path() ? final_path.parent_path().string() : ".";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(fail + "cannot create folder " + dir + ": " + ec.message());
+
+  // Same folder as the final name, so rename(2) is atomic; the leading dot and the suffix keep
+  // list_checkpoints from ever seeing it.
+  std::string tmp = join_dir(dir, "." + final_path.filename().string() + ".tmp." +
+                                      std::to_string(::getpid()));
+  try {
+    write_hdf5(tmp, ck);
+    fsync_path(tmp, false);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_errno("rename " + tmp);
+  } catch (const std::exception& e) {
+    ::unlink(tmp.c_str());
+    throw Error(fail + e.what());
+  }
+  try {
+    fsync_path(dir, true);  // makes the rename itself durable
+  } catch (const std::exception& e) {
+    throw Error(fail + "written, but " + e.what());
+  }
+}
+
+// =================================== reader ===================================
+namespace {
+
+H5Id open_attr(const Reader& r, hid_t obj, const char* name) {
+  htri_t exists = H5Aexists(obj, name);
+  if (exists < 0) r.ok(-1, std::string("cannot look up attribute '") + name + "'");
+  if (exists == 0) r.fail(std::string("missing attribute '") + name + "'");
+  return r.open(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose,
+                std::string("cannot open attribute '") + name + "'");
+}
+
+// Number of elements of an attribute, checking its type class first.
+hssize_t attr_points(const Reader& r, hid_t attr, const char* name, H5T_class_t want) {
+  H5Id type = r.open(H5Aget_type(attr), H5Tclose, std::string("attribute '") + name + "'");
+  if (H5Tget_class(type.get()) != want)
+    r.fail(std::string("attribute '") + name + "' has the wrong type");
+  H5Id space = r.open(H5Aget_space(attr), H5Sclose, std::string("attribute '") + name + "'");
+  hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  if (n < 0) r.fail(std::string("attribute '") + name + "' has a damaged dataspace");
+  return n;
+}
+
+template <class T>
+T read_scalar(const Reader& r, hid_t obj, const char* name, hid_t mem_type) {
+  H5Id attr = open_attr(r, obj, name);
+  if (attr_points(r, attr.get(), name, H5T_INTEGER) != 1)
+    r.fail(std::string("attribute '") + name + "' is not a scalar");
+  T v{};
+  r.ok(H5Aread(attr.get(), mem_type, &v), std::string("cannot read attribute '") + name + "'");
+  return v;
+}
+
+int64_t read_count(const Reader& r, hid_t obj, const char* name, int64_t lo, int64_t hi) {
+  int64_t v = read_scalar<int64_t>(r, obj, name, H5T_NATIVE_INT64);
+  if (v < lo || v > hi)
+    r.fail(std::string("attribute '") + name + "' = " + std::to_string(v) + " is out of range");
+  return v;
+}
+
+// Variable-length (what we write) or fixed-length (what other tools may write) strings.
+std::string read_string(const Reader& r, hid_t obj, const char* name) {
+  H5Id attr = open_attr(r, obj, name);
+  if (attr_points(r, attr.get(), name, H5T_STRING) != 1)
+    r.fail(std::string("attribute '") + name + "' is not a single string");
+  H5Id ftype = r.open(H5Aget_type(attr.get()), H5Tclose, std::string("attribute '") + name + "'");
+  H5Id mtype = r.open(H5Tcopy(H5T_C_S1), H5Tclose, "string type");
+  const std::string what = std::string("cannot read attribute '") + name + "'";
+  // HDF5 does not convert between character sets, so read in the file's own.
+  r.ok(H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get())), what);
+  if (H5Tis_variable_str(ftype.get()) > 0) {
+    r.ok(H5Tset_size(mtype.get(), H5T_VARIABLE), what);
+    char* p = nullptr;
+    r.ok(H5Aread(attr.get(), mtype.get(), &p), what);
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  size_t size = H5Tget_size(ftype.get());
+  if (size == 0 || size > (size_t(1) << 26)) r.fail(std::string("attribute '") + name + "' size");
+  r.ok(H5Tset_size(mtype.get(), size), what);
+  std::string buf(size, '\0');
+  r.ok(H5Aread(attr.get(), mtype.get(), &buf[0]), what);
+  return buf.substr(0, buf.find('\0'));
+}
+
+std::vector<int> read_ints(const Reader& r, hid_t obj, const char* name) {
+  H5Id attr = open_attr(r, obj, name);
+  hssize_t n = attr_points(r, attr.get(), name, H5T_INTEGER);
+  if (n < 1 || size_t(n) > kMaxLayers)
+    r.fail(std::string("attribute '") + name + "' has " + std::to_string(n) + " entries");
+  std::vector<int> v(size_t(n), 0);
+  r.ok(H5Aread(attr.get(), H5T_NATIVE_INT, v.data()),
+       std::string("cannot read attribute '") + name + "'");
+  return v;
+}
+
+// Format and version first, so a foreign or future file gets that message, not "missing step".
+uint32_t read_header(const Reader& r, hid_t file, Checkpoint& ck) {
+  if (H5Aexists(file, "format") <= 0)
+    r.fail("not a dptrain checkpoint (no 'format' attribute)");
+  std::string format = read_string(r, file, "format");
+  if (format != Checkpoint::kFormat)
+    r.fail("not a dptrain checkpoint (format = \"" + format + "\", expected \"" +
+           Checkpoint::kFormat + "\")");
+  ck.version = int(read_count(r, file, "version", INT32_MIN, INT32_MAX));
+  if (ck.version < 1 || ck.version > Checkpoint::kVersion)
+    r.fail("version " + std::to_string(ck.version) + " is not supported (this build reads 1.." +
+           std::to_string(Checkpoint::kVersion) + ")");
+  const int64_t big = INT64_MAX;
+  ck.step = read_count(r, file, "step", 0, big);
+  ck.epoch = read_count(r, file, "epoch", 0, big);
+  ck.step_in_epoch = read_count(r, file, "step_in_epoch", 0, big);
+  ck.samples_seen = read_count(r, file, "samples_seen", 0, big);
+  ck.global_batch = read_count(r, file, "global_batch", 0, big);
+  ck.world_size = int(read_count(r, file, "world_size", 1, INT32_MAX));
+  ck.seed = read_scalar<uint64_t>(r, file, "seed", H5T_NATIVE_UINT64);
+  ck.optimizer = read_string(r, file, "optimizer");
+  ck.config = read_string(r, file, "config");
+  ck.layers = read_ints(r, file, "layers");
+  std::string p = layers_problem(ck.layers);
+  if (!p.empty()) r.fail(p);
+  return read_scalar<uint32_t>(r, file, "checksum_crc32", H5T_NATIVE_UINT32);
+}
+
+struct Visit {
+  std::string prefix;
+  std::vector<std::string> datasets;
+  std::vector<std::string> bad;  // links we refuse to follow
+};
+
+// C callback: must not throw, so it only records what it sees.
+herr_t visit_cb(hid_t group, const char* name, const H5L_info_t* info, void* data) {
+  auto* v = static_cast<Visit*>(data);
+  std::string full = v->prefix + "/" + name;
+  if (info->type != H5L_TYPE_HARD) {
+    v->bad.push_back(full);
+    return 0;
+  }
+  hid_t obj = H5Oopen(group, name, H5P_DEFAULT);
+  if (obj < 0) {
+    v->bad.push_back(full);
+    return 0;
+  }
+  if (H5Iget_type(obj) == H5I_DATASET) v->datasets.push_back(full);
+  H5Oclose(obj);
+  return v->datasets.size() > kMaxTensors ? 1 : 0;  // stop early on absurd files
+}
+
+std::vector<std::string> dataset_names(const Reader& r, hid_t file) {
+  Visit v;
+  for (const char* top : {"model", "optimizer"}) {
+    htri_t exists = H5Lexists(file, top, H5P_DEFAULT);
+    if (exists < 0) r.ok(-1, std::string("cannot look up /") + top);
+    if (exists == 0) {
+      if (std::string(top) == "model") r.fail("no /model group");
+      continue;
+    }
+    H5Id g = r.open(H5Gopen2(file, top, H5P_DEFAULT), H5Gclose,
+                    std::string("cannot open group /") + top);
+    v.prefix = top;
+    r.ok(H5Lvisit(g.get(), H5_INDEX_NAME, H5_ITER_INC, visit_cb, &v),
+         std::string("cannot walk /") + top);
+  }
+  if (!v.bad.empty()) r.fail("cannot follow link /" + v.bad.front());
+  if (v.datasets.size() > kMaxTensors) r.fail("too many datasets");
+  return v.datasets;
+}
+
+// Shape and type checks come before the allocation, so a damaged header cannot ask for 1 EiB.
+Tensor read_tensor(const Reader& r, hid_t file, const std::string& name, uint64_t file_size) {
+  const std::string what = "dataset /" + name;
+  H5Id dset = r.open(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose, "cannot open " + what);
+  H5Id type = r.open(H5Dget_type(dset.get()), H5Tclose, "cannot read the type of " + what);
+  if (H5Tget_class(type.get()) != H5T_FLOAT) r.fail(what + " is not floating point");
+  H5Id space = r.open(H5Dget_space(dset.get()), H5Sclose, "cannot read the shape of " + what);
+  int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0 || rank > kMaxRank) r.fail(what + " has a damaged or absurd rank");
+  hsize_t dims[kMaxRank] = {0};
+  r.ok(H5Sget_simple_extent_dims(space.get(), dims, nullptr), "cannot read the shape of " + what);
+  Tensor t;
+  t.name = name;
+  uint64_t n = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (dims[i] > uint64_t(kMaxWidth) * kMaxWidth || (dims[i] && n > UINT64_MAX / dims[i]))
+      r.fail(what + " has an absurd shape");
+    n *= dims[i];
+    t.shape.push_back(int64_t(dims[i]));
+  }
+  H5Id dcpl = r.open(H5Dget_create_plist(dset.get()), H5Pclose, "cannot read " + what);
+  bool contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS;
+  uint64_t limit = contiguous ? file_size : uint64_t(kMaxChunkedBytes);
+  if (n > limit / sizeof(float))
+    r.fail(what + " claims " + shape_str(t.shape) + " values, more than the file can hold");
+  t.data.resize(size_t(n));
+  if (n)
+    r.ok(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()),
+         "cannot read " + what + " (truncated or damaged)");
+  return t;
+}
+
+uint64_t check_file(const Reader& r) {
+  std::error_code ec;
+  auto st = fs::status(r.path, ec);
+  if (!fs::exists(st)) r.fail("not found");
+  if (!fs::is_regular_file(st)) r.fail("not a regular file");
+  uint64_t size = fs::file_size(r.path, ec);
+  if (ec) r.fail("cannot stat: " + ec.message());
+  if (size == 0) r.fail("empty file (not HDF5)");
+  htri_t is_h5 = H5Fis_hdf5(r.path.c_str());
+  if (is_h5 < 0) r.fail("unreadable (" + hdf5_error_string() + ")");
+  if (is_h5 == 0) r.fail("not an HDF5 file (no HDF5 signature; damaged or some other format)");
+  return size;
+}
+
+}  // namespace
+
+Checkpoint read_checkpoint(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  Reader r{path};
+  uint64_t size = check_file(r);
+  H5Id fapl;
+  try {
+    fapl = file_access_plist();
+  } catch (const Error& e) {
+    r.fail(e.what());
+  }
+  H5Id file = r.open(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
+                     "cannot open as HDF5: truncated or damaged");
+  Checkpoint ck;
+  uint32_t stored_crc = read_header(r, file.get(), ck);
+  std::vector<std::string> names = dataset_names(r, file.get());
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) ck.tensors.push_back(read_tensor(r, file.get(), n, size));
+  std::string problem = layout_problem(ck);
+  if (!problem.empty()) r.fail(problem);
+  uint32_t crc = tensor_checksum(ck.tensors);
+  if (crc != stored_crc)
+    r.fail("checksum mismatch (stored " + std::to_string(stored_crc) + ", computed " +
+           std::to_string(crc) + "): tensor data is damaged");
+  return ck;
+}
+
+// =============================== folder helpers ===============================
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "ckpt-%09lld.h5", static_cast<long long>(step));
+  return join_dir(dir, name);
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) return {};  // a missing folder simply holds no checkpoints
+  for (const auto& entry : it) {
+    std::string name = entry.path().filename().string();
+    // ckpt-<digits>.h5 exactly: temporary files (".ckpt-...tmp.<pid>") never match.
+    if (name.size() < 9 || name.compare(0, 5, "ckpt-") != 0 ||
+        name.compare(name.size() - 3, 3, ".h5") != 0)
+      continue;
+    std::string digits = name.substr(5, name.size() - 8);
+    if (digits.empty() || digits.size() > 18 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    std::error_code fec;
+    if (!entry.is_regular_file(fec)) continue;
+    found.emplace_back(std::stoll(digits), join_dir(dir, name));
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+std::string find_latest_valid(const std::string& dir) {
+  for (const std::string& p : list_checkpoints(dir)) {
+    try {
+      read_checkpoint(p);
+      return p;
+    } catch (const InputError& e) {
+      std::string reason = e.what();
+      const std::string prefix = "checkpoint " + p + ": ";
+      if (reason.compare(0, prefix.size(), prefix) == 0) reason = reason.substr(prefix.size());
+      log::warn("skipping damaged checkpoint " + p + ": " + reason);
+    }
+  }
+  return "";
+}
+
+namespace {
+// A save killed by SIGKILL/OOM/preemption leaves ".ckpt-*.h5.tmp.<pid>" behind, as large as a
+// checkpoint. A save in progress rewrites its file continuously and fsyncs within minutes, so a
+// temporary file untouched for an hour belongs to a dead writer (possibly on another node,
+// which is why the pid is not trusted).
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) return;
+  const auto cutoff = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const auto& entry : it) {
+    std::string name = entry.path().filename().string();
+    if (name.compare(0, 6, ".ckpt-") != 0 || name.find(".h5.tmp.") == std::string::npos) continue;
+    std::error_code fec;
+    auto mtime = entry.last_write_time(fec);
+    if (!fec && mtime < cutoff) fs::remove(entry.path(), fec);
+  }
+}
+}  // namespace
+
+void prune_checkpoints(const std::string& dir, int keep) {
+  remove_stale_temporaries(dir);
+  if (keep <= 0) return;
+  std::vector<std::string> all = list_checkpoints(dir);
+  for (size_t i = size_t(keep); i < all.size(); ++i) {
+    std::error_code ec;
+    // Failing to delete an old checkpoint costs disk, not correctness: warn and go on.
+    if (!fs::remove(all[i], ec) && ec)
+      log::warn("cannot delete old checkpoint " + all[i] + ": " + ec.message());
+  }
+}
+
+}  // namespace dpt
