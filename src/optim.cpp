@@ -59,7 +59,7 @@ double LrSchedule::at(int64_t step) const {
     return peak_ * std::pow(cfg_.step_gamma, double((step - 1) / every));
   }
   if (cfg_.schedule == "cosine") {
-    const double span = double(std::max<int64_t>(1, total_ - w));
+    const double span = double(std::max<int64_t>(1, total_ - w - 1));  // the last step reaches min_lr
     const double t = std::min(1.0, double(step - w - 1) / span);
     return cfg_.min_lr + (peak_ - cfg_.min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
   }
