@@ -79,7 +79,7 @@ void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
       throw InputError(std::to_string(rt.node.local_size) + " ranks on " + rt.node.host + " but only " +
                        std::to_string(gpus) + " GPU(s) visible: NCCL needs one GPU per rank; "
                        "use comm.backend = mpi to share GPUs, or start fewer ranks");
-    opt.local_rank = rt.node.local_rank % gpus;  // several ranks per GPU (MPS-style), MPI transport
+    opt.share_gpus = true;  // several ranks per GPU (MPS-style), MPI transport
   }
   if (gpus == 0 && opt.precision != Precision::fp32)
     throw InputError("train.precision = " + cfg.precision + " needs a GPU (the cpu backend is fp32)");

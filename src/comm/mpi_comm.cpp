@@ -127,6 +127,12 @@ std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, Backend* staging) {
   return std::make_unique<MpiComm>(c, staging);
 }
 
+#ifndef DPT_HAVE_CUDA
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm, Backend&) {
+  throw InputError("comm.backend = nccl, but this dptrain was built without CUDA and NCCL");
+}
+#endif
+
 std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& be) {
   const bool cuda = be.name() == "cuda";
   if (kind == "nccl" && !cuda)

@@ -1,0 +1,46 @@
+// Launchers for the CUDA backend's own kernels (defined in kernels.cu). Every launcher takes
+// the stream it enqueues on, returns at once and checks the launch; pointers are device memory.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dpt/backend.hpp"
+
+namespace dpt::cuda {
+
+void fill(float* p, size_t n, float v, cudaStream_t s);
+void scale(float* p, size_t n, float a, cudaStream_t s);
+
+// z (batch,out) += b (out) broadcast over rows (b may be nullptr); a = act(z) (a may equal z).
+void bias_act_forward(float* z, float* a, const float* b, int batch, int out, Act act,
+                      cudaStream_t s);
+// da (n) *= act'(z) in place, the derivative taken from z and/or a = act(z). No-op for none.
+void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
+// db (out) = (accumulate ? db : 0) + Σ_rows dz (batch,out); fixed summation order.
+void bias_grad(const float* dz, float* db, int batch, int out, bool accumulate, cudaStream_t s);
+// dst (n, bf16, round to nearest even) = src (n, fp32).
+void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s);
+
+// Per row b: row_loss[b] = −log softmax(logits[b])[label], row_ok[b] = argmax == label,
+// dlogits = (softmax − onehot)·grad_scale unless nullptr. Then stats[0] += Σ row_loss,
+// stats[1] += Σ row_ok, summed by one block in a fixed order (deterministic).
+void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
+                  float grad_scale, float* dlogits, float* row_loss, int* row_ok, float* stats,
+                  cudaStream_t s);
+
+// One fused elementwise optimizer update over n parameters (torch.optim formulas).
+void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, const OptimStep& h,
+                    cudaStream_t s);
+
+// *flag = 1 if any of p[0..n) is NaN or ±Inf; the caller zeroes flag first.
+void flag_nonfinite(const float* p, size_t n, int* flag, cudaStream_t s);
+
+// x[i] = feat[rows[i]] · scale + offset (dim values per row), y[i] = labels[rows[i]].
+// feat is uint8 when is_u8, else float32.
+void gather_rows(const void* feat, bool is_u8, const int32_t* labels, const int64_t* rows,
+                 int count, int64_t dim, float scale, float offset, float* x, int32_t* y,
+                 cudaStream_t s);
+
+}  // namespace dpt::cuda

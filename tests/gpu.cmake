@@ -1,0 +1,4 @@
+# CUDA backend and NCCL transport tests; they skip where no GPU is visible.
+dpt_add_test(test_gpu RANKS 1 TIMEOUT 300)
+# NCCL against MPI on 2 ranks (needs 2 GPUs), and the refusal of 2 ranks on 1 GPU (needs 1).
+dpt_add_test(test_gpu_nccl RANKS 2 TIMEOUT 120)

@@ -1,0 +1,371 @@
+// The CUDA backend against the CPU backend (the oracle), op by op, on fresh random data, plus a
+// one-rank NCCL sanity check. Every test skips where no CUDA device is visible.
+//
+// Tolerances are on the relative error ‖gpu − cpu‖₂ / ‖cpu‖₂ of a whole output:
+//   fp32 1e-5  Both sides compute in IEEE fp32; GEMMs differ only in summation order (blocking,
+//              split-K, FMA), which for sums of up to ~1000 terms of mixed sign stays around
+//              1e-6; the elementwise math (exp, erf) differs by a few ulp.
+//   tf32 5e-3  TF32 keeps 10 mantissa bits: each product carries ~2^-11 relative error.
+//   bf16 2e-2  bf16 keeps 7 mantissa bits (2^-8 per operand), products accumulate in fp32.
+// Outputs are poisoned with NaN on the GPU before each op, so an element the GPU forgets to write
+// fails the comparison.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpt/backend.hpp"
+#include "dpt/comm.hpp"
+#include "dpt/data.hpp"
+
+namespace {
+using namespace dpt;
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+double tolerance(Precision p) {
+  return p == Precision::fp32 ? 1e-5 : p == Precision::tf32 ? 5e-3 : 2e-2;
+}
+
+std::vector<float> uniform(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  SplitMix64 g(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = lo + float(g.uniform()) * (hi - lo);
+  return v;
+}
+
+template <class T> Buffer<T> put(Backend& be, const std::vector<T>& v) {
+  Buffer<T> b(be, v.size());
+  be.upload(b.data(), v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+template <class T> std::vector<T> get(Backend& be, const Buffer<T>& b) {
+  std::vector<T> v(b.size());
+  be.download(v.data(), b.data(), v.size() * sizeof(T));
+  return v;
+}
+
+Buffer<float> poisoned(Backend& be, size_t n) {
+  Buffer<float> b(be, n);
+  be.fill(b.data(), n, kNaN);
+  return b;
+}
+
+// ‖got − want‖ / ‖want‖ (absolute when want is 0); infinity if got holds a NaN or Inf.
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += double(want[i]) * want[i];
+  }
+  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
+}
+
+std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
+  BackendOptions o;
+  o.type = "cuda";
+  o.precision = p;
+  return make_cuda_backend(o);
+}
+
+struct Shape { int batch, in, out; };
+const Shape kShapes[] = {{33, 17, 5}, {1, 1, 1}, {7, 64, 129}, {256, 784, 1024}};
+const Act kActs[] = {Act::none, Act::relu, Act::tanh, Act::sigmoid, Act::gelu};
+const Precision kPrecisions[] = {Precision::fp32, Precision::tf32, Precision::bf16};
+
+std::string label(Precision p, Act a, const Shape& s) {
+  const char* pn = p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
+  return std::string(pn) + " " + act_name(a) + " batch " + std::to_string(s.batch) + " in " +
+         std::to_string(s.in) + " out " + std::to_string(s.out);
+}
+
+// Inputs of one Linear layer; weights scaled by 1/√in like nn.Linear's init, so z stays O(1)
+// and tanh/sigmoid are not saturated.
+struct LayerData {
+  std::vector<float> x, w, b;
+  LayerData(const Shape& s, uint64_t seed)
+      : x(uniform(size_t(s.batch) * s.in, seed)),
+        w(uniform(size_t(s.out) * s.in, seed + 1, -1.f / std::sqrt(float(s.in)),
+                  1.f / std::sqrt(float(s.in)))),
+        b(uniform(size_t(s.out), seed + 2, -0.5f, 0.5f)) {}
+};
+
+TEST(CudaBackend, Describe) {
+  SKIP_WITHOUT_GPU();
+  for (Precision p : kPrecisions) {
+    auto be = gpu(p);
+    EXPECT_EQ(be->name(), "cuda");
+    EXPECT_FALSE(be->host_addressable());
+    EXPECT_NE(be->describe().find("math:"), std::string::npos) << be->describe();
+    std::printf("%s\n", be->describe().c_str());
+  }
+}
+
+TEST(CudaBackend, LinearForward) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  for (Precision p : kPrecisions) {
+    auto g = gpu(p);
+    for (const Shape& s : kShapes)
+      for (Act act : kActs) {
+        const LayerData d(s, 100 + uint64_t(s.out));
+        const size_t n = size_t(s.batch) * s.out;
+        auto cx = put(*cpu, d.x), cw = put(*cpu, d.w), cb = put(*cpu, d.b);
+        Buffer<float> cz(*cpu, n), ca(*cpu, n);
+        cpu->linear_forward(cx.data(), cw.data(), cb.data(), cz.data(), ca.data(), s.batch, s.in,
+                            s.out, act);
+        auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
+        auto gz = poisoned(*g, n), ga = poisoned(*g, n);
+        g->linear_forward(gx.data(), gw.data(), gb.data(), gz.data(), ga.data(), s.batch, s.in,
+                          s.out, act);
+        EXPECT_LE(rel_err(get(*g, gz), get(*cpu, cz)), tolerance(p)) << "z " << label(p, act, s);
+        EXPECT_LE(rel_err(get(*g, ga), get(*cpu, ca)), tolerance(p)) << "a " << label(p, act, s);
+        if (act == Act::none) {  // a may alias z
+          auto gz2 = poisoned(*g, n);
+          g->linear_forward(gx.data(), gw.data(), gb.data(), gz2.data(), gz2.data(), s.batch,
+                            s.in, s.out, act);
+          EXPECT_LE(rel_err(get(*g, gz2), get(*cpu, cz)), tolerance(p)) << label(p, act, s);
+        }
+      }
+  }
+}
+
+// Backward from the CPU's forward outputs, so that only the backward op is compared.
+void check_backward(Backend& cpu, Backend& g, Precision p, const Shape& s, Act act, bool accumulate,
+                    bool want_dx) {
+  const std::string what = label(p, act, s) + (accumulate ? " accumulate" : "") +
+                           (want_dx ? "" : " no dx");
+  const LayerData d(s, 200 + uint64_t(s.in));
+  const size_t n = size_t(s.batch) * s.out;
+  auto cx = put(cpu, d.x), cw = put(cpu, d.w), cb = put(cpu, d.b);
+  Buffer<float> cz(cpu, n), ca(cpu, n);
+  cpu.linear_forward(cx.data(), cw.data(), cb.data(), cz.data(), ca.data(), s.batch, s.in, s.out,
+                     act);
+  const std::vector<float> z = get(cpu, cz), a = get(cpu, ca);
+  const std::vector<float> da = uniform(n, 300);
+  // Gradients already there (kept when accumulating; poison on the GPU otherwise).
+  const std::vector<float> dw0 = uniform(size_t(s.out) * s.in, 301), db0 = uniform(size_t(s.out), 302);
+
+  auto cda = put(cpu, da);
+  auto cdw = put(cpu, accumulate ? dw0 : std::vector<float>(dw0.size(), 0.f));
+  auto cdb = put(cpu, accumulate ? db0 : std::vector<float>(db0.size(), 0.f));
+  Buffer<float> cdx(cpu, want_dx ? size_t(s.batch) * s.in : 0);
+  cpu.linear_backward(cx.data(), cw.data(), cz.data(), ca.data(), cda.data(), s.batch, s.in,
+                      s.out, act, cdw.data(), cdb.data(), want_dx ? cdx.data() : nullptr,
+                      accumulate);
+
+  auto gx = put(g, d.x), gw = put(g, d.w), gz = put(g, z), ga = put(g, a), gda = put(g, da);
+  Buffer<float> gdw = accumulate ? put(g, dw0) : poisoned(g, dw0.size());
+  Buffer<float> gdb = accumulate ? put(g, db0) : poisoned(g, db0.size());
+  Buffer<float> gdx = want_dx ? poisoned(g, size_t(s.batch) * s.in) : Buffer<float>();
+  g.linear_backward(gx.data(), gw.data(), gz.data(), ga.data(), gda.data(), s.batch, s.in, s.out,
+                    act, gdw.data(), gdb.data(), want_dx ? gdx.data() : nullptr, accumulate);
+
+  // dz and db involve no GEMM: fp32 accuracy whatever the precision.
+  EXPECT_LE(rel_err(get(g, gda), get(cpu, cda)), 1e-5) << "dz " << what;
+  EXPECT_LE(rel_err(get(g, gdb), get(cpu, cdb)), 1e-5) << "db " << what;
+  EXPECT_LE(rel_err(get(g, gdw), get(cpu, cdw)), tolerance(p)) << "dw " << what;
+  if (want_dx) EXPECT_LE(rel_err(get(g, gdx), get(cpu, cdx)), tolerance(p)) << "dx " << what;
+}
+
+TEST(CudaBackend, LinearBackward) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  for (Precision p : kPrecisions) {
+    auto g = gpu(p);
+    for (const Shape& s : kShapes)
+      for (Act act : kActs)
+        for (bool acc : {false, true}) check_backward(*cpu, *g, p, s, act, acc, true);
+    check_backward(*cpu, *g, p, kShapes[0], Act::relu, false, false);
+  }
+}
+
+TEST(CudaBackend, SoftmaxXent) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  struct Case { int batch, classes; };
+  for (Case c : {Case{33, 5}, Case{256, 10}, Case{7, 1000}, Case{64, 37}, Case{1, 1}}) {
+    const std::string what = "batch " + std::to_string(c.batch) + " classes " + std::to_string(c.classes);
+    const size_t n = size_t(c.batch) * c.classes;
+    const std::vector<float> logits = uniform(n, 400 + uint64_t(c.classes), -4.f, 4.f);
+    std::vector<int32_t> labels(size_t(c.batch));
+    SplitMix64 r(401);
+    for (auto& y : labels) y = int32_t(r.below(uint64_t(c.classes)));
+    const std::vector<float> stats0 = {0.5f, 2.f};  // the op adds to what is there
+    const float scale = 1.f / float(c.batch);
+
+    auto cl = put(*cpu, logits);
+    auto cy = put(*cpu, labels);
+    auto cs = put(*cpu, stats0);
+    Buffer<float> cd(*cpu, n);
+    cpu->softmax_xent(cl.data(), cy.data(), c.batch, c.classes, scale, cd.data(), cs.data());
+
+    auto gl = put(*g, logits);
+    auto gy = put(*g, labels);
+    auto gs = put(*g, stats0);
+    auto gd = poisoned(*g, n);
+    g->softmax_xent(gl.data(), gy.data(), c.batch, c.classes, scale, gd.data(), gs.data());
+    const auto want = get(*cpu, cs), got = get(*g, gs);
+    EXPECT_LE(rel_err({got[0]}, {want[0]}), 1e-5) << "loss " << what;
+    EXPECT_EQ(got[1], want[1]) << "correct count " << what;
+    EXPECT_LE(rel_err(get(*g, gd), get(*cpu, cd)), 1e-5) << "dlogits " << what;
+
+    // Without dlogits: only the statistics.
+    auto gs2 = put(*g, stats0);
+    g->softmax_xent(gl.data(), gy.data(), c.batch, c.classes, scale, nullptr, gs2.data());
+    EXPECT_EQ(get(*g, gs2), got) << "stats without dlogits " << what;
+  }
+}
+
+TEST(CudaBackend, OptimizerStep) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  // 1000003: the float4 path plus a tail of 3; offset 1: a misaligned slice (scalar path).
+  for (OptKind kind : {OptKind::sgd, OptKind::momentum, OptKind::nesterov, OptKind::adam,
+                       OptKind::adamw})
+    for (size_t n : {size_t(7), size_t(1000003)})
+      for (size_t off : {size_t(0), size_t(1)}) {
+        const std::string what = "optimizer " + std::to_string(int(kind)) + " n " +
+                                 std::to_string(n) + " offset " + std::to_string(off);
+        OptimStep h;
+        h.kind = kind;
+        h.lr = 0.01f;
+        h.momentum = 0.9f;
+        h.weight_decay = 0.01f;
+        const std::vector<float> p0 = uniform(n + off, 500), zeros(n + off, 0.f);
+        auto cp = put(*cpu, p0), cs1 = put(*cpu, zeros), cs2 = put(*cpu, zeros);
+        auto gp = put(*g, p0), gs1 = put(*g, zeros), gs2 = put(*g, zeros);
+        for (int t = 1; t <= 5; ++t) {
+          h.t = t;
+          const std::vector<float> grad = uniform(n + off, 600 + uint64_t(t), -0.1f, 0.1f);
+          auto cg = put(*cpu, grad);
+          auto gg = put(*g, grad);
+          cpu->optimizer_step(cp.data() + off, cg.data() + off, cs1.data() + off,
+                              cs2.data() + off, n, h);
+          g->optimizer_step(gp.data() + off, gg.data() + off, gs1.data() + off, gs2.data() + off,
+                            n, h);
+        }
+        EXPECT_LE(rel_err(get(*g, gp), get(*cpu, cp)), 1e-5) << "p " << what;
+        EXPECT_LE(rel_err(get(*g, gs1), get(*cpu, cs1)), 1e-5) << "state 1 " << what;
+        EXPECT_LE(rel_err(get(*g, gs2), get(*cpu, cs2)), 1e-5) << "state 2 " << what;
+      }
+}
+
+TEST(CudaBackend, FillScaleCopyAllFinite) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu();
+  for (size_t n : {size_t(1), size_t(1001), size_t(3) << 20}) {
+    auto b = poisoned(*g, n);
+    g->fill(b.data(), n, 3.5f);
+    g->scale(b.data(), n, -2.f);
+    EXPECT_EQ(get(*g, b), std::vector<float>(n, -7.f)) << n;
+    Buffer<float> c(*g, n);
+    g->copy(c.data(), b.data(), n * sizeof(float));
+    EXPECT_TRUE(g->all_finite(c.data(), n)) << n;
+    const float bad[2] = {kNaN, std::numeric_limits<float>::infinity()};
+    for (float v : bad) {
+      g->upload(c.data() + n / 2, &v, sizeof v);
+      EXPECT_FALSE(g->all_finite(c.data(), n)) << "planted " << v << " at " << n / 2 << " of " << n;
+      g->copy(c.data(), b.data(), n * sizeof(float));
+    }
+    EXPECT_TRUE(g->all_finite(c.data(), n));
+  }
+}
+
+// upload() may stage through pinned slots and return before the GPU has copied: the host buffer
+// must still be reusable at once, across several slots and a wrap-around of the ring.
+TEST(CudaBackend, UploadReusesHostBufferAtOnce) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu();
+  const size_t n = (size_t(11) << 20) / sizeof(float);  // 11 MiB: several staging slots
+  std::vector<float> host(n);
+  std::vector<Buffer<float>> dev;
+  for (int k = 0; k < 4; ++k) {
+    std::fill(host.begin(), host.end(), float(k + 1));
+    dev.emplace_back(*g, n);
+    g->upload(dev.back().data(), host.data(), n * sizeof(float));
+  }
+  std::fill(host.begin(), host.end(), -1.f);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(get(*g, dev[size_t(k)]), std::vector<float>(n, float(k + 1)));
+}
+
+Dataset small_dataset(bool u8) {
+  Dataset ds;
+  ds.path = u8 ? "synthetic-u8" : "synthetic-f32";
+  ds.n = 100;
+  ds.dim = 13;
+  ds.sample_shape = {13};
+  ds.num_classes = 7;
+  ds.is_u8 = u8;
+  ds.scale = u8 ? 1.f / 255.f : 0.5f;
+  ds.offset = -0.25f;
+  SplitMix64 r(700);
+  if (u8) {
+    ds.u8.resize(size_t(ds.n * ds.dim));
+    for (auto& v : ds.u8) v = uint8_t(r.below(256));
+  } else {
+    ds.f32 = uniform(size_t(ds.n * ds.dim), 701, -3.f, 3.f);
+  }
+  ds.labels.resize(size_t(ds.n));
+  for (auto& y : ds.labels) y = int32_t(r.below(7));
+  return ds;
+}
+
+TEST(CudaBackend, LoadBatchMatchesGather) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu();
+  for (bool u8 : {true, false}) {
+    const Dataset ds = small_dataset(u8);
+    SplitMix64 r(800);
+    for (int round = 0; round < 3; ++round) {  // first call uploads the dataset, later reuse it
+      const int count = 37;
+      std::vector<int64_t> rows(static_cast<size_t>(count));
+      for (auto& i : rows) i = int64_t(r.below(uint64_t(ds.n)));
+      rows[0] = 0;
+      rows[1] = ds.n - 1;
+      std::vector<float> want_x(size_t(count * ds.dim));
+      std::vector<int32_t> want_y(static_cast<size_t>(count));
+      ds.gather(rows.data(), count, want_x.data(), want_y.data());
+      auto x = poisoned(*g, want_x.size());
+      Buffer<int32_t> y(*g, size_t(count));
+      g->load_batch(ds, rows.data(), count, x.data(), y.data());
+      EXPECT_LE(rel_err(get(*g, x), want_x), 1e-6) << ds.path << " round " << round;
+      EXPECT_EQ(get(*g, y), want_y) << ds.path << " round " << round;
+    }
+  }
+}
+
+// One rank: allreduce and broadcast over NCCL leave the data as it is.
+TEST(NcclComm, OneRankSanity) {
+  SKIP_WITHOUT_GPU();
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 1) GTEST_SKIP() << "one-rank test";
+  auto g = gpu();
+  auto comm = make_nccl_comm(MPI_COMM_WORLD, *g);
+  EXPECT_EQ(comm->name(), "nccl");
+  const std::vector<float> v = uniform(1000, 900);
+  auto a = put(*g, v);
+  Buffer<float> b(*g, v.size());
+  comm->allreduce(a.data(), b.data(), v.size(), DType::f32, RedOp::sum);
+  comm->allreduce(a.data(), v.size());  // in place
+  comm->broadcast(a.data(), v.size(), 0);
+  comm->synchronize();
+  EXPECT_EQ(get(*g, a), v);
+  EXPECT_EQ(get(*g, b), v);
+}
+
+}  // namespace
