@@ -62,7 +62,7 @@ Invocation read_invocation(MPI_Comm c, int argc, char** argv) {
   bcast_string(c, err);
   if (!err.empty()) throw InputError(err);
   bcast_string(c, text);
-  return parse_invocation(argc, argv, path, text);
+  return parse_invocation(argc, argv, path, text, !has_flag(argc, argv, "--eval"));
 }
 
 void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt) {

@@ -117,8 +117,14 @@ std::string find_config_path(int argc, const char* const* argv) {
   return "";
 }
 
+bool has_flag(int argc, const char* const* argv, const std::string& flag) {
+  for (int i = 1; i < argc; ++i)
+    if (flag == argv[i]) return true;
+  return false;
+}
+
 Invocation parse_invocation(int argc, const char* const* argv, const std::string& ini_path,
-                            const std::string& ini_text) {
+                            const std::string& ini_text, bool check) {
   Invocation inv;
   Config& c = inv.cfg;
   c.source = ini_path.empty() ? "(command line)" : ini_path;
@@ -160,7 +166,7 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   } catch (const InputError& e) {
     bad("model.layers", layers, c, e.what());
   }
-  validate(c);
+  if (check) validate(c);
   c.resolved = to_ini(c);
   return inv;
 }

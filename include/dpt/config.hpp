@@ -74,8 +74,12 @@ struct Invocation {
 
 // Parse `--config FILE` (its text read on rank 0 and passed in as ini_text) and overrides.
 // Throws InputError naming key, value and file. Pure: no MPI, no I/O except nothing.
+// check = false skips validation (--eval: the checkpoint's own config is parsed and checked next).
 Invocation parse_invocation(int argc, const char* const* argv, const std::string& ini_path,
-                            const std::string& ini_text);
+                            const std::string& ini_text, bool check = true);
+
+// True when argv holds the flag (e.g. "--eval"), found before the full parse.
+bool has_flag(int argc, const char* const* argv, const std::string& flag);
 
 // The value of --config in argv ("" if absent), found before the full parse so rank 0 can read it.
 std::string find_config_path(int argc, const char* const* argv);

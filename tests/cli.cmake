@@ -1,0 +1,1 @@
+dpt_add_cli_test(test_cli TIMEOUT 300)

@@ -1,0 +1,179 @@
+// dptrain as a user runs it: `mpirun -np 2 ./dptrain ...` on bad input must print a clear
+// message naming what is wrong and exit non-zero within seconds, with no hang and no crash;
+// a good run trains, evaluates, checkpoints, and `--eval` reads its checkpoint back.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Outcome {
+  int code = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+// Runs a shell command under a hard 60 s limit (timeout(1) exits 124 on a hang).
+Outcome sh(const std::string& cmd) {
+  Outcome r;
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(("timeout -k 5 60 " + cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (p && fgets(buf, sizeof buf, p)) r.out += buf;
+  int status = p ? pclose(p) : -1;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string dptrain(int ranks, const std::string& args) {
+  return std::string(DPT_MPIEXEC) + " -np " + std::to_string(ranks) +
+         (::geteuid() == 0 ? " --allow-run-as-root" : "") + " --oversubscribe --bind-to none " +
+         DPT_BINARY_DIR + "/dptrain " + args;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  static fs::path dir;
+  static void SetUpTestSuite() {
+    dir = fs::temp_directory_path() / ("dpt-cli-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    Outcome r = sh(std::string(DPT_BINARY_DIR) + "/dpdata synth blobs --n 2000 --dim 16 --classes 4 --spread 0.5 --seed 3 --out " + (dir / "train.h5").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = sh(std::string(DPT_BINARY_DIR) + "/dpdata synth blobs --n 400 --dim 16 --classes 4 --spread 0.5 --seed 3 --out " + (dir / "test.h5").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir); }
+
+  std::string ini(const std::string& extra, const std::string& name = "run.ini") {
+    std::ofstream f(dir / name);
+    f << "[model]\nlayers = 16,32,4\n[data]\ntrain = " << (dir / "train.h5").string()
+      << "\ntest = " << (dir / "test.h5").string() << "\n[train]\nepochs = 2\nbatch_per_rank = 25\n"
+      << "optimizer = adam\nlr = 0.01\n[log]\nevery_steps = 10\n" << extra;
+    return (dir / name).string();
+  }
+
+  // Bad input: non-zero on every rank within seconds, and the message names the problem.
+  void expect_rejected(const std::string& args, const std::vector<std::string>& words) {
+    Outcome r = sh(dptrain(2, args));
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.code, 124) << "hung: " << r.out;
+    EXPECT_LT(r.seconds, 30) << r.out;
+    for (auto& w : words) EXPECT_NE(r.out.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.out;
+    EXPECT_EQ(r.out.find("Segmentation"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("HDF5-DIAG"), std::string::npos) << "raw HDF5 dump:\n" << r.out;
+  }
+
+  // A dataset written with the raw HDF5 API, labels as given.
+  std::string bad_labels_file(const std::vector<int32_t>& labels, int classes) {
+    std::string path = (dir / "bad_labels.h5").string();
+    hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t fd[2] = {labels.size(), 16}, ld[1] = {labels.size()};
+    std::vector<float> x(labels.size() * 16, 0.5f);
+    hid_t s = H5Screate_simple(2, fd, nullptr);
+    hid_t d = H5Dcreate2(f, "features", H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data());
+    H5Dclose(d), H5Sclose(s);
+    s = H5Screate_simple(1, ld, nullptr);
+    d = H5Dcreate2(f, "labels", H5T_STD_I32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data());
+    H5Dclose(d), H5Sclose(s);
+    s = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, "num_classes", H5T_STD_I32LE, s, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT32, &classes);
+    H5Aclose(a), H5Sclose(s), H5Fclose(f);
+    return path;
+  }
+};
+fs::path Cli::dir;
+
+}  // namespace
+
+TEST_F(Cli, TrainsEvaluatesCheckpointsAndEvalReadsItBack) {
+  std::string cfg = ini("[checkpoint]\ndir = " + (dir / "ck").string() + "\n[log]\nmetrics = " + (dir / "m.jsonl").string() + "\n", "good.ini");
+  Outcome r = sh(dptrain(2, "--config " + cfg + " --log.every_steps 20"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resolved configuration"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("final test accuracy"), std::string::npos) << r.out;
+  std::ifstream m(dir / "m.jsonl");
+  std::string line, last;
+  int steps = 0, evals = 0;
+  while (std::getline(m, line)) {
+    if (line.find("\"eval\": \"test\"") != std::string::npos) ++evals, last = line;
+    else if (line.find("\"samples_per_s\"") != std::string::npos) ++steps;
+  }
+  EXPECT_EQ(evals, 2);  // once per epoch
+  EXPECT_GE(steps, 4);
+  // The blobs are well separated: a working trainer gets nearly all of them.
+  auto pos = last.find("\"accuracy\": ");
+  ASSERT_NE(pos, std::string::npos);
+  EXPECT_GT(std::stod(last.substr(pos + 12)), 0.9) << last;
+  // 2000 rows / (25 × 2) = 40 steps per epoch: the final checkpoint is step 80.
+  fs::path ck = dir / "ck" / "ckpt-000000080.h5";
+  ASSERT_TRUE(fs::exists(ck)) << r.out;
+  Outcome e = sh(dptrain(2, "--eval --checkpoint " + ck.string()));
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("accuracy"), std::string::npos) << e.out;
+}
+
+TEST_F(Cli, MissingConfigFile) { expect_rejected("--config /nonexistent/run.ini", {"/nonexistent/run.ini"}); }
+
+TEST_F(Cli, UnknownKey) {
+  expect_rejected("--config " + ini("[train]\nlearning_rate = 3\n", "u.ini"), {"learning_rate", "u.ini"});
+}
+
+TEST_F(Cli, MalformedValue) {
+  expect_rejected("--config " + ini("", "m.ini") + " --train.batch_per_rank lots", {"batch_per_rank", "lots"});
+}
+
+TEST_F(Cli, GarbageIni) {
+  std::string p = (dir / "garbage.ini").string();
+  std::ofstream(p) << "\x01\x02 this is not [an ini\n===\n";
+  expect_rejected("--config " + p, {"garbage.ini"});
+}
+
+TEST_F(Cli, MissingDataFile) {
+  expect_rejected("--config " + ini("", "d.ini") + " --data.train /nonexistent/train.h5", {"/nonexistent/train.h5"});
+}
+
+TEST_F(Cli, DatasetWidthDoesNotMatchModel) {
+  expect_rejected("--config " + ini("", "w.ini") + " --model.layers 20,8,4", {"model.layers", "16"});
+}
+
+TEST_F(Cli, LabelsOutOfRange) {
+  std::vector<int32_t> labels(100, 1);
+  labels[37] = 9;
+  std::string f = bad_labels_file(labels, 4);
+  expect_rejected("--config " + ini("", "l.ini") + " --data.train " + f, {"bad_labels.h5", "label"});
+}
+
+TEST_F(Cli, NotAnHdf5File) {
+  std::string p = (dir / "text.h5").string();
+  std::ofstream(p) << "just text";
+  expect_rejected("--config " + ini("", "t.ini") + " --data.test " + p, {"text.h5"});
+}
+
+TEST_F(Cli, EvalOfAForeignFile) {
+  expect_rejected("--eval --checkpoint " + (dir / "train.h5").string(), {"train.h5", "format"});
+}
+
+TEST_F(Cli, TooFewRowsForOneGlobalBatch) {
+  expect_rejected("--config " + ini("", "b.ini") + " --train.batch_per_rank 5000", {"global batch"});
+}
+
+TEST_F(Cli, HelpListsEveryKey) {
+  Outcome r = sh(dptrain(1, "--help"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* k : {"--model.layers", "--train.accumulate", "--comm.bucket_mb", "--checkpoint.resume", "--log.metrics"})
+    EXPECT_NE(r.out.find(k), std::string::npos) << k;
+}
