@@ -74,7 +74,7 @@ void build_table(Table& t, Config& c, std::string& layers) {
   t.add("train.on_nonfinite", &c.on_nonfinite, "stop | skip a step whose loss is NaN/Inf");
   t.add("comm.backend", &c.comm_backend, "auto | nccl | mpi");
   t.add("comm.bucket_mb", &c.bucket_mb, "gradient bucket size in MB");
-  t.add("comm.timeout_s", &c.timeout_s, "deadline of any collective, seconds");
+  t.add("comm.timeout_s", &c.timeout_s, "deadline of any collective, seconds (not enforced yet)");
   t.add("device.type", &c.device_type, "auto | cuda | cpu");
   t.add("device.threads", &c.threads, "cpu: BLAS threads per rank (0 = cores / ranks)");
   t.add("checkpoint.dir", &c.ckpt_dir, "folder for checkpoints (empty = none)");
@@ -135,7 +135,7 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   std::string cfg_path;
   generic.add_options()("help,h", "print this help")("config", po::value<std::string>(&cfg_path),
                                                      "INI file with the keys below")(
-      "eval", "evaluate --checkpoint on data.test (or data.train) and exit")(
+      "eval", "evaluate --checkpoint on data.test and exit")(
       "checkpoint", po::value<std::string>(&inv.eval_checkpoint), "checkpoint for --eval");
   po::options_description all;
   all.add(generic).add(t.desc);

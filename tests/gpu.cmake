@@ -2,3 +2,5 @@
 dpt_add_test(test_gpu RANKS 1 TIMEOUT 300)
 # NCCL against MPI on 2 ranks (needs 2 GPUs), and the refusal of 2 ranks on 1 GPU (needs 1).
 dpt_add_test(test_gpu_nccl RANKS 2 TIMEOUT 120)
+# Where no GPU is visible every case skips: report the tests as skipped, not passed.
+set_tests_properties(test_gpu test_gpu_nccl PROPERTIES SKIP_REGULAR_EXPRESSION "no CUDA device visible")

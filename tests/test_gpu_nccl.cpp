@@ -58,6 +58,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 TEST(NcclVsMpi, Collectives) {
   const int size = world_size(), rank = world_rank();
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   if (cuda_device_count() < size)
     GTEST_SKIP() << "needs one GPU per rank (" << size << "), " << cuda_device_count() << " visible";
   auto be = gpu_for_this_rank(false);
@@ -121,6 +122,7 @@ TEST(NcclVsMpi, Collectives) {
 // NCCL refuses two ranks on one GPU; make_nccl_comm must say so with an InputError on every
 // rank (not hang, not fail on one rank only).
 TEST(NcclVsMpi, TwoRanksOnOneGpuIsAnInputError) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   if (cuda_device_count() != 1 || world_size() != 2)
     GTEST_SKIP() << "needs exactly 1 GPU and 2 ranks (" << cuda_device_count() << " GPUs, "
                  << world_size() << " ranks)";

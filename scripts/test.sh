@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Install, build, and run the whole test suite (GPU tests skip where no GPU is visible).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+[ "$(id -u)" -ne 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cd build
+# One test at a time: the multi-rank tests oversubscribe the cores on their own.
+ctest --output-on-failure --timeout 600
