@@ -280,6 +280,7 @@ void write_root_attrs(hid_t file, const Checkpoint& ck) {
   write_attr(file, "step_in_epoch", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.step_in_epoch);
   write_attr(file, "samples_seen", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.samples_seen);
   write_attr(file, "global_batch", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.global_batch);
+  write_attr(file, "optimizer_updates", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.optimizer_updates);
   write_attr(file, "world_size", H5T_STD_I32LE, H5T_NATIVE_INT, &ck.world_size);
   write_attr(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &ck.seed);
   write_string_attr(file, "optimizer", ck.optimizer);
@@ -458,6 +459,10 @@ uint32_t read_header(const Reader& r, hid_t file, Checkpoint& ck) {
   ck.step_in_epoch = read_count(r, file, "step_in_epoch", 0, big);
   ck.samples_seen = read_count(r, file, "samples_seen", 0, big);
   ck.global_batch = read_count(r, file, "global_batch", 0, big);
+  // Updates applied (differs from step only when non-finite steps were skipped).
+  ck.optimizer_updates = H5Aexists(file, "optimizer_updates") > 0
+                             ? read_count(r, file, "optimizer_updates", 0, big)
+                             : ck.step;
   ck.world_size = int(read_count(r, file, "world_size", 1, INT32_MAX));
   ck.seed = read_scalar<uint64_t>(r, file, "seed", H5T_NATIVE_UINT64);
   ck.optimizer = read_string(r, file, "optimizer");

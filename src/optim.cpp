@@ -31,6 +31,11 @@ void Optimizer::step(float* params, const float* grads, double lr) {
   ++h_.t;
 }
 
+void Optimizer::step_at(float* params, const float* grads, const float* lr_table,
+                        const StepCtl* ctl) {
+  be_.optimizer_step_at(params, grads, s1_.data(), s2_.data(), n_, h_, lr_table, ctl);
+}
+
 std::vector<Optimizer::State> Optimizer::state() {
   switch (h_.kind) {
     case OptKind::momentum:

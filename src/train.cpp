@@ -63,6 +63,8 @@ template <class F> void on_rank0(MPI_Comm c, int rank, F&& f) {
   throw Error(msg, code, /*collective=*/true);
 }
 
+}  // namespace
+
 // Gradient buckets: consecutive layers, last layer first, each at least bucket_mb (the last
 // bucket may be smaller). A bucket's allreduce starts as soon as its lowest layer's backward
 // is done; with the NCCL transport it runs on the communication stream while backward goes on.
@@ -94,7 +96,6 @@ class GradSync {
   std::vector<size_t> begin_, end_;
 };
 
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
@@ -185,7 +186,7 @@ void Trainer::load_initial_state() {
     const std::string file = resuming ? path : cfg_.init;
     std::vector<float> params;
     std::vector<std::vector<float>> state;
-    int64_t counters[4] = {0, 0, 0, 0};
+    int64_t counters[5] = {0, 0, 0, 0, 0};
     on_rank0(c, comm_.rank(), [&] {
       Checkpoint ck = read_checkpoint(file);
       if (ck.layers != cfg_.layers)
@@ -202,6 +203,7 @@ void Trainer::load_initial_state() {
       counters[1] = ck.epoch;
       counters[2] = ck.step_in_epoch * ck.global_batch / G;
       counters[3] = ck.samples_seen;
+      counters[4] = ck.optimizer_updates;
       if (ck.step_in_epoch * ck.global_batch % G != 0)
         log::warn("resuming with global batch " + std::to_string(G) + " (saved with " +
                   std::to_string(ck.global_batch) + "): the epoch position is rounded down");
@@ -209,14 +211,15 @@ void Trainer::load_initial_state() {
     });
     params.resize(model_->num_params());
     be_.upload(model_->params(), params.data(), params.size() * sizeof(float));
-    DPT_CHECK_MPI(MPI_Bcast(counters, 4, MPI_INT64_T, 0, c));
+    DPT_CHECK_MPI(MPI_Bcast(counters, 5, MPI_INT64_T, 0, c));
     step_ = counters[0], epoch_ = counters[1], step_in_epoch_ = counters[2], samples_seen_ = counters[3];
+    updates_ = counters[4];
     auto st = opt_->state();
     for (size_t i = 0; resuming && i < st.size(); ++i) {
       if (comm_.rank() == 0) be_.upload(st[i].data, state[i].data(), state[i].size() * sizeof(float));
       comm_.broadcast(st[i].data, opt_->size(), DType::f32, 0);
     }
-    opt_->set_steps_taken(step_);
+    opt_->set_steps_taken(updates_);
     if (resuming) last_saved_ = step_;
   }
   // Ranks agree on the initial parameters whatever their seeds: rank 0's win.
@@ -235,6 +238,7 @@ void Trainer::save_checkpoint() {
     ck.samples_seen = samples_seen_;
     ck.world_size = comm_.size();
     ck.global_batch = int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
+    ck.optimizer_updates = updates_;
     ck.seed = cfg_.seed;
     ck.optimizer = cfg_.optimizer;
     ck.config = cfg_.resolved;
@@ -295,43 +299,76 @@ int64_t Trainer::global_batch() const {
   return int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
 }
 
-bool Trainer::train_step(const std::vector<int64_t>& order, int64_t k, double lr, void* sync_ptr) {
-  auto* sync = static_cast<GradSync*>(sync_ptr);
+// One step, enqueued on the backend with no host decision inside, so the backend may record
+// it once and replay it: everything that changes from step to step (the batch's rows, the
+// learning rate, Adam's t, the non-finite verdict) is read from StepCtl on the device.
+void Trainer::enqueue_step(GradSync* sync) {
   const int b = cfg_.batch_per_rank, A = cfg_.accumulate, W = comm_.size();
   // Gradients are means: over the global batch when they are summed over ranks, over this
   // rank's samples when each rank steps on its own.
-  const float grad_scale = 1.f / float(sync ? global_batch() : int64_t(b) * A);
+  const float grad_scale = 1.f / float(sync || W == 1 ? global_batch() : int64_t(b) * A);
   be_.fill(stats_.data(), 2, 0.f);
   for (int a = 0; a < A; ++a) {
-    const int64_t* rows = order.data() + batch_offset(k, a, comm_.rank(), b, W, A);
-    be_.load_batch(*train_, rows, b, x_.data(), y_.data());
+    const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
+    be_.load_batch_at(*train_, order_.data(), ctl_.data(), offset, b, x_.data(), y_.data());
     model_->forward(x_.data(), b);
     model_->loss(y_.data(), b, grad_scale, stats_.data(), true);
     const bool last = a == A - 1;
     model_->backward(x_.data(), b, a > 0, last && sync ? [sync](int i) { sync->layer_done(i); }
                                                        : std::function<void(int)>());
   }
-  comm_.synchronize();
+  if (sync) comm_.synchronize();
   // After the reduction every rank holds the same gradients, so every rank decides alike.
-  bool finite = be_.all_finite(model_->grads(), model_->num_params());
-  if (!sync) {
-    double bad = finite ? 0 : 1;
-    host_sum(comm_.mpi(), &bad, 1);
-    finite = bad == 0;
-  }
-  if (!finite) {
-    if (cfg_.on_nonfinite == "stop")
-      throw Error("non-finite gradients at step " + std::to_string(step_ + 1) +
-                  " (train.on_nonfinite = stop); the last checkpoint is intact", kExitNonFinite,
-                  /*collective=*/true);
-    log::info("step " + std::to_string(step_ + 1) + ": non-finite gradients, update skipped");
-    return false;
-  }
-  opt_->step(model_->params(), model_->grads(), lr);
-  return true;
+  be_.check_finite(model_->grads(), model_->num_params(), ctl_.data());
+  opt_->step_at(model_->params(), model_->grads(), lr_.data(), ctl_.data());
+  be_.end_step(ctl_.data(), global_batch(), cfg_.on_nonfinite == "stop");
 }
 
-void Trainer::log_step(double lr, TrainResult& res) {
+// Reads the device's step control: stops the run (policy stop) or reports skipped steps.
+void Trainer::check_health() {
+  StepCtl c;
+  be_.download(&c, ctl_.data(), sizeof c);
+  updates_ = c.updates;
+  double bad[2] = {c.first_bad >= 0 ? 1.0 : 0.0, double(c.skipped)};
+  if (cfg_.sync == "parameters") DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, bad, 2, MPI_DOUBLE, MPI_MAX, comm_.mpi()));
+  if (bad[0] == 0) return;
+  if (cfg_.on_nonfinite == "stop")
+    throw Error("non-finite gradients at step " + std::to_string(c.first_bad) +
+                " (train.on_nonfinite = stop): no update was applied from that step on; the last "
+                "checkpoint is intact", kExitNonFinite, /*collective=*/true);
+  if (int64_t(bad[1]) != skipped_reported_) {
+    skipped_reported_ = int64_t(bad[1]);
+    log::info("non-finite gradients: " + std::to_string(skipped_reported_) +
+              " step(s) skipped so far (train.on_nonfinite = skip)");
+  }
+}
+
+void Trainer::start_epoch() {
+  const std::vector<int64_t> order = epoch_order(train_->n, cfg_.shuffle, cfg_.seed, epoch_);
+  be_.upload(order_.data(), order.data(), order.size() * sizeof(int64_t));
+  const int64_t cursor = step_in_epoch_ * global_batch();
+  be_.upload(&ctl_.data()->cursor, &cursor, sizeof cursor);
+}
+
+void Trainer::prepare_run(int64_t per_epoch) {
+  total_steps_ = int64_t(cfg_.epochs) * per_epoch;
+  if (cfg_.steps > 0) total_steps_ = std::min(total_steps_, cfg_.steps);
+  LrSchedule sched(cfg_, comm_.size(), per_epoch, total_steps_);
+  std::vector<float> lr(size_t(std::max<int64_t>(total_steps_, 1)));
+  for (size_t i = 0; i < lr.size(); ++i) lr[i] = float(sched.at(int64_t(i) + 1));
+  lr_host_.assign(lr.begin(), lr.end());
+  lr_ = Buffer<float>(be_, lr.size());
+  be_.upload(lr_.data(), lr.data(), lr.size() * sizeof(float));
+  order_ = Buffer<int64_t>(be_, size_t(train_->n));
+  ctl_ = Buffer<StepCtl>(be_, 1);
+  StepCtl c;
+  c.step = step_;
+  c.updates = updates_;
+  be_.upload(ctl_.data(), &c, sizeof c);
+}
+
+void Trainer::log_step(TrainResult& res) {
+  const double lr = lr_host_[size_t(step_ - 1)];
   float st[2];
   be_.download(st, stats_.data(), sizeof st);
   double sums[1] = {st[0]};
@@ -381,28 +418,33 @@ TrainResult Trainer::run() {
   if (per_epoch == 0)
     throw InputError(train_->path + " has " + std::to_string(N) + " rows, fewer than one global batch (" +
                      std::to_string(G) + " = batch_per_rank × ranks × accumulate)", true);
-  total_steps_ = int64_t(cfg_.epochs) * per_epoch;
-  if (cfg_.steps > 0) total_steps_ = std::min(total_steps_, cfg_.steps);
-  LrSchedule sched(cfg_, comm_.size(), per_epoch, total_steps_);
+  prepare_run(per_epoch);
   const bool by_gradients = cfg_.sync == "gradients";
+  // One rank has nothing to reduce; with several, sync = gradients reduces every step.
   GradSync sync(*model_, comm_, cfg_.bucket_mb);
+  GradSync* reduce = by_gradients && comm_.size() > 1 ? &sync : nullptr;
+  const bool capture = be_.can_capture(*train_) && (!reduce || comm_.capturable());
+  auto runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
   if (cfg_.ckpt_at_start && step_ == 0) save_checkpoint();
   t0_ = Clock::now();
   t_last_ = 0;
   s_last_ = step_;
   const int64_t first_step = step_;
   for (; epoch_ < cfg_.epochs && step_ < total_steps_; ++epoch_, step_in_epoch_ = 0) {
-    const std::vector<int64_t> order = epoch_order(N, cfg_.shuffle, cfg_.seed, epoch_);
+    start_epoch();
     for (; step_in_epoch_ < per_epoch && step_ < total_steps_;) {
-      const double lr = sched.at(step_ + 1);
-      train_step(order, step_in_epoch_, lr, by_gradients ? &sync : nullptr);
+      runner->run();
       ++step_;
       ++step_in_epoch_;
       samples_seen_ += G;
       if (!by_gradients && step_ % cfg_.average_every == 0) average_parameters();
-      if (step_ % cfg_.log_every == 0 || step_ == total_steps_) log_step(lr, res);
-      if (test_ && cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) log_eval(res.last_eval = evaluate(*test_));
-      if (cfg_.ckpt_every > 0 && step_ % cfg_.ckpt_every == 0) save_checkpoint();
+      const bool log = step_ % cfg_.log_every == 0 || step_ == total_steps_;
+      const bool eval = test_ && cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0;
+      const bool save = cfg_.ckpt_every > 0 && step_ % cfg_.ckpt_every == 0;
+      if (log || eval || save) check_health();
+      if (log) log_step(res);
+      if (eval) log_eval(res.last_eval = evaluate(*test_));
+      if (save) save_checkpoint();
       // With sync = parameters, stop only where the ranks hold one model (after an average).
       const bool one_model = by_gradients || step_ % cfg_.average_every == 0;
       if (one_model && (comm_.size() > 1 ? agree_stop() : stop_requested())) {
@@ -410,12 +452,17 @@ TrainResult Trainer::run() {
         break;
       }
     }
-    if (res.stopped_by_signal) break;
-    if (test_ && cfg_.eval_every == 0 && step_in_epoch_ == per_epoch) log_eval(res.last_eval = evaluate(*test_));
+    if (res.stopped_by_signal || step_in_epoch_ < per_epoch) break;  // stopped mid-epoch
+    if (test_ && cfg_.eval_every == 0) {
+      check_health();
+      log_eval(res.last_eval = evaluate(*test_));
+    }
   }
   be_.synchronize();
   res.seconds = seconds_since(t0_);
   res.samples_per_s = double((step_ - first_step) * G) / std::max(1e-9, res.seconds);
+  res.graph = runner->captured();
+  check_health();
   if (!by_gradients && step_ % cfg_.average_every != 0) average_parameters();  // one final model
   if (last_saved_ != step_) save_checkpoint();
   res.steps = step_;

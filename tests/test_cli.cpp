@@ -177,3 +177,19 @@ TEST_F(Cli, HelpListsEveryKey) {
   for (const char* k : {"--model.layers", "--train.accumulate", "--comm.bucket_mb", "--checkpoint.resume", "--log.metrics"})
     EXPECT_NE(r.out.find(k), std::string::npos) << k;
 }
+
+// A learning rate that blows the weights up makes the next gradients non-finite: with
+// on_nonfinite = stop the run stops with exit 5 naming the step, and no update is applied.
+TEST_F(Cli, NonFiniteGradientsStopTheRun) {
+  Outcome r = sh(dptrain(2, "--config " + ini("", "nan.ini") + " --train.optimizer sgd --train.lr 1e37 --log.every_steps 5"));
+  EXPECT_EQ(r.code, 5) << r.out;
+  EXPECT_NE(r.out.find("non-finite gradients at step 2"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, NonFiniteGradientsSkippedWhenAsked) {
+  Outcome r = sh(dptrain(2, "--config " + ini("", "skip.ini") +
+                                " --train.optimizer sgd --train.lr 1e37 --train.on_nonfinite skip --train.epochs 1 --log.every_steps 40"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // 40 steps: step 1 applies its (huge) update, steps 2..40 are skipped.
+  EXPECT_NE(r.out.find("39 step(s) skipped"), std::string::npos) << r.out;
+}

@@ -255,3 +255,28 @@ TEST(Resume, ContinuesExactlyLikeTheUninterruptedRun) {
     for (const char* t : {"resume-a", "resume-c", "resume-d4", "resume-d1"})
       std::filesystem::remove_all(std::filesystem::temp_directory_path() / (std::string("dpt-") + t + "-" + std::to_string(::getpid())));
 }
+
+// A run capped by train.steps in the middle of an epoch saves its exact place in the epoch
+// order; resuming it continues like the uninterrupted run.
+TEST(Resume, AfterAStepCapInTheMiddleOfAnEpoch) {
+  Config c = base_config();
+  c.batch_per_rank = 8;
+  c.epochs = 2;
+  c.ckpt_keep = 0;
+  c.ckpt_dir = temp_dir("cap-a");
+  Outcome full = train_on(2, c);
+  Config capped = c;
+  capped.ckpt_dir = temp_dir("cap-b");
+  capped.steps = 13;  // 40 steps per epoch: stops inside epoch 1
+  Outcome first = train_on(2, capped);
+  EXPECT_EQ(first.steps, 13);
+  Config rest = c;
+  rest.ckpt_dir = capped.ckpt_dir;
+  rest.resume = "auto";
+  Outcome second = train_on(2, rest);
+  EXPECT_EQ(second.steps, full.steps);
+  EXPECT_EQ(0, std::memcmp(second.params.data(), full.params.data(), full.params.size() * sizeof(float)));
+  if (world_rank() == 0)
+    for (const char* t : {"cap-a", "cap-b"})
+      std::filesystem::remove_all(std::filesystem::temp_directory_path() / (std::string("dpt-") + t + "-" + std::to_string(::getpid())));
+}

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,27 @@ struct OptimStep {
   float weight_decay = 0.f;  // L2 added to the gradient (sgd*, adam); decoupled (adamw)
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   int64_t t = 1;  // 1-based step count (Adam bias correction)
+};
+
+// The state one training step reads and advances on the device, so a whole step can be
+// replayed (a CUDA graph) with no host work in between: where its batch starts in the epoch
+// order, which learning rate it uses, Adam's step count, and the non-finite verdict.
+struct StepCtl {
+  int64_t cursor = 0;     // position in the epoch order of this step's global batch
+  int64_t step = 0;       // steps taken (indexes the learning-rate table)
+  int64_t updates = 0;    // updates applied (Adam's t − 1); a skipped step applies none
+  int32_t bad = 0;        // this step's gradients hold NaN/Inf (sticky when the policy is stop)
+  int32_t skipped = 0;    // steps whose update was skipped
+  int64_t first_bad = -1; // the first step (1-based) whose gradients held NaN/Inf
+};
+
+// One step of work, run once per call. A backend that can records it into a graph on an early
+// call and replays it after (cuda); otherwise every call runs it.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual void run() = 0;
+  virtual bool captured() const { return false; }
 };
 
 class Backend {
@@ -79,6 +101,24 @@ class Backend {
   // x (count, dim) and y (count) in backend memory get rows `rows` of the dataset, converted to
   // float with the dataset's scale and offset. Default: gather on the host, then upload.
   virtual void load_batch(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y);
+
+  // ---- device-side step control (the training loop's path) ----
+  // As load_batch with rows = order[ctl->cursor + offset ...]; order (n) and ctl live in
+  // backend memory. Default: host-addressable backends read them directly; others download.
+  virtual void load_batch_at(const Dataset& ds, const int64_t* order, const StepCtl* ctl,
+                             int64_t offset, int count, float* x, int32_t* y);
+  // ctl->bad |= (any of g[0..n) is NaN/Inf).
+  virtual void check_finite(const float* g, size_t n, StepCtl* ctl);
+  // optimizer_step with lr = lr_table[ctl->step] and t = ctl->updates + 1; nothing when ctl->bad.
+  virtual void optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
+                                 const OptimStep& h, const float* lr_table, const StepCtl* ctl);
+  // End of a step: count it (skipped or applied), advance cursor by global_batch, and clear
+  // ctl->bad unless sticky.
+  virtual void end_step(StepCtl* ctl, int64_t global_batch, bool sticky);
+  // True when a step that touches only backend memory and `ds` can be captured and replayed.
+  virtual bool can_capture(const Dataset& ds) { (void)ds; return false; }
+  // A runner for `step`; capture is allowed only when the caller says the step can be.
+  virtual std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture);
 
  protected:
   Backend() = default;

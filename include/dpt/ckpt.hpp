@@ -24,6 +24,7 @@ struct Checkpoint {
   int64_t samples_seen = 0;
   int world_size = 1;
   int64_t global_batch = 0;
+  int64_t optimizer_updates = 0;  // updates applied (Adam's step count): step minus skipped steps
   uint64_t seed = 0;
   std::string optimizer;     // e.g. "adam"
   std::string config;        // the resolved INI text

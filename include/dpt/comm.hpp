@@ -45,6 +45,8 @@ class Comm {
   virtual void allgather(const void* send, void* recv, size_t count, DType t) = 0;
   // Wait until every collective enqueued so far is done (no-op for the blocking MPI transport).
   virtual void synchronize() {}
+  // True when the collectives can be recorded into a CUDA graph (no host work inside them).
+  virtual bool capturable() const { return false; }
 
   template <class T> void allreduce(T* buf, size_t count, RedOp op = RedOp::sum) {
     allreduce(buf, buf, count, dtype_of<T>(), op);

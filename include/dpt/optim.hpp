@@ -17,6 +17,9 @@ class Optimizer {
 
   // One update of params with grads at learning rate lr; counts the step.
   void step(float* params, const float* grads, double lr);
+  // The training loop's update: lr from lr_table[ctl->step], Adam's t from ctl->updates,
+  // skipped when ctl->bad; all read on the device (see StepCtl).
+  void step_at(float* params, const float* grads, const float* lr_table, const StepCtl* ctl);
 
   OptKind kind() const { return h_.kind; }
   int64_t steps_taken() const { return h_.t - 1; }

@@ -32,6 +32,7 @@ struct TrainResult {
   EvalResult last_eval;        // last evaluation on the test set (n = 0 if none)
   std::vector<double> losses;  // global mean loss of every logged step (log.every_steps)
   bool stopped_by_signal = false;
+  bool graph = false;          // the step was captured and replayed as one graph
 };
 
 class Trainer {
@@ -62,7 +63,13 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   Buffer<float> x_, stats_;  // x (max_batch, in_dim); stats [Σ loss, #correct]
   Buffer<int32_t> y_;        // (max_batch)
+  Buffer<int64_t> order_;    // (n) this epoch's row order
+  Buffer<StepCtl> ctl_;      // (1) what the device-side step reads and advances
+  Buffer<float> lr_;         // (total steps) learning rate of each step
+  std::vector<float> lr_host_;
   int64_t step_ = 0, epoch_ = 0, step_in_epoch_ = 0, samples_seen_ = 0;
+  int64_t updates_ = 0;      // optimizer updates applied (differs from step_ after skipped steps)
+  int64_t skipped_reported_ = 0;
   int64_t last_saved_ = -1;
   int64_t total_steps_ = 0;
   std::chrono::steady_clock::time_point t0_;
@@ -73,9 +80,11 @@ class Trainer {
   void load_initial_state();
   void save_checkpoint();
   void average_parameters();
-  // One optimizer step on global batch k of the epoch order; false if skipped (non-finite).
-  bool train_step(const std::vector<int64_t>& order, int64_t k, double lr, void* sync);
-  void log_step(double lr, TrainResult& res);
+  void prepare_run(int64_t per_epoch);
+  void start_epoch();
+  void enqueue_step(class GradSync* sync);
+  void check_health();
+  void log_step(TrainResult& res);
   void log_eval(const EvalResult& e);
   bool agree_stop();
 };

@@ -55,6 +55,62 @@ void Backend::load_batch(const Dataset& ds, const int64_t* rows, int count, floa
   upload(y, hy.data(), hy.size() * sizeof(int32_t));
 }
 
+void Backend::load_batch_at(const Dataset& ds, const int64_t* order, const StepCtl* ctl,
+                            int64_t offset, int count, float* x, int32_t* y) {
+  if (host_addressable()) {
+    load_batch(ds, order + ctl->cursor + offset, count, x, y);
+    return;
+  }
+  StepCtl c;  // the slow path of a device backend: read the cursor, then the rows
+  download(&c, ctl, sizeof c);
+  std::vector<int64_t> rows(static_cast<size_t>(count));
+  download(rows.data(), order + c.cursor + offset, rows.size() * sizeof(int64_t));
+  load_batch(ds, rows.data(), count, x, y);
+}
+
+void Backend::check_finite(const float* g, size_t n, StepCtl* ctl) {
+  if (!host_addressable()) throw Error(name() + " backend: check_finite not implemented");
+  if (!all_finite(g, n)) ctl->bad = 1;
+}
+
+void Backend::optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
+                                const OptimStep& h, const float* lr_table, const StepCtl* ctl) {
+  if (!host_addressable()) throw Error(name() + " backend: optimizer_step_at not implemented");
+  if (ctl->bad) return;
+  OptimStep at = h;
+  at.lr = lr_table[ctl->step];
+  at.t = ctl->updates + 1;
+  optimizer_step(p, g, s1, s2, n, at);
+}
+
+void Backend::end_step(StepCtl* ctl, int64_t global_batch, bool sticky) {
+  if (!host_addressable()) throw Error(name() + " backend: end_step not implemented");
+  ++ctl->step;
+  if (ctl->bad) {
+    ++ctl->skipped;
+    if (ctl->first_bad < 0) ctl->first_bad = ctl->step;
+    if (!sticky) ctl->bad = 0;
+  } else {
+    ++ctl->updates;
+  }
+  ctl->cursor += global_batch;
+}
+
+namespace {
+class PlainRunner final : public StepRunner {
+ public:
+  explicit PlainRunner(std::function<void()> f) : f_(std::move(f)) {}
+  void run() override { f_(); }
+
+ private:
+  std::function<void()> f_;
+};
+}  // namespace
+
+std::unique_ptr<StepRunner> Backend::make_runner(std::function<void()> step, bool) {
+  return std::make_unique<PlainRunner>(std::move(step));
+}
+
 #ifndef DPT_HAVE_CUDA
 int cuda_device_count() { return 0; }
 bool cuda_compiled() { return false; }

@@ -285,6 +285,35 @@ class CudaBackendImpl final : public CudaBackend {
                       count, ds.dim, ds.scale, ds.offset, x, y, s);
   }
 
+  // ---- device-side step control ----
+  void load_batch_at(const Dataset& ds, const int64_t* order, const StepCtl* ctl, int64_t offset,
+                     int count, float* x, int32_t* y) override {
+    const Resident& r = resident(ds);
+    if (!r.fits) {
+      Backend::load_batch_at(ds, order, ctl, offset, count, x, y);
+      return;
+    }
+    cuda::gather_rows(r.feat.get(), ds.is_u8, static_cast<const int32_t*>(r.labels.get()), order,
+                      count, ds.dim, ds.scale, ds.offset, x, y, stream_.get(), ctl, offset);
+  }
+
+  void check_finite(const float* g, size_t n, StepCtl* ctl) override {
+    cuda::flag_nonfinite(g, n, &ctl->bad, stream_.get());
+  }
+
+  void optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
+                         const OptimStep& h, const float* lr_table, const StepCtl* ctl) override {
+    cuda::optimizer_step(p, g, s1, s2, n, h, stream_.get(), lr_table, ctl);
+  }
+
+  void end_step(StepCtl* ctl, int64_t global_batch, bool sticky) override {
+    cuda::end_step(ctl, global_batch, sticky, stream_.get());
+  }
+
+  bool can_capture(const Dataset& ds) override { return resident(ds).fits; }
+
+  std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture) override;
+
  private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
 
@@ -389,6 +418,58 @@ class CudaBackendImpl final : public CudaBackend {
   Scratch bf16_a_, bf16_b_, row_loss_, row_ok_, flag_, rows_;
   std::map<const Dataset*, Resident> resident_;
 };
+
+// Runs the step eagerly once (it sizes every scratch buffer and lets NCCL and cuBLAS do their
+// lazy set-up), records the second call into a CUDA graph and launches it, then only launches.
+// Work captured from other streams (the NCCL transport's comm stream) joins through the events
+// the transport records, so the graph holds the overlap of backward and allreduce as well.
+class GraphRunner final : public StepRunner {
+ public:
+  GraphRunner(std::function<void()> step, cudaStream_t s, bool capture)
+      : step_(std::move(step)), stream_(s), capture_(capture) {}
+  ~GraphRunner() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+  }
+
+  void run() override {
+    if (exec_) {
+      DPT_CHECK_CUDA(cudaGraphLaunch(exec_, stream_));
+      return;
+    }
+    if (!capture_ || calls_++ == 0) {
+      step_();
+      return;
+    }
+    cudaGraph_t graph = nullptr;
+    DPT_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      step_();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    DPT_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t rc = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    DPT_CHECK_CUDA(rc);
+    DPT_CHECK_CUDA(cudaGraphLaunch(exec_, stream_));
+  }
+
+  bool captured() const override { return exec_ != nullptr; }
+
+ private:
+  std::function<void()> step_;
+  cudaStream_t stream_;
+  bool capture_;
+  int calls_ = 0;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+std::unique_ptr<StepRunner> CudaBackendImpl::make_runner(std::function<void()> step, bool capture) {
+  return std::make_unique<GraphRunner>(std::move(step), stream_.get(), capture);
+}
 
 }  // namespace
 

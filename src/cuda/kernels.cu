@@ -165,7 +165,23 @@ struct OptArgs {
   float step_size;  // lr / (1 − β1^t)
   float bc2_sqrt;   // sqrt(1 − β2^t)
   float shrink;     // 1 − lr·wd (adamw)
+  // When ctl is set, lr and t come from the device (lr_table[ctl->step], ctl->updates + 1) and
+  // the update is skipped when ctl->bad: the same step can then be replayed from a graph.
+  const float* lr_table;
+  const StepCtl* ctl;
 };
+
+// The step's hyper-parameters as read on the device; false when the step is to be skipped.
+__device__ __forceinline__ bool resolve(OptArgs& h) {
+  if (!h.ctl) return true;
+  if (h.ctl->bad) return false;
+  const float t = float(h.ctl->updates + 1);
+  h.lr = h.lr_table[h.ctl->step];
+  h.step_size = h.lr / (1.f - powf(h.b1, t));
+  h.bc2_sqrt = sqrtf(1.f - powf(h.b2, t));
+  h.shrink = 1.f - h.lr * h.wd;
+  return true;
+}
 
 // torch.optim update of one element; m is momentum_buffer / exp_avg, v is exp_avg_sq.
 template <OptKind K>
@@ -193,6 +209,7 @@ template <OptKind K> __host__ __device__ constexpr bool uses_v() { return K == O
 template <OptKind K>
 __global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s2, size_t n4,
                                OptArgs h) {
+  if (!resolve(h)) return;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
        i += size_t(gridDim.x) * blockDim.x) {
     float4 P = p[i];
@@ -212,6 +229,7 @@ __global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s
 template <OptKind K>
 __global__ void optimizer_scalar(float* p, const float* g, float* s1, float* s2, size_t n,
                                  OptArgs h) {
+  if (!resolve(h)) return;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     float m = uses_m<K>() ? s1[i] : 0.f, v = uses_v<K>() ? s2[i] : 0.f;
@@ -231,17 +249,33 @@ __global__ void nonfinite_kernel(const float* p, size_t n, int* flag) {
 }
 
 // One block per output row (grid-stride over rows), threads over the row's dim values.
+// Rows are rows[base + i], base = ctl->cursor + first when ctl is set (the replayable step),
+// else first.
 template <class T>
-__global__ void gather_kernel(const T* feat, const int32_t* labels, const int64_t* rows, int count,
-                              int64_t dim, float scale, float offset, float* x, int32_t* y) {
+__global__ void gather_kernel(const T* feat, const int32_t* labels, const int64_t* rows,
+                              const StepCtl* ctl, int64_t first, int count, int64_t dim,
+                              float scale, float offset, float* x, int32_t* y) {
+  const int64_t base = (ctl ? ctl->cursor : 0) + first;
   for (int i = blockIdx.x; i < count; i += gridDim.x) {
-    const int64_t r = rows[i];
+    const int64_t r = rows[base + i];
     const T* src = feat + r * dim;
     float* dst = x + int64_t(i) * dim;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
       dst[j] = __fadd_rn(__fmul_rn(float(src[j]), scale), offset);  // no FMA: as on the host
     if (threadIdx.x == 0) y[i] = labels[r];
   }
+}
+
+__global__ void end_step_kernel(StepCtl* c, int64_t global_batch, bool sticky) {
+  ++c->step;
+  if (c->bad) {
+    ++c->skipped;
+    if (c->first_bad < 0) c->first_bad = c->step;
+    if (!sticky) c->bad = 0;
+  } else {
+    ++c->updates;
+  }
+  c->cursor += global_batch;
 }
 
 // ============================== launchers ==============================
@@ -328,9 +362,11 @@ void softmax_xent(const float* logits, const int32_t* labels, int batch, int cla
 }
 
 void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, const OptimStep& h,
-                    cudaStream_t s) {
+                    cudaStream_t s, const float* lr_table, const StepCtl* ctl) {
   if (n == 0) return;
   OptArgs a{};
+  a.lr_table = lr_table;
+  a.ctl = ctl;
   a.lr = h.lr;
   a.momentum = h.momentum;
   a.wd = h.weight_decay;
@@ -358,16 +394,21 @@ void flag_nonfinite(const float* p, size_t n, int* flag, cudaStream_t s) {
 
 void gather_rows(const void* feat, bool is_u8, const int32_t* labels, const int64_t* rows,
                  int count, int64_t dim, float scale, float offset, float* x, int32_t* y,
-                 cudaStream_t s) {
+                 cudaStream_t s, const StepCtl* ctl, int64_t first) {
   if (count == 0) return;
   const unsigned grid = unsigned(std::min(count, 65535));
   if (is_u8)
     gather_kernel<uint8_t><<<grid, kThreads, 0, s>>>(static_cast<const uint8_t*>(feat), labels,
-                                                     rows, count, dim, scale, offset, x, y);
+                                                     rows, ctl, first, count, dim, scale, offset, x, y);
   else
     gather_kernel<float><<<grid, kThreads, 0, s>>>(static_cast<const float*>(feat), labels, rows,
-                                                   count, dim, scale, offset, x, y);
+                                                   ctl, first, count, dim, scale, offset, x, y);
   DPT_CHECK_LAUNCH("gather_kernel");
+}
+
+void end_step(StepCtl* ctl, int64_t global_batch, bool sticky, cudaStream_t s) {
+  end_step_kernel<<<1, 1, 0, s>>>(ctl, global_batch, sticky);
+  DPT_CHECK_LAUNCH("end_step_kernel");
 }
 
 }  // namespace dpt::cuda

@@ -30,17 +30,22 @@ void softmax_xent(const float* logits, const int32_t* labels, int batch, int cla
                   float grad_scale, float* dlogits, float* row_loss, int* row_ok, float* stats,
                   cudaStream_t s);
 
-// One fused elementwise optimizer update over n parameters (torch.optim formulas).
+// One fused elementwise optimizer update over n parameters (torch.optim formulas). With ctl,
+// lr = lr_table[ctl->step], t = ctl->updates + 1, read on the device, and no update when ctl->bad.
 void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, const OptimStep& h,
-                    cudaStream_t s);
+                    cudaStream_t s, const float* lr_table = nullptr, const StepCtl* ctl = nullptr);
 
 // *flag = 1 if any of p[0..n) is NaN or ±Inf; the caller zeroes flag first.
 void flag_nonfinite(const float* p, size_t n, int* flag, cudaStream_t s);
 
 // x[i] = feat[rows[i]] · scale + offset (dim values per row), y[i] = labels[rows[i]].
 // feat is uint8 when is_u8, else float32.
+// With ctl, the rows are rows[ctl->cursor + first + i] (read on the device); else rows[first + i].
 void gather_rows(const void* feat, bool is_u8, const int32_t* labels, const int64_t* rows,
                  int count, int64_t dim, float scale, float offset, float* x, int32_t* y,
-                 cudaStream_t s);
+                 cudaStream_t s, const StepCtl* ctl = nullptr, int64_t first = 0);
+
+// The end of a step on the device (see Backend::end_step).
+void end_step(StepCtl* ctl, int64_t global_batch, bool sticky, cudaStream_t s);
 
 }  // namespace dpt::cuda

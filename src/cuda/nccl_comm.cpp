@@ -118,6 +118,7 @@ class NcclComm final : public Comm {
   NcclComm& operator=(const NcclComm&) = delete;
 
   std::string name() const override { return "nccl"; }
+  bool capturable() const override { return true; }
   std::string describe() const override {
     int v = 0;
     ncclGetVersion(&v);  // 22803 -> 2.28.3 (NCCL >= 2.9 encoding)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, and
+# bench-step beside the PyTorch peer, logs under $OUT. Expects the executables built here in
+# .gpu/bin, the OpenBLAS runtime in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
+# .gpu/fashion (see bench/README.md, "GPU").
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+B=.gpu/bin
+mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl
+ldconfig -p | grep -q libopenblas.so.0 || export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
+what=${1:-all}
+{
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
+  nvidia-smi topo -m; ldd $B/dptrain | grep -E "not found|openblas|nccl|cublas" ; nproc
+} > "$OUT/machine.txt" 2>&1
+if [[ $what == all || $what == tests ]]; then
+  { mpirun -np 1 $B/test_gpu; echo "rc=$?"; mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
+    mpirun -np 1 $B/test_core; echo "rc=$?"; mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
+  grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
+fi
+if [[ $what == all || $what == e2e ]]; then
+  mkdir -p data && $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  for np in 1; do
+    /usr/bin/time -f "wall %e s" mpirun -np $np $B/dptrain --config inputs/run.ini --train.epochs 20 \
+      --checkpoint.dir /tmp/ck$np --log.metrics $OUT/e2e-metrics-$np.jsonl > "$OUT/e2e-$np.log" 2>&1
+    grep -E "wall|final|done|error" "$OUT/e2e-$np.log"
+  done
+  # Two ranks sharing the one GPU over the MPI transport (MPS-style layout), 2 epochs.
+  mpirun -np 2 $B/dptrain --config inputs/run.ini --train.epochs 2 --checkpoint.dir "" --comm.backend mpi > "$OUT/e2e-shared.log" 2>&1
+  grep -E "final|done|error|transport" "$OUT/e2e-shared.log"
+fi
+if [[ $what == all || $what == bench ]]; then
+  python3 bench/torch_step.py --gemm --layers 784,1024,1024,10 --batch 256 --precision tf32 --modes eager,graph > "$OUT/torch-small.jsonl" 2>&1
+  mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision tf32 > "$OUT/ours-small.log" 2>&1
+  mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision fp32 >> "$OUT/ours-small.log" 2>&1
+  mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide.log" 2>&1
+  mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --warmup 20 --steps 200 >> "$OUT/ours-wide.log" 2>&1
+  python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --modes eager,compile --steps 100 > "$OUT/torch-wide.jsonl" 2>&1
+  python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --modes eager --steps 100 >> "$OUT/torch-wide.jsonl" 2>&1
+  grep -h "^{" "$OUT"/ours-*.log "$OUT"/torch-*.jsonl
+fi

@@ -1,0 +1,231 @@
+// bench-scaling's harness: power-of-two subsets of the ranks, each with its own communicator;
+// step times by difference of two run lengths (the real loop, the loop with communication
+// removed, data loading alone); the allreduce sweep with a correctness count; the bucket sweep;
+// the batch-size / learning-rate grid on a real dataset; the alpha-beta model; and the report
+// (fixed-width table, CSV, JSON, Markdown with SVG plots). Drives Trainer and Comm through their
+// public interfaces only; knows nothing of how a layer or a transport works inside.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpt/backend.hpp"
+#include "dpt/comm.hpp"
+#include "dpt/config.hpp"
+#include "dpt/data.hpp"
+
+namespace dpt::bench {
+
+// ---------------------------------------------------------------------------------------------
+// Settings: dptrain's own sections ([model] [data] [train] [comm] [device]) read by dptrain's
+// option table into `base`; the sweep's sections ([scaling] [allreduce] [buckets] [grid]
+// [predict] [report]) read here. [cpu] holds `section.key = value` overrides applied when the
+// backend is the CPU one; the command line (--section.key value, --out DIR) wins over both.
+
+struct ModelSpec {
+  std::string name;
+  std::vector<int> layers;
+};
+
+struct Settings {
+  Config base;
+  std::string source;   // the INI path or "(built-in defaults)"
+  std::string command;  // argv joined, for the report
+  std::string out_dir;
+  // [scaling]
+  std::vector<ModelSpec> models;
+  int weak_batch_per_rank = 256;
+  int strong_global_batch = 1024;
+  int warmup_steps = 50, timed_steps = 200, repeats = 3;
+  int data_iters = 100;       // load_batch calls timed for the data share
+  double latency_ms = 0.05;   // a step shorter than this is called launch/latency-bound
+  int max_ranks = 0;          // 0 = the whole world
+  // [allreduce]
+  double ar_min_bytes = 1024, ar_max_bytes = 256.0 * (1 << 20), ar_factor = 2;
+  int ar_warmup = 5, ar_iters = 20, ar_repeats = 3;
+  // [buckets]
+  std::vector<double> bucket_mb{1, 4, 16, 64, 256};
+  // [grid]
+  bool grid = true;
+  std::vector<int> grid_batches{64, 256, 1024, 4096};
+  std::vector<std::string> grid_rules{"none", "linear", "sqrt"};
+  std::vector<int> grid_warmup{0, 1};
+  double grid_epochs = 5;
+  double warmup_epochs = 0.5;
+  double target_accuracy = 0.85;
+  int grid_evals = 10;  // evaluations per run (time-to-target resolution)
+  // [predict]
+  int predict_max_ranks = 64;
+};
+
+// Reads --config on rank 0, broadcasts it, parses. The [cpu] overrides are applied by
+// finalize_settings once the backend is known. Throws InputError naming key, value and file.
+Settings read_settings(MPI_Comm c, int argc, char** argv);
+void finalize_settings(Settings& s, bool cpu_backend);
+std::string settings_text(const Settings& s);  // resolved sweep settings, INI-like
+std::string settings_help();
+
+// ---------------------------------------------------------------------------------------------
+// Rank subsets.
+
+// 1, 2, 4, … up to world (and at most max_ranks when > 0).
+std::vector<int> subset_sizes(int world, int max_ranks = 0);
+
+// The first n ranks of `parent` as their own MPI communicator (MPI_COMM_NULL on the others).
+// Move-only; frees the communicator.
+class SubComm {
+ public:
+  SubComm(MPI_Comm parent, int n);
+  ~SubComm();
+  SubComm(const SubComm&) = delete;
+  SubComm& operator=(const SubComm&) = delete;
+  bool member() const { return c_ != MPI_COMM_NULL; }
+  MPI_Comm get() const { return c_; }
+
+ private:
+  MPI_Comm c_ = MPI_COMM_NULL;
+};
+
+// A barrier that sleeps instead of spinning, so ranks left out of a subset do not take CPU
+// from those measuring.
+void idle_barrier(MPI_Comm c);
+
+// A Comm whose collectives do nothing, over MPI_COMM_SELF: the training loop then runs its
+// compute alone on each rank (the loss is wrong, the compute time is right).
+std::unique_ptr<Comm> make_null_comm();
+
+// ---------------------------------------------------------------------------------------------
+// Arithmetic, all pure (tested).
+
+// Scaling efficiency = throughput(n) / (n × throughput(1)).
+double efficiency(double throughput_n, int n, double throughput_1);
+// nccl-tests: algbw = bytes / time; busbw = algbw × 2(n−1)/n for allreduce.
+double algbw(double bytes, double seconds);
+double busbw_allreduce(double algbw, int n);
+// Gradient bucket sizes in elements, as the Trainer builds them (consecutive layers from the
+// last, each at least bucket_mb, the first layer's bucket possibly smaller).
+std::vector<size_t> bucket_elements(const std::vector<int>& layers, double bucket_mb);
+size_t param_count(const std::vector<int>& layers);
+
+struct Stat {
+  double med = 0, min = 0, max = 0;
+};
+Stat stat_of(std::vector<double> v);
+
+// t(m) = alpha + beta·m, least squares weighted by 1/t² (relative error), so the small-message
+// latency and the large-message bandwidth both count.
+struct AlphaBeta {
+  int n = 0;
+  double alpha = 0, beta = 0;  // seconds, seconds per byte
+  double max_rel_err = 0;      // over the fitted points
+  int points = 0;
+};
+AlphaBeta fit_alpha_beta(int n, const std::vector<double>& bytes, const std::vector<double>& seconds);
+// Ring allreduce: t = 2(n−1)·a + 2(n−1)/n · m / bw. From one fitted rank count: a = α/(2(n−1)),
+// bw = 2(n−1)/(n·β) (the busbw asymptote). Predicts any n.
+struct RingModel {
+  double hop_latency = 0;  // seconds per step of the ring
+  double bus_bw = 0;       // bytes per second
+  double seconds(double bytes, int n) const;
+};
+RingModel ring_from(const AlphaBeta& ab);
+
+// What limits a step, from its parts (seconds): the largest share, unless the step is shorter
+// than latency_s ("launch/latency-bound").
+std::string limiting_factor(double step, double math, double data, double imbalance_wait,
+                            double exposed_comm, double latency_s);
+
+// ---------------------------------------------------------------------------------------------
+// Report tables: a value is a number (kept at full precision for CSV/JSON, shown with the
+// column's printf format) or text; empty means not measured.
+
+struct Column {
+  std::string key;   // CSV/JSON name
+  std::string head;  // table header
+  std::string unit;  // units row
+  std::string fmt;   // printf format for numbers; "" = text
+};
+
+struct Cell {
+  bool is_num = false, empty = true;
+  double num = 0;
+  std::string text;
+};
+Cell num(double v);
+Cell txt(const std::string& s);
+Cell none();
+
+struct Table {
+  std::string name, title;
+  std::vector<Column> cols;
+  std::vector<std::vector<Cell>> rows;
+  std::vector<std::string> notes;  // printed under the table
+  const Cell* at(size_t row, const std::string& key) const;
+};
+
+std::string format_table(const Table& t);  // fixed width, header, units row, notes
+std::string csv_escape(const std::string& s);
+std::string json_escape(const std::string& s);
+
+// ---------------------------------------------------------------------------------------------
+// Measurements. Every rank of `world` calls each; ranks outside a subset wait in idle_barrier.
+// Tables are complete on rank 0 only.
+
+struct Context {
+  Settings* s = nullptr;
+  Backend* be = nullptr;
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  std::string backend_name, comm_kind;
+};
+
+// The subset's communicator with the run's transport (make_comm_for; on GPUs its own NCCL
+// communicator bootstrapped over MPI_Bcast). Placement is the world's: one device per world rank.
+std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub);
+
+Table measure_scaling(Context& cx);                          // weak + strong, with the breakdown
+Table measure_allreduce(Context& cx);                        // n ≥ 2
+Table measure_buckets(Context& cx);                          // n ≥ 2
+Table measure_grid(Context& cx, std::vector<std::string>& notes);  // Fashion-MNIST grid
+std::vector<AlphaBeta> fit_allreduce(const Table& allreduce);
+Table alpha_beta_table(const std::vector<AlphaBeta>& fits);
+Table predict_scaling(const Settings& s, const Table& scaling, const std::vector<AlphaBeta>& fits);
+
+// ---------------------------------------------------------------------------------------------
+// The machine and the report.
+
+struct Machine {
+  std::vector<std::pair<std::string, std::string>> facts;  // in display order
+};
+Machine describe_machine(const Context& cx, const std::string& comm_describe);
+
+struct Report {
+  Machine machine;
+  std::string settings;
+  std::vector<Table> tables;
+  std::vector<std::string> notes;
+  double seconds = 0;
+};
+
+// Writes report.md, records.csv, records.json and the SVG plots into out_dir; returns the
+// files written.
+std::vector<std::string> write_report(const Settings& s, const Report& r);
+
+// An SVG line chart: linear or log₂ x, linear y, ticks, labels, legend.
+struct Series {
+  std::string name;
+  std::vector<std::pair<double, double>> pts;
+  bool dashed = false;
+};
+struct Chart {
+  std::string title, xlabel, ylabel;
+  bool logx = false;
+  std::vector<Series> series;
+};
+std::string svg_chart(const Chart& c);
+
+}  // namespace dpt::bench

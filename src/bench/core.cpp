@@ -1,0 +1,151 @@
+// bench-scaling's building blocks: rank subsets, the no-op transport, and the arithmetic
+// (efficiency, nccl-tests bandwidths, bucket layout, alpha-beta fit, limiting factor).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "dpt/bench.hpp"
+#include "dpt/check.hpp"
+
+namespace dpt::bench {
+
+std::vector<int> subset_sizes(int world, int max_ranks) {
+  const int top = max_ranks > 0 ? std::min(world, max_ranks) : world;
+  std::vector<int> v;
+  for (int n = 1; n <= top; n *= 2) v.push_back(n);
+  return v;
+}
+
+SubComm::SubComm(MPI_Comm parent, int n) {
+  int rank = 0;
+  DPT_CHECK_MPI(MPI_Comm_rank(parent, &rank));
+  DPT_CHECK_MPI(MPI_Comm_split(parent, rank < n ? 0 : MPI_UNDEFINED, rank, &c_));
+  if (c_ != MPI_COMM_NULL) MPI_Comm_set_errhandler(c_, MPI_ERRORS_RETURN);
+}
+
+SubComm::~SubComm() {
+  if (c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
+}
+
+void idle_barrier(MPI_Comm c) {
+  MPI_Request req;
+  DPT_CHECK_MPI(MPI_Ibarrier(c, &req));
+  for (int done = 0; !done;) {
+    DPT_CHECK_MPI(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (!done) usleep(2000);
+  }
+}
+
+namespace {
+class NullComm final : public Comm {
+ public:
+  NullComm() : Comm(MPI_COMM_SELF) {}
+  std::string name() const override { return "none"; }
+  std::string describe() const override { return "none (collectives removed, timing only)"; }
+  void allreduce(const void*, void*, size_t, DType, RedOp) override {}
+  void broadcast(void*, size_t, DType, int) override {}
+  void reduce_scatter(const void*, void*, size_t, DType, RedOp) override {}
+  void allgather(const void*, void*, size_t, DType) override {}
+};
+}  // namespace
+
+std::unique_ptr<Comm> make_null_comm() { return std::make_unique<NullComm>(); }
+
+// ---------------------------------------------------------------------------------------------
+
+double efficiency(double throughput_n, int n, double throughput_1) {
+  if (n <= 0 || !(throughput_1 > 0)) return NAN;
+  return throughput_n / (double(n) * throughput_1);
+}
+
+double algbw(double bytes, double seconds) { return seconds > 0 ? bytes / seconds : NAN; }
+
+double busbw_allreduce(double alg, int n) { return n > 0 ? alg * 2.0 * (n - 1) / n : NAN; }
+
+size_t param_count(const std::vector<int>& layers) {
+  size_t p = 0;
+  for (size_t i = 0; i + 1 < layers.size(); ++i) p += size_t(layers[i] + 1) * size_t(layers[i + 1]);
+  return p;
+}
+
+// Mirrors GradSync in train.cpp: layers from the last down, a bucket closes once it holds at
+// least the cap, the first layer closes the last bucket.
+std::vector<size_t> bucket_elements(const std::vector<int>& layers, double bucket_mb) {
+  const size_t cap = std::max<size_t>(1, size_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+  std::vector<size_t> sizes;
+  size_t acc = 0;
+  for (int i = int(layers.size()) - 2; i >= 0; --i) {
+    acc += size_t(layers[size_t(i)] + 1) * size_t(layers[size_t(i) + 1]);
+    if (acc >= cap || i == 0) {
+      sizes.push_back(acc);
+      acc = 0;
+    }
+  }
+  return sizes;
+}
+
+Stat stat_of(std::vector<double> v) {
+  Stat s;
+  if (v.empty()) return {NAN, NAN, NAN};
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  s.med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  s.min = v.front();
+  s.max = v.back();
+  return s;
+}
+
+AlphaBeta fit_alpha_beta(int n, const std::vector<double>& m, const std::vector<double>& t) {
+  // Minimise Σ w·(t − α − β·m)² with w = 1/t²: the 2×2 normal equations.
+  double sw = 0, sm = 0, st = 0, smm = 0, smt = 0;
+  for (size_t i = 0; i < m.size(); ++i) {
+    if (!(t[i] > 0)) continue;
+    const double w = 1.0 / (t[i] * t[i]);
+    sw += w, sm += w * m[i], st += w * t[i], smm += w * m[i] * m[i], smt += w * m[i] * t[i];
+  }
+  AlphaBeta ab;
+  ab.n = n;
+  ab.points = int(m.size());
+  const double det = sw * smm - sm * sm;
+  if (m.size() < 2 || !(std::fabs(det) > 0)) return ab;
+  ab.beta = (sw * smt - sm * st) / det;
+  ab.alpha = (st - ab.beta * sm) / sw;
+  for (size_t i = 0; i < m.size(); ++i)
+    if (t[i] > 0) ab.max_rel_err = std::max(ab.max_rel_err, std::fabs(ab.alpha + ab.beta * m[i] - t[i]) / t[i]);
+  return ab;
+}
+
+RingModel ring_from(const AlphaBeta& ab) {
+  RingModel r;
+  if (ab.n < 2) return r;
+  r.hop_latency = std::max(0.0, ab.alpha) / (2.0 * (ab.n - 1));
+  r.bus_bw = ab.beta > 0 ? 2.0 * (ab.n - 1) / (double(ab.n) * ab.beta) : INFINITY;
+  return r;
+}
+
+double RingModel::seconds(double bytes, int n) const {
+  if (n < 2) return 0;
+  return 2.0 * (n - 1) * hop_latency + 2.0 * (n - 1) / n * bytes / bus_bw;
+}
+
+std::string limiting_factor(double step, double math, double data, double imbalance_wait,
+                            double exposed_comm, double latency_s) {
+  if (!(step > 0)) return "-";
+  if (step < latency_s) return "launch/latency-bound";
+  // The largest part names the limit; the formats say which share the percentage is.
+  struct Part {
+    const char* fmt;
+    double v;
+  } parts[] = {{"compute-bound (%.0f%%)", math}, {"data (%.0f%%)", data},
+               {"imbalance (%.0f%%)", imbalance_wait}, {"communication (exposed %.0f%%)", exposed_comm}};
+  const Part* top = &parts[0];
+  for (const Part& p : parts)
+    if (p.v > top->v) top = &p;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, top->fmt, 100.0 * std::max(0.0, top->v) / step);
+  return buf;
+}
+
+}  // namespace dpt::bench

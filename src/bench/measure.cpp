@@ -1,0 +1,367 @@
+// bench-scaling's measurements. Every one runs the product path: Trainer::run on each subset's
+// own communicator (make_comm_for: NCCL bootstrapped over MPI_Bcast on GPUs), Comm::allreduce
+// for the sweep. Step times are differences of two run lengths in fresh Trainers, so start-up,
+// first-touch and warm-up cancel; "the step" is the slowest rank's (MPI_MAX).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "dpt/app.hpp"
+#include "dpt/bench.hpp"
+#include "dpt/check.hpp"
+#include "dpt/log.hpp"
+#include "dpt/train.hpp"
+
+namespace dpt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// A timing run's config: synthetic data in order, no files, no evaluation, no progress lines.
+Config timing_config(const Settings& s, const std::vector<int>& layers, int batch_per_rank) {
+  Config c = s.base;
+  c.layers = layers;
+  c.train_file = "(synthetic)";
+  c.test_file.clear();
+  c.init.clear();
+  c.batch_per_rank = batch_per_rank;
+  c.accumulate = 1;
+  c.sync = "gradients";
+  c.shuffle = false;
+  c.epochs = 1 << 30;
+  c.lr = 1e-3;  // small and constant: no run should reach non-finite values
+  c.lr_scaling = "none";
+  c.warmup_steps = 0;
+  c.schedule = "constant";
+  c.on_nonfinite = "skip";
+  c.eval_every = 0;
+  c.log_every = int64_t(1) << 40;
+  c.progress = false;
+  c.metrics_file.clear();
+  c.ckpt_dir.clear();
+  c.ckpt_at_start = false;
+  c.resume = "none";
+  return c;
+}
+
+double loop_seconds(Config c, int64_t steps, Backend& be, Comm& comm, const Dataset& ds) {
+  c.steps = steps;
+  Trainer t(c, be, comm, &ds, nullptr);
+  return t.run().seconds;
+}
+
+// This rank's steady-state seconds per step: (t(W+S) − t(W)) / S.
+double step_by_difference(const Settings& s, const Config& c, Backend& be, Comm& comm, const Dataset& ds) {
+  const double a = loop_seconds(c, s.warmup_steps, be, comm, ds);
+  const double b = loop_seconds(c, s.warmup_steps + s.timed_steps, be, comm, ds);
+  return (b - a) / s.timed_steps;
+}
+
+// Seconds per Backend::load_batch of b rows (what the loop's data gather costs, timed alone).
+double load_seconds(Backend& be, const Dataset& ds, int b, int iters) {
+  Buffer<float> x(be, size_t(b) * size_t(ds.dim));
+  Buffer<int32_t> y(be, size_t(b));
+  std::vector<int64_t> rows(size_t(ds.n));
+  std::iota(rows.begin(), rows.end(), 0);
+  const int64_t spans = std::max<int64_t>(1, ds.n / b);
+  for (int i = 0; i < 3; ++i) be.load_batch(ds, rows.data(), b, x.data(), y.data());
+  be.synchronize();
+  const double t0 = now_s();
+  for (int i = 0; i < iters; ++i) be.load_batch(ds, rows.data() + (i % spans) * b, b, x.data(), y.data());
+  be.synchronize();
+  return (now_s() - t0) / iters;
+}
+
+std::vector<double> gather(MPI_Comm c, double v) {
+  int n = 1;
+  MPI_Comm_size(c, &n);
+  std::vector<double> all(size_t(n));
+  DPT_CHECK_MPI(MPI_Gather(&v, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, c));
+  return all;
+}
+
+double max_over(MPI_Comm c, double v) {
+  DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, c));
+  return v;
+}
+
+// One timing row's raw figures (rank 0 of the subset holds the gathered ones).
+struct RowTiming {
+  Stat step;                     // seconds, slowest rank, over repeats
+  std::vector<double> compute;   // per rank: median no-communication step
+  std::vector<double> data;      // per rank: load_batch of its batch
+};
+
+RowTiming time_row(Context& cx, MPI_Comm sub, Comm& comm, const Config& c, const Dataset& ds, bool breakdown) {
+  const Settings& s = *cx.s;
+  auto alone = make_null_comm();
+  std::vector<double> full, compute;
+  for (int r = 0; r < s.repeats; ++r) {
+    DPT_CHECK_MPI(MPI_Barrier(sub));
+    full.push_back(max_over(sub, step_by_difference(s, c, *cx.be, comm, ds)));
+    if (!breakdown) continue;
+    // Every rank of the subset runs its compute at the same time, as in the real loop, so
+    // shared resources (cores, memory bandwidth, PCIe) are contended alike.
+    DPT_CHECK_MPI(MPI_Barrier(sub));
+    compute.push_back(step_by_difference(s, c, *cx.be, *alone, ds));
+  }
+  RowTiming t;
+  t.step = stat_of(full);
+  if (breakdown) {
+    t.compute = gather(sub, stat_of(compute).med);
+    t.data = gather(sub, load_seconds(*cx.be, ds, c.batch_per_rank, s.data_iters));
+  }
+  return t;
+}
+
+Dataset synthetic_for(const std::vector<int>& layers, int64_t rows) {
+  Dataset ds = synth_blobs(rows, layers.front(), layers.back(), 1.f, 7);
+  ds.path = "(synthetic " + std::to_string(rows) + " rows)";
+  return ds;
+}
+
+const std::vector<Column> kScalingCols = {
+    {"model", "model", "", ""},
+    {"mode", "mode", "", ""},
+    {"ranks", "ranks", "", "%.0f"},
+    {"batch_per_rank", "b/rank", "samples", "%.0f"},
+    {"global_batch", "global", "samples", "%.0f"},
+    {"step_ms", "step", "ms", "%.3f"},
+    {"step_min_ms", "min", "ms", "%.3f"},
+    {"step_max_ms", "max", "ms", "%.3f"},
+    {"samples_per_s", "throughput", "samples/s", "%.0f"},
+    {"efficiency", "eff", "", "%.3f"},
+    {"compute_ms", "compute", "ms mean", "%.3f"},
+    {"compute_max_ms", "cmp max", "ms", "%.3f"},
+    {"data_ms", "data", "ms", "%.3f"},
+    {"imbalance_pct", "imbal", "%", "%.1f"},
+    {"exposed_comm_ms", "exp comm", "ms", "%.3f"},
+    {"exposed_comm_pct", "exp comm", "% step", "%.1f"},
+    {"limit", "limiting factor", "", ""},
+    {"compute_per_rank_ms", "compute per rank", "ms", ""},
+};
+
+std::vector<Cell> scaling_row(const Settings& s, const ModelSpec& m, const char* mode, int n, int b,
+                              const RowTiming& t) {
+  const double step = t.step.med;
+  double cmean = 0, cmax = 0, dmean = 0;
+  std::string per_rank;
+  for (size_t r = 0; r < t.compute.size(); ++r) {
+    cmean += t.compute[r] / double(t.compute.size());
+    cmax = std::max(cmax, t.compute[r]);
+    dmean += t.data[r] / double(t.data.size());
+    per_rank += (r ? " " : "") + fmt("%.3f", t.compute[r] * 1e3);
+  }
+  const double exposed = std::max(0.0, step - cmax);
+  const double G = double(b) * n;
+  return {txt(m.name), txt(mode), num(n), num(b), num(G), num(step * 1e3), num(t.step.min * 1e3),
+          num(t.step.max * 1e3), num(G / step), none(), num(cmean * 1e3), num(cmax * 1e3),
+          num(dmean * 1e3), num(100.0 * (cmax - cmean) / cmean), num(exposed * 1e3),
+          num(100.0 * exposed / step),
+          txt(limiting_factor(step, cmean - dmean, dmean, cmax - cmean, exposed, s.latency_ms * 1e-3)),
+          txt(per_rank)};
+}
+
+// Efficiency against the same model and mode on one rank.
+void fill_efficiency(Table& t) {
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    for (size_t j = 0; j < t.rows.size(); ++j) {
+      if (t.at(j, "ranks")->num != 1 || t.at(j, "model")->text != t.at(i, "model")->text ||
+          t.at(j, "mode")->text != t.at(i, "mode")->text)
+        continue;
+      t.rows[i][9] = num(efficiency(t.at(i, "samples_per_s")->num, int(t.at(i, "ranks")->num),
+                                    t.at(j, "samples_per_s")->num));
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub) {
+  Runtime rt;
+  rt.node = node_info(cx.world);  // placement is the world's: one device per world rank
+  // make_comm_for reads only the backend and the node; lend it the backend for the call.
+  struct Lend {
+    Runtime& rt;
+    Lend(Runtime& r, Backend* be) : rt(r) { rt.backend.reset(be); }
+    ~Lend() { (void)rt.backend.release(); }
+  } lend(rt, cx.be);
+  make_comm_for(cx.s->base, sub, rt);
+  return std::move(rt.comm);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Table measure_scaling(Context& cx) {
+  const Settings& s = *cx.s;
+  Table t{"scaling", "Weak and strong scaling, with where the step time goes", kScalingCols, {}, {}};
+  const std::vector<int> ns = subset_sizes(cx.size, s.max_ranks);
+  const int nmax = ns.back();
+  for (const ModelSpec& m : s.models) {
+    const int64_t rows = 4 * std::max<int64_t>(int64_t(s.weak_batch_per_rank) * nmax, s.strong_global_batch);
+    const Dataset ds = synthetic_for(m.layers, rows);
+    for (int n : ns) {
+      SubComm sub(cx.world, n);
+      if (sub.member()) {
+        auto comm = subset_comm(cx, sub.get());
+        for (const char* mode : {"weak", "strong"}) {
+          const bool weak = mode[0] == 'w';
+          if (!weak && s.strong_global_batch % n != 0) continue;
+          const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / n;
+          const RowTiming rt = time_row(cx, sub.get(), *comm, timing_config(s, m.layers, b), ds, true);
+          if (cx.rank == 0) {
+            t.rows.push_back(scaling_row(s, m, mode, n, b, rt));
+            log::info("scaling: " + m.name + " " + mode + " n=" + std::to_string(n) + " step " +
+                      fmt("%.3f", rt.step.med * 1e3) + " ms");
+          }
+        }
+      }
+      idle_barrier(cx.world);
+    }
+  }
+  fill_efficiency(t);
+  t.notes = {
+      "step: slowest rank's seconds per step = (t(W+S) - t(W)) / S in fresh Trainers, median (min, max) of the repeats.",
+      "compute: the same loop with every collective removed (a no-op Comm on MPI_COMM_SELF), all ranks at once; mean and max over ranks.",
+      "data: Backend::load_batch of one batch timed alone (an estimate of the loop's gather, which it contains).",
+      "imbal = (max - mean) / mean of per-rank compute; exp comm = step - max compute (communication and sync not hidden behind compute).",
+      "eff = throughput(n) / (n x throughput(1)), same model and mode."};
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Table measure_allreduce(Context& cx) {
+  const Settings& s = *cx.s;
+  Table t{"allreduce",
+          "Allreduce alone (Comm::allreduce, float32 sum, out of place), nccl-tests definitions",
+          {{"ranks", "ranks", "", "%.0f"},
+           {"bytes", "size", "B", "%.0f"},
+           {"count", "count", "elements", "%.0f"},
+           {"type", "type", "", ""},
+           {"redop", "redop", "", ""},
+           {"time_us", "time", "us", "%.1f"},
+           {"time_min_us", "min", "us", "%.1f"},
+           {"time_max_us", "max", "us", "%.1f"},
+           {"algbw_gbs", "algbw", "GB/s", "%.3f"},
+           {"busbw_gbs", "busbw", "GB/s", "%.3f"},
+           {"wrong", "#wrong", "elements", "%.0f"}},
+          {},
+          {}};
+  std::vector<double> sizes;
+  for (double b = s.ar_min_bytes; b <= s.ar_max_bytes * 1.0000001; b *= s.ar_factor) sizes.push_back(std::floor(b / 4) * 4);
+  for (int n : subset_sizes(cx.size, s.max_ranks)) {
+    if (n < 2) continue;
+    SubComm sub(cx.world, n);
+    if (sub.member()) {
+      auto comm = subset_comm(cx, sub.get());
+      const size_t max_count = size_t(sizes.back() / 4);
+      Buffer<float> send(*cx.be, max_count), recv(*cx.be, max_count);
+      // Small integers, so the float sum is exact in any order: rank r sends (r+1)·(i mod 13 + 1).
+      std::vector<float> h(max_count);
+      for (size_t i = 0; i < max_count; ++i) h[i] = float((comm->rank() + 1) * int(i % 13 + 1));
+      cx.be->upload(send.data(), h.data(), h.size() * sizeof(float));
+      const double tri = double(n) * (n + 1) / 2;
+      for (double bytes : sizes) {
+        const size_t count = std::max<size_t>(1, size_t(bytes / 4));
+        std::vector<double> times;
+        double wrong = 0;
+        for (int r = 0; r < s.ar_repeats; ++r) {
+          cx.be->fill(recv.data(), count, -1.f);
+          for (int w = 0; w < s.ar_warmup; ++w) comm->allreduce(send.data(), recv.data(), count, DType::f32, RedOp::sum);
+          comm->synchronize();
+          cx.be->synchronize();
+          DPT_CHECK_MPI(MPI_Barrier(sub.get()));
+          const double t0 = now_s();
+          for (int i = 0; i < s.ar_iters; ++i) comm->allreduce(send.data(), recv.data(), count, DType::f32, RedOp::sum);
+          comm->synchronize();
+          cx.be->synchronize();
+          times.push_back(max_over(sub.get(), (now_s() - t0) / s.ar_iters));
+          cx.be->download(h.data(), recv.data(), count * sizeof(float));
+          for (size_t i = 0; i < count; ++i) wrong += h[i] != float(tri * double(i % 13 + 1));
+        }
+        DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_DOUBLE, MPI_SUM, sub.get()));
+        const Stat st = stat_of(times);
+        const double B = double(count) * 4, alg = algbw(B, st.med);
+        if (cx.rank == 0)
+          t.rows.push_back({num(n), num(B), num(double(count)), txt("float"), txt("sum"), num(st.med * 1e6),
+                            num(st.min * 1e6), num(st.max * 1e6), num(alg / 1e9),
+                            num(busbw_allreduce(alg, n) / 1e9), num(wrong)});
+      }
+      if (cx.rank == 0) log::info("allreduce: n=" + std::to_string(n) + " done");
+    }
+    idle_barrier(cx.world);
+  }
+  t.notes = {"time: slowest rank's mean per call over the timed iterations (after untimed warm-up), median (min, max) of the repeats.",
+             "algbw = size / time; busbw = algbw x 2(n-1)/n (nccl-tests' allreduce bus bandwidth, comparable with all_reduce_perf).",
+             "#wrong: elements of the last result that differ from the exact sum, over all ranks and repeats."};
+  if (cx.size < 2) t.notes.push_back("one rank: no allreduce to measure.");
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Table measure_buckets(Context& cx) {
+  const Settings& s = *cx.s;
+  Table t{"buckets", "Gradient bucket size sweep (weak-scaling batch, the real loop)",
+          {{"model", "model", "", ""},
+           {"ranks", "ranks", "", "%.0f"},
+           {"bucket_mb", "bucket", "MB", "%.3g"},
+           {"buckets", "buckets", "", "%.0f"},
+           {"largest_mb", "largest", "MB", "%.2f"},
+           {"step_ms", "step", "ms", "%.3f"},
+           {"step_min_ms", "min", "ms", "%.3f"},
+           {"step_max_ms", "max", "ms", "%.3f"},
+           {"samples_per_s", "throughput", "samples/s", "%.0f"},
+           {"vs_best_pct", "vs best", "% slower", "%.1f"},
+           {"best", "best", "", ""}},
+          {},
+          {}};
+  for (const ModelSpec& m : s.models) {
+    const Dataset ds = synthetic_for(m.layers, 4 * int64_t(s.weak_batch_per_rank) * cx.size);
+    for (int n : subset_sizes(cx.size, s.max_ranks)) {
+      if (n < 2) continue;
+      SubComm sub(cx.world, n);
+      if (sub.member()) {
+        auto comm = subset_comm(cx, sub.get());
+        const size_t first = t.rows.size();
+        for (double mb : s.bucket_mb) {
+          Config c = timing_config(s, m.layers, s.weak_batch_per_rank);
+          c.bucket_mb = mb;
+          const RowTiming rt = time_row(cx, sub.get(), *comm, c, ds, false);
+          const auto bk = bucket_elements(m.layers, mb);
+          const double largest = double(*std::max_element(bk.begin(), bk.end())) * 4 / (1 << 20);
+          if (cx.rank == 0)
+            t.rows.push_back({txt(m.name), num(n), num(mb), num(double(bk.size())), num(largest),
+                              num(rt.step.med * 1e3), num(rt.step.min * 1e3), num(rt.step.max * 1e3),
+                              num(double(s.weak_batch_per_rank) * n / rt.step.med), none(), txt("")});
+        }
+        if (cx.rank == 0 && t.rows.size() > first) {
+          size_t best = first;
+          for (size_t i = first; i < t.rows.size(); ++i)
+            if (t.rows[i][5].num < t.rows[best][5].num) best = i;
+          for (size_t i = first; i < t.rows.size(); ++i)
+            t.rows[i][9] = num(100.0 * (t.rows[i][5].num / t.rows[best][5].num - 1));
+          t.rows[best][10] = txt("*");
+          log::info("buckets: " + m.name + " n=" + std::to_string(n) + " done");
+        }
+      }
+      idle_barrier(cx.world);
+    }
+  }
+  t.notes = {"buckets: how many allreduces a step makes (consecutive layers from the last, each at least the bucket size).",
+             "best (*): the fastest bucket size for that model and rank count; vs best = how much slower each other size is."};
+  if (cx.size < 2) t.notes.push_back("one rank: no gradient allreduce, no bucket sweep.");
+  return t;
+}
+
+}  // namespace dpt::bench

@@ -1,0 +1,309 @@
+// bench-scaling's settings: dptrain's sections go through dptrain's own option table; the
+// sweep's sections are a small key table here, with the same error style (key, value, file).
+#include <algorithm>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <unistd.h>
+
+#include "dpt/bench.hpp"
+#include "dpt/check.hpp"
+#include "dpt/nn.hpp"
+
+namespace dpt::bench {
+namespace {
+
+const char* kOwnSections[] = {"scaling", "allreduce", "buckets", "grid", "predict", "report", "cpu"};
+
+bool own_section(const std::string& s) {
+  for (const char* o : kOwnSections)
+    if (s == o) return true;
+  return false;
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") + 1 - b);
+}
+
+std::vector<std::string> split(const std::string& s, const std::string& seps) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : s) {
+    if (seps.find(ch) != std::string::npos) {
+      if (!trim(cur).empty()) out.push_back(trim(cur));
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  if (!trim(cur).empty()) out.push_back(trim(cur));
+  return out;
+}
+
+using KV = std::vector<std::pair<std::string, std::string>>;
+
+// Splits the INI text: dptrain's sections stay as text for its parser, ours become key/values
+// ("section.key"), [cpu]'s keys go to `cpu`.
+void split_ini(const std::string& text, const std::string& file, std::string& dptrain_text, KV& own,
+               KV& cpu) {
+  std::istringstream in(text);
+  std::string line, section;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const std::string t = trim(line);
+    if (!t.empty() && t[0] == '[') {
+      section = trim(t.substr(1, t.find(']') - 1));
+      if (!own_section(section)) dptrain_text += line + "\n";
+      continue;
+    }
+    if (!own_section(section)) {
+      dptrain_text += line + "\n";
+      continue;
+    }
+    if (t.empty() || t[0] == '#' || t[0] == ';') continue;
+    const auto eq = t.find('=');
+    if (eq == std::string::npos)
+      throw InputError(file + ":" + std::to_string(lineno) + ": expected key = value, got '" + t + "'");
+    const std::string key = trim(t.substr(0, eq)), value = trim(t.substr(eq + 1));
+    if (section == "cpu") cpu.push_back({key, value});
+    else own.push_back({section + "." + key, value});
+  }
+}
+
+[[noreturn]] void bad(const std::string& key, const std::string& value, const std::string& where,
+                      const std::string& why) {
+  throw InputError("bench-scaling: " + key + " = '" + value + "' (" + where + "): " + why);
+}
+
+int to_int(const std::string& k, const std::string& v, const std::string& w, int lo) {
+  try {
+    size_t used = 0;
+    const long x = std::stol(v, &used);
+    if (used != v.size() || x < lo || x > (1L << 30)) throw 0;
+    return int(x);
+  } catch (...) {
+    bad(k, v, w, "expected an integer ≥ " + std::to_string(lo));
+  }
+}
+
+double to_double(const std::string& k, const std::string& v, const std::string& w, double lo) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used != v.size() || !(x >= lo) || x > 1e15) throw 0;
+    return x;
+  } catch (...) {
+    bad(k, v, w, "expected a number ≥ " + std::to_string(lo));
+  }
+}
+
+template <class T, class F> std::vector<T> to_list(const std::string& v, F conv) {
+  std::vector<T> out;
+  for (auto& item : split(v, ", ")) out.push_back(conv(item));
+  return out;
+}
+
+// Every sweep key: name, meaning (for --help), and how it is stored.
+struct Key {
+  const char* name;
+  const char* help;
+  std::function<void(Settings&, const std::string& key, const std::string& value, const std::string& where)> set;
+};
+
+std::vector<Key> key_table() {
+  auto I = [](int Settings::*m, int lo) {
+    return [m, lo](Settings& s, const std::string& k, const std::string& v, const std::string& w) { s.*m = to_int(k, v, w, lo); };
+  };
+  auto D = [](double Settings::*m, double lo) {
+    return [m, lo](Settings& s, const std::string& k, const std::string& v, const std::string& w) { s.*m = to_double(k, v, w, lo); };
+  };
+  return {
+      {"scaling.models", "name:layers list, e.g. 'default:784,256,128,10 wide:784,4096,4096,4096,10'",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.models.clear();
+         for (auto& item : split(v, " ;")) {
+           const auto c = item.find(':');
+           if (c == std::string::npos) bad("scaling.models", v, w, "each model is name:w0,w1,...");
+           try {
+             s.models.push_back({item.substr(0, c), parse_layers(item.substr(c + 1))});
+           } catch (const std::exception& e) {
+             bad("scaling.models", v, w, e.what());
+           }
+         }
+         if (s.models.empty()) bad("scaling.models", v, w, "at least one model");
+       }},
+      {"scaling.weak_batch_per_rank", "samples per rank in the weak-scaling and bucket rows", I(&Settings::weak_batch_per_rank, 1)},
+      {"scaling.strong_global_batch", "global batch of the strong-scaling rows (split over the ranks)", I(&Settings::strong_global_batch, 1)},
+      {"scaling.warmup_steps", "steps of the shorter run (their time is subtracted)", I(&Settings::warmup_steps, 1)},
+      {"scaling.timed_steps", "extra steps of the longer run (step time = difference / timed_steps)", I(&Settings::timed_steps, 1)},
+      {"scaling.repeats", "repetitions of every timing (median, min, max)", I(&Settings::repeats, 1)},
+      {"scaling.data_iters", "load_batch calls timed for the data share", I(&Settings::data_iters, 1)},
+      {"scaling.latency_ms", "steps shorter than this are called launch/latency-bound", D(&Settings::latency_ms, 0)},
+      {"scaling.max_ranks", "largest subset measured (0 = all ranks)", I(&Settings::max_ranks, 0)},
+      {"allreduce.min_bytes", "smallest message", D(&Settings::ar_min_bytes, 4)},
+      {"allreduce.max_bytes", "largest message", D(&Settings::ar_max_bytes, 4)},
+      {"allreduce.factor", "size step (×)", D(&Settings::ar_factor, 1.01)},
+      {"allreduce.warmup", "untimed iterations per size", I(&Settings::ar_warmup, 0)},
+      {"allreduce.iters", "timed iterations per size and repetition", I(&Settings::ar_iters, 1)},
+      {"allreduce.repeats", "repetitions per size", I(&Settings::ar_repeats, 1)},
+      {"buckets.sizes_mb", "gradient bucket sizes swept (MB)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.bucket_mb = to_list<double>(v, [&](const std::string& x) { return to_double("buckets.sizes_mb", x, w, 1e-6); });
+       }},
+      {"grid.enabled", "true/false: run the batch-size / learning-rate grid",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         if (v != "true" && v != "false") bad("grid.enabled", v, w, "expected true or false");
+         s.grid = v == "true";
+       }},
+      {"grid.global_batches", "global batches of the grid",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.grid_batches = to_list<int>(v, [&](const std::string& x) { return to_int("grid.global_batches", x, w, 1); });
+       }},
+      {"grid.lr_rules", "lr_scaling rules of the grid (none, linear, sqrt)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.grid_rules = to_list<std::string>(v, [&](const std::string& x) {
+           if (x != "none" && x != "linear" && x != "sqrt") bad("grid.lr_rules", v, w, "rules are none, linear, sqrt");
+           return x;
+         });
+       }},
+      {"grid.warmup", "warm-up settings of the grid (off, on)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.grid_warmup = to_list<int>(v, [&](const std::string& x) {
+           if (x != "off" && x != "on") bad("grid.warmup", v, w, "values are off, on");
+           return x == "on" ? 1 : 0;
+         });
+       }},
+      {"grid.epochs", "training budget of every grid run, in epochs (fractions allowed)", D(&Settings::grid_epochs, 0.001)},
+      {"grid.warmup_epochs", "length of the warm-up when on, in epochs", D(&Settings::warmup_epochs, 0)},
+      {"grid.target_accuracy", "test accuracy whose time-to-reach is reported", D(&Settings::target_accuracy, 0)},
+      {"grid.evals_per_run", "evaluations per grid run", I(&Settings::grid_evals, 1)},
+      {"predict.max_ranks", "largest rank count the alpha-beta model predicts", I(&Settings::predict_max_ranks, 1)},
+      {"report.out", "report folder (also --out)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string&) { s.out_dir = v; }},
+  };
+}
+
+void apply(Settings& s, const KV& kv, const std::string& where) {
+  static const std::vector<Key> keys = key_table();
+  for (auto& [k, v] : kv) {
+    auto it = std::find_if(keys.begin(), keys.end(), [&](const Key& key) { return k == key.name; });
+    if (it == keys.end()) bad(k, v, where, "unknown key (bench-scaling --help lists them)");
+    if (v.empty()) bad(k, v, where, "empty value");
+    it->set(s, k, v, where);
+  }
+}
+
+std::string default_out_dir() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  return std::string("bench/results/") + date + "-scaling-" + host;
+}
+
+// Per-process storage of the overrides until finalize_settings (the file's and the CLI's).
+struct Pending {
+  KV file, cpu, cli;
+};
+Pending& pending() {
+  static Pending p;
+  return p;
+}
+
+}  // namespace
+
+Settings read_settings(MPI_Comm c, int argc, char** argv) {
+  int rank = 0;
+  MPI_Comm_rank(c, &rank);
+  Settings s;
+  s.models = {{"default", {784, 256, 128, 10}}, {"wide", {784, 4096, 4096, 4096, 10}}};
+  for (int i = 0; i < argc; ++i) s.command += (i ? " " : "") + std::string(argv[i]);
+  const std::string path = find_config_path(argc, argv);
+  s.source = path.empty() ? "(built-in defaults)" : path;
+  std::string text, err;
+  if (rank == 0 && !path.empty()) {
+    std::ifstream in(path);
+    if (!in) err = "cannot read config file " + path;
+    std::ostringstream os;
+    os << in.rdbuf();
+    text = os.str();
+  }
+  bcast_string(c, err);
+  if (!err.empty()) throw InputError(err);
+  bcast_string(c, text);
+
+  std::string dptrain_text;
+  Pending& p = pending();
+  p = Pending{};
+  split_ini(text, s.source, dptrain_text, p.file, p.cpu);
+  // Our command-line keys come out; the rest is dptrain's (--train.lr 0.1 etc.).
+  std::vector<const char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto dot = a.find('.');
+    const bool ours = a == "--out" || (a.rfind("--", 0) == 0 && dot != std::string::npos && own_section(a.substr(2, dot - 2)));
+    if (!ours) {
+      rest.push_back(argv[i]);
+      continue;
+    }
+    if (i + 1 >= argc) throw InputError("bench-scaling: " + a + " needs a value");
+    p.cli.push_back({a == "--out" ? "report.out" : a.substr(2), argv[++i]});
+  }
+  Invocation inv = parse_invocation(int(rest.size()), rest.data(), path, dptrain_text, false);
+  if (inv.help) throw InputError(inv.help_text + "\n" + settings_help());
+  s.base = inv.cfg;
+  if (s.base.train_file.empty()) s.base.train_file = "data/fashion-mnist-train.h5";
+  if (s.base.test_file.empty()) s.base.test_file = "data/fashion-mnist-test.h5";
+  validate(s.base);
+  apply(s, p.file, s.source);
+  apply(s, p.cli, "command line");  // checked now; applied again after [cpu]
+  return s;
+}
+
+void finalize_settings(Settings& s, bool cpu_backend) {
+  Pending& p = pending();
+  if (cpu_backend) apply(s, p.cpu, s.source + " [cpu]");
+  apply(s, p.cli, "command line");
+  if (s.out_dir.empty()) s.out_dir = default_out_dir();
+  if (s.ar_max_bytes < s.ar_min_bytes)
+    bad("allreduce.max_bytes", std::to_string(s.ar_max_bytes), s.source, "smaller than allreduce.min_bytes");
+}
+
+std::string settings_text(const Settings& s) {
+  std::ostringstream os;
+  auto list = [](auto& v) {
+    std::ostringstream o;
+    for (size_t i = 0; i < v.size(); ++i) o << (i ? "," : "") << v[i];
+    return o.str();
+  };
+  os << "[scaling]\nmodels =";
+  for (auto& m : s.models) os << " " << m.name << ":" << list(m.layers);
+  os << "\nweak_batch_per_rank = " << s.weak_batch_per_rank << "\nstrong_global_batch = " << s.strong_global_batch
+     << "\nwarmup_steps = " << s.warmup_steps << "\ntimed_steps = " << s.timed_steps << "\nrepeats = " << s.repeats
+     << "\ndata_iters = " << s.data_iters << "\nlatency_ms = " << s.latency_ms << "\nmax_ranks = " << s.max_ranks
+     << "\n[allreduce]\nmin_bytes = " << s.ar_min_bytes << "\nmax_bytes = " << s.ar_max_bytes
+     << "\nfactor = " << s.ar_factor << "\nwarmup = " << s.ar_warmup << "\niters = " << s.ar_iters
+     << "\nrepeats = " << s.ar_repeats << "\n[buckets]\nsizes_mb = " << list(s.bucket_mb)
+     << "\n[grid]\nenabled = " << (s.grid ? "true" : "false") << "\nglobal_batches = " << list(s.grid_batches)
+     << "\nlr_rules = " << list(s.grid_rules) << "\nwarmup =";
+  for (int w : s.grid_warmup) os << (w ? " on" : " off");
+  os << "\nepochs = " << s.grid_epochs << "\nwarmup_epochs = " << s.warmup_epochs
+     << "\ntarget_accuracy = " << s.target_accuracy << "\nevals_per_run = " << s.grid_evals
+     << "\n[predict]\nmax_ranks = " << s.predict_max_ranks << "\n[report]\nout = " << s.out_dir << "\n";
+  return os.str();
+}
+
+std::string settings_help() {
+  std::ostringstream os;
+  os << "bench-scaling sweep keys (INI sections, or --section.key value; [cpu] section.key = value\n"
+        "overrides apply on the CPU backend; --out DIR is report.out):\n";
+  for (auto& k : key_table()) os << "  --" << k.name << "  " << k.help << "\n";
+  return os.str();
+}
+
+}  // namespace dpt::bench

@@ -1,0 +1,14 @@
+# Cross-check against PyTorch: dptrain (1 and 2 ranks, every optimizer and activation,
+# accumulation, uint8 and float32 data, a cosine schedule) replayed step by step in torch;
+# per-step losses, learning rates, final parameters and optimizer state must agree.
+# Needs /usr/bin/python3 with torch, h5py and numpy (Debian's python3-torch); skips (exit 77)
+# without them. Takes a few seconds.
+add_test(NAME torch_crosscheck
+         COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/torch_crosscheck.py
+                 --build ${CMAKE_BINARY_DIR} --root ${CMAKE_SOURCE_DIR}
+         WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(torch_crosscheck PROPERTIES
+  TIMEOUT 300
+  SKIP_RETURN_CODE 77
+  PROCESSORS 2
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")

@@ -1,0 +1,401 @@
+#!/usr/bin/python3
+"""Cross-check dptrain against PyTorch, step by step.
+
+For each case of a small matrix (optimizer x activation x ranks x accumulate x data type x lr
+schedule) this script
+  1. writes a small dataset (`dpdata synth blobs`, float32; or an h5py-written uint8 file with
+     scale/offset attributes and int64 labels),
+  2. runs `mpirun -np R dptrain` for a few dozen steps with data.shuffle = false, a checkpoint
+     before the first step (checkpoint.at_start) and one at the end, metrics every step,
+  3. replays the same run in PyTorch: an nn.Sequential of nn.Linear + activations loaded from
+     the at-start checkpoint, global batch k = rows [kG, (k+1)G) (DESIGN.md, data order),
+     F.cross_entropy (mean over the global batch), torch.optim with the same hyper-parameters,
+     and the learning rate of each step from an independent implementation of the schedule,
+  4. compares per-step losses and learning rates (metrics JSONL) and the final parameters and
+     optimizer state (final checkpoint) against torch, and fails loudly on any mismatch.
+
+Usage (ctest runs it this way):
+  /usr/bin/python3 tests/torch_crosscheck.py --build <build dir> --root <repo root>
+Exit codes: 0 all cases agree, 1 a mismatch (message names case, step/tensor and the error),
+2 dptrain or the set-up failed, 77 skipped (no torch/h5py/numpy or no mpirun).
+`--perturb X` multiplies torch's learning rate by (1 + X): a way to see the check has teeth
+(e.g. --perturb 0.01 must fail every case).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+try:
+    import h5py
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # ctest maps this exit code to "skipped" (SKIP_RETURN_CODE)
+    print(f"torch_crosscheck: SKIPPED: {sys.executable} cannot import {e.name!r} ({e})")
+    sys.exit(SKIP)
+
+# ---------------------------------------------------------------------------------------------
+# Tolerances.
+# Both sides compute in fp32; they differ only in summation order (OpenBLAS GEMM blocking vs
+# torch's, gradients summed per rank / per micro-batch then reduced over MPI vs one pass over
+# the global batch, the loss summed in double by dptrain vs float by torch). A single step's
+# loss then agrees to a few ulp (~1e-7 relative); the metrics file prints 6 significant digits
+# (<= 5e-6 relative), and over 30-40 steps the parameter differences (below) move later
+# losses by ~1e-6. LOSS_RTOL = 1e-4 leaves > 10x margin over what we observe (max ~5e-6) while
+# any real semantic difference (a wrong row, a missing weight-decay term, momentum off by
+# one step, lr 1% off) shows up at 1e-3 or more within a few steps.
+LOSS_RTOL = 1e-4
+# Parameters after N steps: each step adds rounding noise of ~1e-7 relative to the update;
+# Adam divides by sqrt(v), which amplifies noise on entries whose gradient is tiny, and the
+# tanh/sigmoid/gelu derivatives differ by an ulp between std::erf/exp and torch. We compare
+# elementwise |a - b| <= PARAM_ATOL * scale + PARAM_RTOL * |b|, scale = max|b| of the tensor
+# (so the absolute floor follows the tensor's magnitude). Observed max errors: parameters
+# <= 3e-6 of the scale, optimizer state <= 1.4e-5 (exp_avg_sq, see the note below); 1e-3
+# relative / 1e-4 of scale absolute leaves ~7x margin and still catches a 1% lr error or a
+# dropped weight-decay term by orders of magnitude (`--perturb 0.01` fails every case).
+PARAM_RTOL = 1e-3
+PARAM_ATOL = 1e-4
+LR_RTOL = 1e-5  # metrics print lr with 6 significant digits
+# A note on Adam's eps. Adam's first update is lr * g / (|g| + eps): for an entry whose gradient
+# nearly cancels (|g| ~ eps while its terms are ~1e-3), rounding noise d in g moves the
+# parameter by up to lr * d / eps. With eps = 1e-8, d ~ 1e-10 and lr = 0.01 that is 1e-4:
+# the whole tolerance, for a perfectly correct implementation (we measured 1.4e-4 of max|b|
+# on one sigmoid weight with |g| = 5.5e-8 after one step; 5e-5 with eps = 1e-6, where the
+# same entry sees d ~ 1e-9). The sigmoid case therefore uses eps = 1e-5 (worst case
+# lr * d / eps ~ 1e-6); the relu Adam case keeps the default 1e-8 (its dead units give exact
+# zeros on both sides) and the gelu case uses 1e-6.
+# Known float-level difference (not a formula difference): dptrain evaluates 1 - beta2 and
+# the bias corrections in fp32 from float(beta2), torch in double from the Python float, so
+# dptrain's exp_avg_sq is ~1.3e-5 (relative) smaller than torch's for beta2 = 0.999; within
+# PARAM_RTOL, and it cancels in the update (bias correction 2 is off by the same factor).
+
+N_ROWS, DIM, CLASSES = 2048, 20, 5
+LAYERS = [DIM, 48, 24, CLASSES]
+
+# Each case: name, ranks, batch_per_rank, accumulate, optimizer, activation, hyper-parameters,
+# dataset ("f32" blobs from dpdata, "u8" h5py-written), schedule.
+CASES = [
+    dict(name="sgd_relu", ranks=2, b=16, acc=1, opt="sgd", act="relu", lr=0.1, wd=0.0,
+         data="f32", steps=30),
+    dict(name="momentum_tanh_wd", ranks=2, b=16, acc=1, opt="momentum", act="tanh", lr=0.05,
+         momentum=0.9, wd=0.01, data="f32", steps=30),
+    dict(name="nesterov_relu_1rank", ranks=1, b=32, acc=1, opt="nesterov", act="relu", lr=0.05,
+         momentum=0.8, wd=0.0, data="f32", steps=30),
+    dict(name="adam_gelu", ranks=2, b=16, acc=1, opt="adam", act="gelu", lr=0.01, wd=0.0,
+         beta1=0.85, beta2=0.99, eps=1e-6, data="f32", steps=30),
+    # eps = 1e-5 here, see the note on Adam's eps above.
+    dict(name="adamw_sigmoid_wd_acc2", ranks=2, b=8, acc=2, opt="adamw", act="sigmoid", lr=0.01,
+         wd=0.05, eps=1e-5, data="f32", steps=30),
+    # uint8 features with scale/offset written by h5py, int64 labels, accumulate 3 over 2 ranks
+    # (G = 48, so 40 steps wrap into a second epoch), Adam with L2 weight decay, cosine
+    # schedule with warm-up and a floor.
+    dict(name="adam_wd_relu_u8_cosine_acc3", ranks=2, b=8, acc=3, opt="adam", act="relu",
+         lr=0.005, wd=0.01, data="u8", steps=50, schedule="cosine", warmup=5, min_lr=0.0005),
+    dict(name="nesterov_gelu_wd_u8", ranks=2, b=16, acc=1, opt="nesterov", act="gelu", lr=0.05,
+         momentum=0.9, wd=0.005, data="u8", steps=30),
+]
+
+
+class Mismatch(Exception):
+    pass
+
+
+class SetupError(Exception):
+    pass
+
+
+def run(cmd, env=None, what=""):
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if p.returncode != 0:
+        raise SetupError(f"{what or cmd[0]} failed (exit {p.returncode}):\n  $ {' '.join(cmd)}\n"
+                         + p.stdout[-4000:])
+    return p.stdout
+
+
+def make_datasets(tmp, dpdata):
+    f32 = os.path.join(tmp, "blobs-f32.h5")
+    run([dpdata, "synth", "blobs", "--n", str(N_ROWS), "--dim", str(DIM), "--classes",
+         str(CLASSES), "--spread", "1.5", "--seed", "7", "--out", f32], what="dpdata synth blobs")
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, CLASSES, N_ROWS).astype(np.int64)
+    centres = rng.integers(40, 215, (CLASSES, DIM))
+    raw = np.clip(centres[y] + rng.normal(0, 40, (N_ROWS, DIM)), 0, 255).astype(np.uint8)
+    u8 = os.path.join(tmp, "blobs-u8.h5")
+    with h5py.File(u8, "w") as f:
+        d = f.create_dataset("features", data=raw)
+        d.attrs["scale"] = np.float32(1 / 64)
+        d.attrs["offset"] = np.float32(-2.0)
+        f.create_dataset("labels", data=y)
+        f.attrs["num_classes"] = np.int64(CLASSES)
+    return {"f32": f32, "u8": u8}
+
+
+def load_dataset(path):
+    """Features as dptrain sees them: float32(raw) * scale + offset, in fp32."""
+    with h5py.File(path, "r") as f:
+        feats = f["features"]
+        raw = feats[...]
+        y = f["labels"][...].astype(np.int64)
+        scale = np.float32(feats.attrs.get("scale", 1.0))
+        offset = np.float32(feats.attrs.get("offset", 0.0))
+    x = raw.reshape(raw.shape[0], -1).astype(np.float32) * scale + offset
+    return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
+
+
+def write_ini(path, c, data_file, ckdir, metrics):
+    lines = [
+        "[model]", "layers = " + ",".join(map(str, LAYERS)), f"activation = {c['act']}",
+        "[data]", f"train = {data_file}", "shuffle = false",
+        "[train]", "epochs = 100", f"steps = {c['steps']}", f"batch_per_rank = {c['b']}",
+        f"accumulate = {c['acc']}", f"optimizer = {c['opt']}", f"lr = {c['lr']!r}",
+        f"momentum = {c.get('momentum', 0.9)!r}", f"weight_decay = {c['wd']!r}",
+        f"beta1 = {c.get('beta1', 0.9)!r}", f"beta2 = {c.get('beta2', 0.999)!r}",
+        f"eps = {c.get('eps', 1e-8)!r}", "lr_scaling = none",
+        f"warmup_steps = {c.get('warmup', 0)}", f"schedule = {c.get('schedule', 'constant')}",
+        f"min_lr = {c.get('min_lr', 0.0)!r}", "seed = 11", "sync = gradients",
+        "[device]", "type = cpu", "threads = 1",
+        "[comm]", "backend = mpi",
+        "[checkpoint]", f"dir = {ckdir}", "every_steps = 0", "keep = 0", "at_start = true",
+        "resume = none",
+        "[log]", f"metrics = {metrics}", "every_steps = 1", "progress = false",
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def read_ckpt(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        attrs = {k: f.attrs[k] for k in f.attrs}
+        f.visititems(lambda n, o: out.__setitem__(n, o[...]) if isinstance(o, h5py.Dataset) else None)
+    return attrs, out
+
+
+def expected_lr(c, step, total):
+    """The lr of a (1-based) step, written from the schedule's definition, not from optim.cpp:
+    linear warm-up from 0 to lr over warmup_steps (lr_scaling = none: step w has lr), then
+    constant, or a half-cosine that starts at lr on step w + 1 and ends at min_lr on the last
+    step (torch CosineAnnealingLR with T_max = total - w - 1, at epoch step - w - 1)."""
+    lr, w = c["lr"], c.get("warmup", 0)
+    if w > 0 and step <= w:
+        return lr * step / w
+    if c.get("schedule", "constant") == "cosine":
+        t_max = max(1, total - w - 1)
+        e = min(step - w - 1, t_max)
+        lo = c.get("min_lr", 0.0)
+        return lo + (lr - lo) * 0.5 * (1 + math.cos(math.pi * e / t_max))
+    return lr
+
+
+def build_model(act, params):
+    acts = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid,
+            "gelu": lambda: torch.nn.GELU(approximate="none")}
+    mods = []
+    for i in range(len(LAYERS) - 1):
+        lin = torch.nn.Linear(LAYERS[i], LAYERS[i + 1])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(params[f"model/fc{i}/weight"]))
+            lin.bias.copy_(torch.from_numpy(params[f"model/fc{i}/bias"]))
+        mods.append(lin)
+        if i < len(LAYERS) - 2:
+            mods.append(acts[act]())
+    return torch.nn.Sequential(*mods)
+
+
+def make_optimizer(c, params, lr):
+    o = c["opt"]
+    if o == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=c["wd"])
+    if o in ("momentum", "nesterov"):
+        return torch.optim.SGD(params, lr=lr, momentum=c["momentum"], weight_decay=c["wd"],
+                               nesterov=(o == "nesterov"))
+    cls = torch.optim.Adam if o == "adam" else torch.optim.AdamW
+    return cls(params, lr=lr, betas=(c.get("beta1", 0.9), c.get("beta2", 0.999)),
+               eps=c.get("eps", 1e-8), weight_decay=c["wd"])
+
+
+def compare_tensor(case, name, got, want, rtol, atol_rel):
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        raise Mismatch(f"[{case}] tensor {name}: shape {got.shape} in dptrain vs {want.shape} in torch")
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    err = np.abs(got - want)
+    bound = atol_rel * max(scale, 1e-30) + rtol * np.abs(want)
+    bad = ~(err <= bound)  # NaN counts as bad
+    norm_err = float(np.max(err / max(scale, 1e-30))) if want.size else 0.0
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(np.where(bad, err / bound, -1))), err.shape)
+        raise Mismatch(
+            f"[{case}] tensor {name}: {int(bad.sum())}/{err.size} elements outside "
+            f"|a-b| <= {atol_rel:g}*max|b| + {rtol:g}*|b|; worst at {tuple(map(int, i))}: dptrain "
+            f"{got[i]:.9g} torch {want[i]:.9g} (abs err {err[i]:.3g}, max|b| {scale:.3g}, "
+            f"max abs err / max|b| {norm_err:.3g})")
+    return norm_err
+
+
+def torch_state_name(opt_kind):
+    return {"momentum": ["momentum_buffer"], "nesterov": ["momentum_buffer"],
+            "adam": ["exp_avg", "exp_avg_sq"], "adamw": ["exp_avg", "exp_avg_sq"]}.get(opt_kind, [])
+
+
+def run_case(c, tmp, tools, datasets, mpirun, perturb):
+    name = c["name"]
+    d = os.path.join(tmp, name)
+    os.makedirs(d)
+    ini, ckdir, metrics = os.path.join(d, "run.ini"), os.path.join(d, "ck"), os.path.join(d, "m.jsonl")
+    write_ini(ini, c, datasets[c["data"]], ckdir, metrics)
+    cmd = [mpirun, "-np", str(c["ranks"]), "--oversubscribe", "--bind-to", "none",
+           tools["dptrain"], "--config", ini]
+    t0 = time.time()
+    run(cmd, what=f"[{name}] dptrain")
+    t_dpt = time.time() - t0
+
+    S = c["steps"]
+    G = c["b"] * c["ranks"] * c["acc"]
+    logged = [json.loads(l) for l in open(metrics) if l.strip()]
+    logged = [m for m in logged if "eval" not in m]
+    if [m["step"] for m in logged] != list(range(1, S + 1)):
+        raise Mismatch(f"[{name}] metrics: expected steps 1..{S}, got {[m['step'] for m in logged]}")
+    ck0 = os.path.join(ckdir, "ckpt-000000000.h5")
+    ckN = os.path.join(ckdir, f"ckpt-{S:09d}.h5")
+    for p in (ck0, ckN):
+        if not os.path.exists(p):
+            raise SetupError(f"[{name}] checkpoint {p} missing; have {sorted(os.listdir(ckdir))}")
+    _, p0 = read_ckpt(ck0)
+    attrsN, pN = read_ckpt(ckN)
+    if int(attrsN["step"]) != S:
+        raise Mismatch(f"[{name}] final checkpoint: step attribute {attrsN['step']} != {S}")
+
+    X, Y = load_dataset(datasets[c["data"]])
+    per_epoch = X.shape[0] // G
+    torch.manual_seed(0)
+    model = build_model(c["act"], p0)
+    opt = make_optimizer(c, model.parameters(), c["lr"])
+    max_loss_rel = max_lr_rel = 0.0
+    for s in range(1, S + 1):
+        lr = expected_lr(c, s, S)
+        m = logged[s - 1]
+        lr_rel = abs(m["lr"] - lr) / max(abs(lr), 1e-30)
+        max_lr_rel = max(max_lr_rel, lr_rel)
+        if lr_rel > LR_RTOL:
+            raise Mismatch(f"[{name}] step {s}: lr {m['lr']!r} in metrics, expected {lr!r} "
+                           f"(rel err {lr_rel:.3g} > {LR_RTOL:g})")
+        k = (s - 1) % per_epoch  # shuffle = false: every epoch is the identity order
+        xb, yb = X[k * G:(k + 1) * G], Y[k * G:(k + 1) * G]
+        for g in opt.param_groups:
+            g["lr"] = lr * (1 + perturb)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        want = float(loss)
+        rel = abs(m["loss"] - want) / max(abs(want), 1e-30)
+        max_loss_rel = max(max_loss_rel, rel)
+        if not rel <= LOSS_RTOL:
+            raise Mismatch(f"[{name}] step {s} (rows {k * G}..{(k + 1) * G - 1}): loss "
+                           f"{m['loss']!r} in dptrain metrics vs {want!r} in torch "
+                           f"(rel err {rel:.3g} > {LOSS_RTOL:g})")
+
+    max_param = max_state = 0.0
+    lins = [mod for mod in model if isinstance(mod, torch.nn.Linear)]
+    for i, lin in enumerate(lins):
+        for part in ("weight", "bias"):
+            t = getattr(lin, part)
+            key = f"model/fc{i}/{part}"
+            if key not in pN:
+                raise Mismatch(f"[{name}] final checkpoint lacks /{key}")
+            max_param = max(max_param, compare_tensor(name, f"/{key} after step {S}", pN[key],
+                                                      t.detach().numpy(), PARAM_RTOL, PARAM_ATOL))
+            for st in torch_state_name(c["opt"]):
+                skey = f"optimizer/{st}/fc{i}/{part}"
+                if skey not in pN:
+                    raise Mismatch(f"[{name}] final checkpoint lacks /{skey}")
+                max_state = max(max_state, compare_tensor(
+                    name, f"/{skey} after step {S}", pN[skey], opt.state[t][st].numpy(),
+                    PARAM_RTOL, PARAM_ATOL))
+    return dict(case=name, ranks=c["ranks"], G=G, steps=S, max_loss_rel=max_loss_rel,
+                max_lr_rel=max_lr_rel, max_param_err=max_param, max_state_err=max_state,
+                dptrain_s=t_dpt)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", required=True, help="build dir holding dptrain and dpdata")
+    ap.add_argument("--root", required=True, help="repository root")
+    ap.add_argument("--case", action="append", help="run only this case (repeatable)")
+    ap.add_argument("--perturb", type=float, default=0.0,
+                    help="multiply torch's lr by 1+X (must make the check fail)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    a = ap.parse_args()
+
+    tools = {}
+    for t in ("dptrain", "dpdata"):
+        cand = [os.path.join(a.build, t), os.path.join(a.root, t)]
+        found = next((p for p in cand if os.path.isfile(p) and os.access(p, os.X_OK)), None)
+        if not found:
+            print(f"torch_crosscheck: ERROR: no {t} executable in {' or '.join(cand)}")
+            return 2
+        tools[t] = os.path.abspath(found)
+    mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not mpirun:
+        print("torch_crosscheck: SKIPPED: no mpirun on PATH")
+        return SKIP
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    os.environ["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+    cases = [c for c in CASES if not a.case or c["name"] in a.case]
+    if not cases:
+        print(f"torch_crosscheck: ERROR: no case named {a.case}; have {[c['name'] for c in CASES]}")
+        return 2
+    print(f"torch_crosscheck: torch {torch.__version__}, h5py {h5py.__version__}, numpy "
+          f"{np.__version__}; dptrain {tools['dptrain']}; {len(cases)} case(s)")
+    print(f"tolerances: loss rel {LOSS_RTOL:g}; params/state |a-b| <= {PARAM_ATOL:g}*max|b| + "
+          f"{PARAM_RTOL:g}*|b|; lr rel {LR_RTOL:g}")
+    tmp = tempfile.mkdtemp(prefix="dpt-torch-xcheck-")
+    failures, rows = [], []
+    try:
+        datasets = make_datasets(tmp, tools["dpdata"])
+        for c in cases:
+            try:
+                rows.append(run_case(c, tmp, tools, datasets, mpirun, a.perturb))
+                r = rows[-1]
+                print(f"  PASS {r['case']:<30} R={r['ranks']} G={r['G']:<3} steps={r['steps']:<3} "
+                      f"loss rel {r['max_loss_rel']:.2e}  lr rel {r['max_lr_rel']:.1e}  "
+                      f"params {r['max_param_err']:.2e}  opt state {r['max_state_err']:.2e}  "
+                      f"(dptrain {r['dptrain_s']:.2f} s)", flush=True)
+            except Mismatch as e:
+                failures.append(str(e))
+                print(f"  FAIL {c['name']}: {e}", flush=True)
+    except SetupError as e:
+        print(f"torch_crosscheck: ERROR: {e}")
+        return 2
+    finally:
+        if a.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"torch_crosscheck: FAILED: {len(failures)} of {len(cases)} case(s) disagree with "
+              "PyTorch:")
+        for f in failures:
+            print("  " + f)
+        return 1
+    print(f"torch_crosscheck: OK: {len(cases)} case(s) agree with PyTorch "
+          "(errors are max over steps/elements; params/state errors are |a-b|/max|b|)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
