@@ -7,8 +7,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 B=.gpu/bin
-mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl
-ldconfig -p | grep -q libopenblas.so.0 || export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
+# The machine has its own libopenblas.so.0; a copy travels in case it ever does not.
+if ! ldconfig -p | grep -q libopenblas.so.0 && [ -f .gpu/gpulibs.tar.xz ]; then
+  mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
+fi
 what=${1:-all}
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
@@ -16,6 +18,7 @@ what=${1:-all}
 } > "$OUT/machine.txt" 2>&1
 if [[ $what == all || $what == tests ]]; then
   { mpirun -np 1 $B/test_gpu; echo "rc=$?"; mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
+    mpirun -np 1 $B/test_gpu_train; echo "rc=$?"; mpirun -np 2 $B/test_gpu_train; echo "rc=$?";
     mpirun -np 1 $B/test_core; echo "rc=$?"; mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
 fi
@@ -31,12 +34,14 @@ if [[ $what == all || $what == e2e ]]; then
   grep -E "final|done|error|transport" "$OUT/e2e-shared.log"
 fi
 if [[ $what == all || $what == bench ]]; then
-  python3 bench/torch_step.py --gemm --layers 784,1024,1024,10 --batch 256 --precision tf32 --modes eager,graph > "$OUT/torch-small.jsonl" 2>&1
+  [[ ${SKIP_TORCH:-0} == 1 ]] || python3 bench/torch_step.py --gemm --layers 784,1024,1024,10 --batch 256 --precision tf32 --modes eager,graph > "$OUT/torch-small.jsonl" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision tf32 > "$OUT/ours-small.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision fp32 >> "$OUT/ours-small.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --warmup 20 --steps 200 >> "$OUT/ours-wide.log" 2>&1
-  python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --modes eager,compile --steps 100 > "$OUT/torch-wide.jsonl" 2>&1
-  python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --modes eager --steps 100 >> "$OUT/torch-wide.jsonl" 2>&1
+  if [[ ${SKIP_TORCH:-0} != 1 ]]; then
+    python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --modes eager,compile --steps 100 > "$OUT/torch-wide.jsonl" 2>&1
+    python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --modes eager --steps 100 >> "$OUT/torch-wide.jsonl" 2>&1
+  fi
   grep -h "^{" "$OUT"/ours-*.log "$OUT"/torch-*.jsonl
 fi
