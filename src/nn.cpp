@@ -45,6 +45,7 @@ MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch)
   }
   n_params_ = off;
   params_ = Buffer<float>(be, n_params_);
+  be.register_parameters(params_.data(), n_params_);
   grads_ = Buffer<float>(be, n_params_);
   be.fill(grads_.data(), n_params_, 0.f);
   for (auto& s : slices_) {

@@ -9,6 +9,11 @@
 //   bf16 2e-2  bf16 keeps 7 mantissa bits (2^-8 per operand), products accumulate in fp32.
 // Outputs are poisoned with NaN on the GPU before each op, so an element the GPU forgets to write
 // fails the comparison.
+//
+// bf16 keeps derived bf16 copies (a shadow of a registered parameter arena, copies of
+// activations and inputs); the Bf16* tests check that each copy follows every kind of write, by
+// comparing against the CPU backend fed with the same values rounded to bf16 on the host:
+// then only the summation order differs, and a stale copy shows as an error far above 1e-4.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -21,6 +26,7 @@
 
 #include "dpt/backend.hpp"
 #include "dpt/comm.hpp"
+#include "dpt/cuda_backend.hpp"
 #include "dpt/data.hpp"
 
 namespace {
@@ -80,7 +86,8 @@ std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
 }
 
 struct Shape { int batch, in, out; };
-const Shape kShapes[] = {{33, 17, 5}, {1, 1, 1}, {7, 64, 129}, {256, 784, 1024}};
+// {1000, 16, 516}: the bias gradient summed over several row chunks, 16-byte column vectors.
+const Shape kShapes[] = {{33, 17, 5}, {1, 1, 1}, {7, 64, 129}, {256, 784, 1024}, {1000, 16, 516}};
 const Act kActs[] = {Act::none, Act::relu, Act::tanh, Act::sigmoid, Act::gelu};
 const Precision kPrecisions[] = {Precision::fp32, Precision::tf32, Precision::bf16};
 
@@ -346,6 +353,173 @@ TEST(CudaBackend, LoadBatchMatchesGather) {
       EXPECT_EQ(get(*g, y), want_y) << ds.path << " round " << round;
     }
   }
+}
+
+// ---- bf16: derived copies follow every write ----
+
+// Round to nearest even, as __float2bfloat16_rn (finite inputs).
+std::vector<float> bf16_round(std::vector<float> v) {
+  for (float& x : v) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&x, &u, 4);
+  }
+  return v;
+}
+
+std::vector<float> slice(const std::vector<float>& v, size_t off, size_t n) {
+  return std::vector<float>(v.begin() + long(off), v.begin() + long(off + n));
+}
+
+// The CPU forward z of one layer on bf16-rounded x and w (the bias stays fp32).
+std::vector<float> ref_forward(Backend& cpu, const std::vector<float>& x, const std::vector<float>& w,
+                               const std::vector<float>& b, const Shape& s, Act act) {
+  auto cx = put(cpu, bf16_round(x)), cw = put(cpu, bf16_round(w)), cb = put(cpu, b);
+  Buffer<float> cz(cpu, size_t(s.batch) * s.out), ca(cpu, size_t(s.batch) * s.out);
+  cpu.linear_forward(cx.data(), cw.data(), cb.data(), cz.data(), ca.data(), s.batch, s.in, s.out, act);
+  return get(cpu, ca);
+}
+
+constexpr double kBf16Exact = 1e-4;  // same bf16 operands: only the summation order differs
+
+// A parameter arena [pad | w | b] registered with the backend: after each kind of write into it,
+// a forward through the arena's weights uses exactly bf16(current weights).
+TEST(CudaBackend, Bf16ShadowFollowsEveryWrite) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu(Precision::bf16);
+  const Shape s{64, 96, 40};
+  const size_t pad = 8, nw = size_t(s.out) * s.in, n = pad + nw + size_t(s.out);
+  auto arena = put(*g, uniform(n, 1000, -0.2f, 0.2f));
+  as_cuda(*g)->register_parameters(arena.data(), n);
+  const std::vector<float> x = uniform(size_t(s.batch) * s.in, 1001);
+  auto gx = put(*g, x);
+  auto check = [&](const std::string& what) {
+    const std::vector<float> p = get(*g, arena);
+    auto gz = poisoned(*g, size_t(s.batch) * s.out);
+    g->linear_forward(gx.data(), arena.data() + pad, arena.data() + pad + nw, gz.data(), gz.data(),
+                      s.batch, s.in, s.out, Act::none);
+    const auto want = ref_forward(*cpu, x, slice(p, pad, nw), slice(p, pad + nw, size_t(s.out)), s, Act::none);
+    EXPECT_LE(rel_err(get(*g, gz), want), kBf16Exact) << what;
+  };
+  check("registered");
+  check("registered, second use");
+  const std::vector<float> fresh = uniform(n, 1002, -0.2f, 0.2f);
+  g->upload(arena.data(), fresh.data(), n * sizeof(float));
+  check("upload of the whole arena");
+  g->upload(arena.data() + pad + 100, fresh.data(), 500 * sizeof(float));
+  check("upload into part of the weights");
+  g->scale(arena.data() + pad, nw / 2, -0.5f);
+  check("scale");
+  g->fill(arena.data() + pad + 7, 100, 0.25f);
+  check("fill");
+  auto other = put(*g, uniform(nw, 1003, -0.2f, 0.2f));
+  g->copy(arena.data() + pad + 3, other.data(), (nw - 3) * sizeof(float));
+  check("copy");
+  auto grad = put(*g, uniform(n, 1004, -1.f, 1.f));
+  Buffer<float> mom(*g, n);
+  g->fill(mom.data(), n, 0.f);
+  OptimStep h;
+  h.kind = OptKind::nesterov;
+  h.lr = 0.05f;
+  h.momentum = 0.9f;
+  for (int t = 1; t <= 2; ++t) {
+    h.t = t;
+    g->optimizer_step(arena.data(), grad.data(), mom.data(), nullptr, n, h);  // fused shadow
+    check("optimizer step over the arena " + std::to_string(t));
+  }
+  g->optimizer_step(arena.data() + 1, grad.data() + 1, mom.data() + 1, nullptr, n - 2, h);
+  check("optimizer step over a misaligned part");
+  // A write the backend did not do (as the NCCL transport's), then announced.
+  const std::vector<float> raw = uniform(nw, 1005, -0.2f, 0.2f);
+  g->synchronize();
+  ASSERT_EQ(cudaMemcpy(arena.data() + pad, raw.data(), nw * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // pageable H2D may return before the DMA lands
+  as_cuda(*g)->note_device_write(arena.data() + pad, nw * sizeof(float));
+  check("external write, noted");
+}
+
+// Activation copies: the epilogue's bf16(a) feeds the next layer's forward and weight gradient,
+// and is dropped when a is written by anything else.
+TEST(CudaBackend, Bf16ActivationCopyFollowsWrites) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu(Precision::bf16);
+  const Shape s1{48, 40, 64}, s2{48, 64, 24};
+  const LayerData d1(s1, 1100), d2(s2, 1200);
+  auto gx = put(*g, d1.x), gw1 = put(*g, d1.w), gb1 = put(*g, d1.b), gw2 = put(*g, d2.w), gb2 = put(*g, d2.b);
+  const size_t n1 = size_t(s1.batch) * s1.out, n2 = size_t(s2.batch) * s2.out;
+  auto gz1 = poisoned(*g, n1), ga1 = poisoned(*g, n1), gz2 = poisoned(*g, n2);
+  g->linear_forward(gx.data(), gw1.data(), gb1.data(), gz1.data(), ga1.data(), s1.batch, s1.in, s1.out, Act::gelu);
+  EXPECT_LE(rel_err(get(*g, ga1), ref_forward(*cpu, d1.x, d1.w, d1.b, s1, Act::gelu)), kBf16Exact) << "a1";
+  auto forward2 = [&](const std::string& what) {
+    g->linear_forward(ga1.data(), gw2.data(), gb2.data(), gz2.data(), gz2.data(), s2.batch, s2.in, s2.out, Act::none);
+    EXPECT_LE(rel_err(get(*g, gz2), ref_forward(*cpu, get(*g, ga1), d2.w, d2.b, s2, Act::none)), kBf16Exact) << what;
+  };
+  forward2("z2 from the epilogue's copy of a1");
+  // Backward of layer 2 with x = a1; da holds bf16 values, so bf16(dz) = dz and the CPU's
+  // backward on bf16(a1), bf16(w2) is the exact reference.
+  auto backward2 = [&](const std::string& what) {
+    const std::vector<float> da = bf16_round(uniform(n2, 1300));
+    const std::vector<float> a1 = get(*g, ga1);
+    auto cx = put(*cpu, bf16_round(a1)), cw = put(*cpu, bf16_round(d2.w)), cz = put(*cpu, get(*g, gz2));
+    auto cda = put(*cpu, da);
+    Buffer<float> cdw(*cpu, d2.w.size()), cdb(*cpu, size_t(s2.out)), cdx(*cpu, n1);
+    cpu->linear_backward(cx.data(), cw.data(), cz.data(), cz.data(), cda.data(), s2.batch, s2.in,
+                         s2.out, Act::none, cdw.data(), cdb.data(), cdx.data(), false);
+    auto gda = put(*g, da);
+    auto gdw = poisoned(*g, d2.w.size()), gdb = poisoned(*g, size_t(s2.out)), gdx = poisoned(*g, n1);
+    g->linear_backward(ga1.data(), gw2.data(), gz2.data(), gz2.data(), gda.data(), s2.batch, s2.in,
+                       s2.out, Act::none, gdw.data(), gdb.data(), gdx.data(), false);
+    EXPECT_LE(rel_err(get(*g, gdw), get(*cpu, cdw)), kBf16Exact) << "dw " << what;
+    EXPECT_LE(rel_err(get(*g, gdx), get(*cpu, cdx)), kBf16Exact) << "dx " << what;
+    EXPECT_LE(rel_err(get(*g, gdb), get(*cpu, cdb)), 1e-5) << "db " << what;
+  };
+  backward2("after forward (the epilogue's copy of a1)");
+  g->upload(ga1.data() + 5, d2.b.data(), d2.b.size() * sizeof(float));
+  forward2("z2 after an upload into a1");
+  backward2("after an upload into a1 and a forward");
+  g->scale(ga1.data(), n1, 2.f);
+  backward2("after scale of a1");
+  g->fill(ga1.data(), 10, -3.f);
+  backward2("after fill of a1");
+}
+
+// A captured step that reads the registered arena and updates it (fused shadow write), with
+// host writes into the arena between replays: every replay uses bf16 of the current weights.
+TEST(CudaBackend, Bf16ShadowAcrossGraphReplays) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu(Precision::bf16);
+  const Shape s{32, 64, 48};
+  const size_t nw = size_t(s.out) * s.in, n = nw + size_t(s.out);
+  auto arena = put(*g, uniform(n, 1400, -0.2f, 0.2f));
+  as_cuda(*g)->register_parameters(arena.data(), n);
+  const std::vector<float> x = uniform(size_t(s.batch) * s.in, 1401);
+  auto gx = put(*g, x), grad = put(*g, uniform(n, 1402, -1.f, 1.f));
+  Buffer<float> mom(*g, n), gz(*g, size_t(s.batch) * s.out), ga(*g, size_t(s.batch) * s.out);
+  g->fill(mom.data(), n, 0.f);
+  OptimStep h;
+  h.kind = OptKind::momentum;
+  h.lr = 0.05f;
+  h.momentum = 0.9f;
+  auto runner = g->make_runner([&] {
+    g->linear_forward(gx.data(), arena.data(), arena.data() + nw, gz.data(), ga.data(), s.batch,
+                      s.in, s.out, Act::relu);
+    g->optimizer_step(arena.data(), grad.data(), mom.data(), nullptr, n, h);
+  }, true);
+  for (int k = 0; k < 6; ++k) {
+    if (k % 2 == 1) {  // a host write between replays
+      const std::vector<float> fresh = uniform(n, 1500 + uint64_t(k), -0.2f, 0.2f);
+      g->upload(arena.data(), fresh.data(), n * sizeof(float));
+    }
+    const std::vector<float> p = get(*g, arena);
+    runner->run();
+    const auto want = ref_forward(*cpu, x, slice(p, 0, nw), slice(p, nw, size_t(s.out)), s, Act::relu);
+    EXPECT_LE(rel_err(get(*g, ga), want), kBf16Exact) << "run " << k;
+  }
+  EXPECT_TRUE(runner->captured());
 }
 
 // One rank: allreduce and broadcast over NCCL leave the data as it is.

@@ -73,6 +73,10 @@ class Backend {
   virtual void scale(float* p, size_t n, float a) = 0;
   virtual void synchronize() = 0;
 
+  // The flat parameter arena (n floats), told once: a backend may keep derived copies of it
+  // (the cuda backend's bf16 weights), refreshed whenever it sees the arena written.
+  virtual void register_parameters(float* p, size_t n) { (void)p; (void)n; }
+
   // ---- the MLP ----
   // z = x·Wᵀ + b; a = act(z). x (batch,in), w (out,in), b (out), z and a (batch,out).
   // With act == none, a may equal z.

@@ -1,24 +1,58 @@
 // The CUDA backend: cuBLAS GEMMs plus the kernels of kernels.cu, all enqueued in order on one
 // non-blocking compute stream; a second, higher-priority stream is kept for the NCCL transport.
-// The host waits only in download(), all_finite(), synchronize(), and when a staging slot or
-// scratch buffer must be reused or grown.
+// The host waits only in download(), all_finite(), synchronize(), and when a staging slot must be
+// reused.
 //
 // Math modes (chosen once, reported by describe()):
 //   fp32  cublasGemmEx with CUBLAS_COMPUTE_32F: IEEE fp32 products and sums, no TF32 tensor cores.
 //   tf32  CUBLAS_COMPUTE_32F_FAST_TF32: fp32 operands rounded to TF32 inside the tensor cores.
-//   bf16  each GEMM's fp32 operands are converted to bf16 scratch copies (round to nearest even)
-//         right before it; products accumulate in fp32 and the output is fp32. Parameters,
-//         gradients and optimizer state stay fp32 (the master copy).
-// cuBLASLt epilogues are not used: bias, activation and their gradients are small fused kernels,
-// one extra pass over (batch, out) per layer, simple to check against the CPU backend.
+//   bf16  GEMM operands are bf16 copies (round to nearest even) of the fp32 data; products
+//         accumulate in fp32 and the output is fp32. Parameters, gradients and optimizer state
+//         stay fp32 (the master copy). The copies are made once, not per GEMM:
+//         - weights: register_parameters(arena) gives the arena a bf16 shadow. optimizer_step(_at)
+//           writes it in the same pass as the fp32 update (and skips both when ctl->bad). Any
+//           other write into the arena (upload, copy, fill, scale, a NCCL collective through
+//           note_device_write) marks it stale; a stale shadow is refreshed whole before its
+//           next GEMM, or, for a captured step, eagerly before the graph launch (GraphRunner).
+//         - activations: linear_forward's epilogue writes bf16(a) beside a (the "twin" of a),
+//           used by the next layer's forward GEMM and its weight-gradient GEMM. Other fp32
+//           operands (the input batch, unregistered weights) are converted on first use into
+//           their twin and reused until written. Every op notes its outputs (note_write), which
+//           drops the twins they overlap; capture of a step starts with all twins dropped, so a
+//           graph only uses twins produced inside it. Twins are sized once to the end of the
+//           allocation holding their address and never move (a graph may hold them).
+//         - dz: linear_backward's single epilogue pass writes dz (fp32, over da), bf16(dz) for
+//           both GEMMs and the bias gradient (per-chunk column sums, fixed order).
+//         Numerics are those of converting before every GEMM: bf16_rn of the same fp32 values.
+// cuBLASLt epilogues are not used (yet): bias + activation and their gradient are fused kernels.
+//
+// ---- performance notes (wide MLP 784-4096x4-10, batch 4096, nesterov, one H200) ----
+// Non-GEMM device traffic per step (compulsory bytes; E = batch x out, X = batch x in, W = in x out,
+// P = 53.6 M parameters), see the arithmetic in the report of 2026-11-30:
+//   bf16 before: per GEMM both operands converted (6 B/elem read+write): 9 W and 9 X/E
+//                conversions + bias_act 12E + act_backward 12E + bias_grad 4E + optimizer 20P
+//                + finite check 4P                                            = 5.34 GB (1.34 ms
+//                at 4.0 TB/s; the scalar 2-byte-store kernels likely ran well below that)
+//   bf16 after:  forward epilogue 14E (z, a, bf16 a), backward epilogue 14E (da, z -> dz, bf16 dz,
+//                column sums), input batch converted once, weights from the shadow (+2P in the
+//                optimizer), optimizer 22P + check 4P                        = 3.29 GB (0.82 ms)
+//   tf32 before: 3.17 GB (0.79 ms); after (bias_grad fused into act_backward, 16-byte kernels)
+//                2.90 GB (0.72 ms).
+// Prediction: bf16 3.80 -> 2.8-3.3 ms/step (400-470 model TFLOP/s; GEMMs ~1.9 ms at 650-690);
+// tf32 5.27 -> 5.0-5.2 ms (GEMM-bound: 1.32 TFLOP at 356 TFLOP/s is 3.7 ms alone).
+// What is left: the interface requires fp32 z, a and dz to be written (8E+4E per hidden layer,
+// ~0.8 GB/step) and the optimizer's 22 B/parameter (1.2 GB). Next: cuBLASLt BIAS epilogue so
+// the GEMM writes z + b (-4E per layer, ~0.27 GB), and algorithm selection per shape.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "dpt/cuda_backend.hpp"
 #include "dpt/cuda_check.hpp"
@@ -53,14 +87,15 @@ Event make_event() {
   return Event(e);
 }
 
-// A device buffer that grows on demand. Growing waits for the stream first: work already queued
-// may still read the old buffer.
+// A device buffer that grows on demand. The old buffer is retired, not freed: work already queued
+// may still read it, and so may a captured step graph (evaluation runs a larger batch between
+// replays of a step whose graph holds the old address). Retired buffers go with the backend.
 class Scratch {
  public:
   void* get(size_t bytes, cudaStream_t s) {
+    (void)s;
     if (bytes > cap_) {
-      DPT_CHECK_CUDA(cudaStreamSynchronize(s));
-      p_.reset();
+      if (p_) retired_.push_back(std::move(p_));
       cap_ = 0;
       p_ = dev_alloc(bytes);
       cap_ = bytes;
@@ -71,6 +106,7 @@ class Scratch {
  private:
   DevPtr p_;
   size_t cap_ = 0;
+  std::vector<DevPtr> retired_;
 };
 
 // Host -> device copies through two pinned slots, so upload() returns as soon as the caller's
@@ -121,7 +157,7 @@ struct Resident {
 const char* math_mode(Precision p) {
   switch (p) {
     case Precision::tf32: return "tf32 (CUBLAS_COMPUTE_32F_FAST_TF32: TF32 tensor cores, fp32 accumulate)";
-    case Precision::bf16: return "bf16 (bf16 GEMM operands, fp32 accumulate and output, fp32 master weights)";
+    case Precision::bf16: return "bf16 (bf16 GEMM operands, fp32 accumulate and output, fp32 master weights; bf16 weight shadow and activation copies)";
     default: return "fp32 (CUBLAS_COMPUTE_32F: IEEE fp32, no TF32)";
   }
 }
@@ -182,12 +218,14 @@ class CudaBackendImpl final : public CudaBackend {
   void* alloc_bytes(size_t bytes) override {
     void* p = nullptr;
     if (bytes) DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
+    if (p) allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
     return p;
   }
 
   // cudaFree waits for the device, so no stream can still be using p afterwards.
   void free_bytes(void* p) noexcept override {
     if (!p) return;
+    forget(p);
     const cudaError_t rc = cudaFree(p);
     if (rc != cudaSuccess) {
       cudaGetLastError();
@@ -196,6 +234,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   void upload(void* dst, const void* src, size_t bytes) override {
+    note_write(dst, bytes);
     ring_->upload(dst, src, bytes, stream_.get());
   }
 
@@ -209,11 +248,32 @@ class CudaBackendImpl final : public CudaBackend {
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0 || dst == src) return;
+    note_write(dst, bytes);
     DPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
   }
 
-  void fill(float* p, size_t n, float v) override { cuda::fill(p, n, v, stream_.get()); }
-  void scale(float* p, size_t n, float a) override { cuda::scale(p, n, a, stream_.get()); }
+  void fill(float* p, size_t n, float v) override {
+    note_write(p, n * sizeof(float));
+    cuda::fill(p, n, v, stream_.get());
+  }
+  void scale(float* p, size_t n, float a) override {
+    note_write(p, n * sizeof(float));
+    cuda::scale(p, n, a, stream_.get());
+  }
+
+  void register_parameters(float* p, size_t n) override {
+    if (precision_ != Precision::bf16 || !p || n == 0) return;
+    for (auto it = shadows_.begin(); it != shadows_.end();)
+      it = overlaps(it->p, it->n * sizeof(float), p, n * sizeof(float)) ? shadows_.erase(it) : it + 1;
+    Shadow sh;
+    sh.p = p;
+    sh.n = n;
+    sh.w16 = dev_alloc(n * 2);
+    sh.dirty = true;  // filled from the fp32 arena before its first use
+    shadows_.push_back(std::move(sh));
+  }
+
+  void note_device_write(const void* p, size_t bytes) override { note_write(p, bytes); }
 
   void synchronize() override {
     DPT_CHECK_CUDA(cudaStreamSynchronize(stream_.get()));
@@ -227,18 +287,49 @@ class CudaBackendImpl final : public CudaBackend {
   //   dx (batch,in)  : dXᶜ (in×batch)  = Wᶜ·dZᶜ
   void linear_forward(const float* x, const float* w, const float* b, float* z, float* a,
                       int batch, int in, int out, Act act) override {
-    gemm(true, false, out, batch, in, w, in, x, in, z, out, 0.f);
-    cuda::bias_act_forward(z, a, b, batch, out, act, stream_.get());
+    cudaStream_t s = stream_.get();
+    const size_t n = size_t(batch) * size_t(out);
+    if (bf16()) {
+      const void* w16 = as_bf16(w, size_t(out) * size_t(in), bf16_a_);
+      const void* x16 = as_bf16(x, size_t(batch) * size_t(in), bf16_b_);
+      gemm(true, false, out, batch, in, w16, in, x16, in, z, out, 0.f);
+    } else {
+      gemm(true, false, out, batch, in, w, in, x, in, z, out, 0.f);
+    }
+    note_write(z, n * sizeof(float));
+    note_write(a, n * sizeof(float));
+    // bf16: the epilogue also writes bf16(a), the operand of the next layer's forward GEMM and of
+    // that layer's weight-gradient GEMM.
+    void* a16 = bf16() ? twin_slot(a, n) : nullptr;
+    cuda::bias_act_forward(z, a, b, batch, out, act, s, a16);
+    if (a16) twins_[a].valid = n;
   }
 
+  // One pass computes dz (over da), bf16(dz) for both GEMMs (bf16) and the bias gradient.
   void linear_backward(const float* x, const float* w, const float* z, const float* a, float* da,
                        int batch, int in, int out, Act act, float* dw, float* db, float* dx,
                        bool accumulate) override {
     cudaStream_t s = stream_.get();
-    cuda::act_backward(da, z, a, size_t(batch) * size_t(out), act, s);  // da becomes dz
-    gemm(false, true, in, out, batch, x, in, da, out, dw, in, accumulate ? 1.f : 0.f);
-    cuda::bias_grad(da, db, batch, out, accumulate, s);
-    if (dx) gemm(false, false, in, batch, out, w, in, da, out, dx, in, 0.f);
+    const size_t n = size_t(batch) * size_t(out);
+    const float beta = accumulate ? 1.f : 0.f;
+    // The operands' bf16 copies are looked up before the outputs' notes drop any copy they hit.
+    const void* x16 = bf16() ? as_bf16(x, size_t(batch) * size_t(in), bf16_b_) : nullptr;
+    const void* w16 = bf16() && dx ? as_bf16(w, size_t(out) * size_t(in), bf16_a_) : nullptr;
+    note_write(da, n * sizeof(float));
+    note_write(dw, size_t(out) * size_t(in) * sizeof(float));
+    note_write(db, size_t(out) * sizeof(float));
+    if (dx) note_write(dx, size_t(batch) * size_t(in) * sizeof(float));
+    auto* partial = static_cast<float*>(
+        partial_.get(std::max<size_t>(1, cuda::act_bgrad_partial_floats(batch, out)) * sizeof(float), s));
+    void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, n) * 2, s) : nullptr;
+    cuda::act_backward_bgrad(da, z, a, batch, out, act, db, accumulate, partial, dz16, s);
+    if (bf16()) {
+      gemm(false, true, in, out, batch, x16, in, dz16, out, dw, in, beta);
+      if (dx) gemm(false, false, in, batch, out, w16, in, dz16, out, dx, in, 0.f);
+    } else {
+      gemm(false, true, in, out, batch, x, in, da, out, dw, in, beta);
+      if (dx) gemm(false, false, in, batch, out, w, in, da, out, dx, in, 0.f);
+    }
   }
 
   void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
@@ -246,6 +337,8 @@ class CudaBackendImpl final : public CudaBackend {
     cudaStream_t s = stream_.get();
     auto* row_loss = static_cast<float*>(row_loss_.get(size_t(batch) * sizeof(float), s));
     auto* row_ok = static_cast<int*>(row_ok_.get(size_t(batch) * sizeof(int), s));
+    if (dlogits) note_write(dlogits, size_t(batch) * size_t(classes) * sizeof(float));
+    if (stats) note_write(stats, 2 * sizeof(float));
     cuda::softmax_xent(logits, labels, batch, classes, grad_scale, dlogits, row_loss, row_ok,
                        stats, s);
   }
@@ -253,7 +346,8 @@ class CudaBackendImpl final : public CudaBackend {
   // ---- the optimizer ----
   void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n,
                       const OptimStep& h) override {
-    cuda::optimizer_step(p, g, s1, s2, n, h, stream_.get());
+    void* p16 = note_update(p, s1, s2, n);
+    cuda::optimizer_step(p, g, s1, s2, n, h, stream_.get(), nullptr, nullptr, p16);
   }
 
   bool all_finite(const float* p, size_t n) override {
@@ -279,6 +373,8 @@ class CudaBackendImpl final : public CudaBackend {
         throw Error("load_batch: row " + std::to_string(rows[i]) + " outside [0, " +
                     std::to_string(ds.n) + ") of " + ds.path);
     cudaStream_t s = stream_.get();
+    note_write(x, size_t(count) * size_t(ds.dim) * sizeof(float));
+    note_write(y, size_t(count) * sizeof(int32_t));
     auto* drows = static_cast<int64_t*>(rows_.get(size_t(count) * sizeof(int64_t), s));
     upload(drows, rows, size_t(count) * sizeof(int64_t));
     cuda::gather_rows(r.feat.get(), ds.is_u8, static_cast<const int32_t*>(r.labels.get()), drows,
@@ -293,6 +389,8 @@ class CudaBackendImpl final : public CudaBackend {
       Backend::load_batch_at(ds, order, ctl, offset, count, x, y);
       return;
     }
+    note_write(x, size_t(count) * size_t(ds.dim) * sizeof(float));
+    note_write(y, size_t(count) * sizeof(int32_t));
     cuda::gather_rows(r.feat.get(), ds.is_u8, static_cast<const int32_t*>(r.labels.get()), order,
                       count, ds.dim, ds.scale, ds.offset, x, y, stream_.get(), ctl, offset);
   }
@@ -303,7 +401,8 @@ class CudaBackendImpl final : public CudaBackend {
 
   void optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
                          const OptimStep& h, const float* lr_table, const StepCtl* ctl) override {
-    cuda::optimizer_step(p, g, s1, s2, n, h, stream_.get(), lr_table, ctl);
+    void* p16 = note_update(p, s1, s2, n);
+    cuda::optimizer_step(p, g, s1, s2, n, h, stream_.get(), lr_table, ctl, p16);
   }
 
   void end_step(StepCtl* ctl, int64_t global_batch, bool sticky) override {
@@ -314,7 +413,151 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture) override;
 
+  // ---- the step graph's hooks (GraphRunner) ----
+  // Before a replay or a capture: refresh stale weight shadows eagerly, outside the graph (the
+  // graph was captured with them fresh, and only the optimizer's fused write changes them).
+  void refresh_shadows() {
+    for (Shadow& sh : shadows_)
+      if (sh.dirty) {
+        cuda::to_bf16(sh.p, sh.w16.get(), sh.n, stream_.get());
+        sh.dirty = false;
+      }
+  }
+  // Capture starts: every activation copy must be produced inside the step to be used there, so
+  // that each replay uses the copy its own producer wrote.
+  void capture_begin() {
+    refresh_shadows();
+    for (auto& t : twins_) t.second.valid = 0;
+  }
+  // Capture ended: true when the captured step leaves a weight shadow stale (a write into the
+  // arena other than the optimizer's, after the step's last use); each replay must then mark it.
+  bool capture_leaves_stale() const {
+    for (const Shadow& sh : shadows_)
+      if (sh.dirty) return true;
+    return false;
+  }
+  void mark_shadows_stale() {
+    for (Shadow& sh : shadows_) sh.dirty = true;
+  }
+
  private:
+  // A bf16 copy of the fp32 parameter arena, kept equal to bf16_rn(arena) whenever !dirty.
+  struct Shadow {
+    float* p = nullptr;
+    size_t n = 0;
+    DevPtr w16;
+    bool dirty = true;
+  };
+  // A bf16 copy of fp32 data at a fixed address (an activation, a batch): its first `valid`
+  // elements equal bf16_rn of the fp32 ones. Sized once to the end of the allocation holding the
+  // address, so it never moves (a captured graph may hold its address).
+  struct Twin {
+    DevPtr buf;
+    size_t cap = 0;    // elements
+    size_t valid = 0;  // elements
+  };
+
+  bool bf16() const { return precision_ == Precision::bf16; }
+
+  static bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+    const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+    return an && bn && a0 < b0 + bn && b0 < a0 + an;
+  }
+
+  // Host-side bookkeeping of a write to [p, p + bytes): copies derived from it are dropped
+  // (twins) or marked stale (weight shadows). Every op that writes backend memory calls it for
+  // its outputs before it enqueues; the NCCL transport calls note_device_write.
+  void note_write(const void* p, size_t bytes) {
+    if (!p || bytes == 0) return;
+    for (Shadow& sh : shadows_)
+      if (overlaps(sh.p, sh.n * sizeof(float), p, bytes)) sh.dirty = true;
+    for (auto& t : twins_)
+      if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, bytes))
+        t.second.valid = 0;
+  }
+
+  // The optimizer writes p, s1, s2. When [p, p + n) lies in a registered arena it also writes the
+  // shadow's slice (returned), which then stays as fresh as it was; otherwise the arena is noted.
+  void* note_update(float* p, float* s1, float* s2, size_t n) {
+    void* p16 = nullptr;
+    for (Shadow& sh : shadows_)
+      if (p >= sh.p && p + n <= sh.p + sh.n && n)
+        p16 = static_cast<uint16_t*>(sh.w16.get()) + (p - sh.p);
+    if (p16) {
+      for (auto& t : twins_)
+        if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, n * sizeof(float)))
+          t.second.valid = 0;
+    } else {
+      note_write(p, n * sizeof(float));
+    }
+    if (s1) note_write(s1, n * sizeof(float));
+    if (s2) note_write(s2, n * sizeof(float));
+    return p16;
+  }
+
+  // free_bytes(p): drop what the backend derived from the allocation at p.
+  void forget(void* p) noexcept {
+    auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == allocs_.end()) return;
+    const size_t bytes = it->second;
+    allocs_.erase(it);
+    for (auto t = twins_.begin(); t != twins_.end();)
+      t = overlaps(t->first, 1, p, bytes) ? twins_.erase(t) : std::next(t);
+    for (auto sh = shadows_.begin(); sh != shadows_.end();)
+      sh = overlaps(sh->p, 1, p, bytes) ? shadows_.erase(sh) : sh + 1;
+  }
+
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    DPT_CHECK_CUDA(cudaStreamIsCapturing(stream_.get(), &st));
+    return st != cudaStreamCaptureStatusNone;
+  }
+
+  // The twin buffer of p for n elements, created on first use (never while a graph is being
+  // captured: then nullptr); nullptr where p is not in an allocation of this backend.
+  void* twin_slot(const float* p, size_t n) {
+    if (n == 0) return nullptr;
+    auto it = twins_.find(p);
+    if (it == twins_.end()) {
+      const auto key = reinterpret_cast<uintptr_t>(p);
+      auto al = allocs_.upper_bound(key);
+      if (al == allocs_.begin()) return nullptr;
+      --al;
+      if (key >= al->first + al->second || capturing()) return nullptr;
+      Twin t;
+      t.cap = (al->first + al->second - key) / sizeof(float);
+      t.buf = dev_alloc(t.cap * 2);
+      it = twins_.emplace(p, std::move(t)).first;
+    }
+    return it->second.cap >= n ? it->second.buf.get() : nullptr;
+  }
+
+  // The bf16 operand for fp32 data [p, p + n): the weight shadow's slice when p lies in a
+  // registered arena (refreshed first if stale); else p's twin when it is valid; else p is
+  // converted into its twin (kept for later uses until p is written) or, failing that, into
+  // `fallback`.
+  const void* as_bf16(const float* p, size_t n, Scratch& fallback) {
+    cudaStream_t s = stream_.get();
+    for (Shadow& sh : shadows_)
+      if (p >= sh.p && p + n <= sh.p + sh.n) {
+        if (sh.dirty) {
+          cuda::to_bf16(sh.p, sh.w16.get(), sh.n, s);
+          sh.dirty = false;
+        }
+        return static_cast<const uint16_t*>(sh.w16.get()) + (p - sh.p);
+      }
+    auto it = twins_.find(p);
+    if (it != twins_.end() && it->second.valid >= n) return it->second.buf.get();
+    if (void* t = twin_slot(p, n)) {
+      cuda::to_bf16(p, t, n, s);
+      twins_[p].valid = n;
+      return t;
+    }
+    void* f = fallback.get(n * 2, s);
+    cuda::to_bf16(p, f, n, s);
+    return f;
+  }
+
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
 
   static int pick_device(const BackendOptions& opt) {
@@ -347,30 +590,17 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   // C (m×n, column-major, ldc) = op(A)·op(B) + beta·C in the backend's precision; A is stored
-  // (m×k, or k×m when ta) with leading dimension lda, B (k×n, or n×k when tb) with ldb.
-  void gemm(bool ta, bool tb, int m, int n, int k, const float* A, int lda, const float* B,
+  // (m×k, or k×m when ta) with leading dimension lda, B (k×n, or n×k when tb) with ldb. A and B
+  // are bf16 with precision bf16 (see as_bf16), fp32 otherwise.
+  void gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B,
             int ldb, float* C, int ldc, float beta) {
     if (m == 0 || n == 0) return;
-    cudaStream_t s = stream_.get();
     const float alpha = 1.f;
-    const void* a = A;
-    const void* b = B;
-    cudaDataType_t ab = CUDA_R_32F;
-    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-    if (precision_ == Precision::tf32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-    if (precision_ == Precision::bf16) {
-      // Both scratch copies are reused by the next GEMM; stream order keeps that safe.
-      const size_t na = size_t(lda) * size_t(ta ? m : k), nb = size_t(ldb) * size_t(tb ? k : n);
-      void* a16 = bf16_a_.get(na * 2, s);
-      void* b16 = bf16_b_.get(nb * 2, s);
-      cuda::to_bf16(A, a16, na, s);
-      cuda::to_bf16(B, b16, nb, s);
-      a = a16;
-      b = b16;
-      ab = CUDA_R_16BF;
-    }
+    const cudaDataType_t ab = bf16() ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute =
+        precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     DPT_CHECK_CUBLAS(cublasGemmEx(blas_.get(), ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, ab, lda, b,
+                                  tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, ab, lda, B,
                                   ab, ldb, &beta, C, CUDA_R_32F, ldc, compute,
                                   CUBLAS_GEMM_DEFAULT));
   }
@@ -415,8 +645,11 @@ class CudaBackendImpl final : public CudaBackend {
   DevPtr workspace_;
   Blas blas_;
   std::unique_ptr<UploadRing> ring_;
-  Scratch bf16_a_, bf16_b_, row_loss_, row_ok_, flag_, rows_;
+  Scratch bf16_a_, bf16_b_, bf16_dz_, partial_, row_loss_, row_ok_, flag_, rows_;
   std::map<const Dataset*, Resident> resident_;
+  std::map<uintptr_t, size_t> allocs_;  // alloc_bytes: address -> bytes
+  std::vector<Shadow> shadows_;          // bf16 only
+  std::map<const float*, Twin> twins_;   // bf16 only
 };
 
 // Runs the step eagerly once (it sizes every scratch buffer and lets NCCL and cuBLAS do their
@@ -425,15 +658,17 @@ class CudaBackendImpl final : public CudaBackend {
 // the transport records, so the graph holds the overlap of backward and allreduce as well.
 class GraphRunner final : public StepRunner {
  public:
-  GraphRunner(std::function<void()> step, cudaStream_t s, bool capture)
-      : step_(std::move(step)), stream_(s), capture_(capture) {}
+  GraphRunner(std::function<void()> step, CudaBackendImpl& be, bool capture)
+      : step_(std::move(step)), be_(be), stream_(be.compute_stream()), capture_(capture) {}
   ~GraphRunner() override {
     if (exec_) cudaGraphExecDestroy(exec_);
   }
 
   void run() override {
     if (exec_) {
+      be_.refresh_shadows();  // after writes between replays (upload, broadcast, average)
       DPT_CHECK_CUDA(cudaGraphLaunch(exec_, stream_));
+      if (leaves_stale_) be_.mark_shadows_stale();
       return;
     }
     if (!capture_ || calls_++ == 0) {
@@ -441,6 +676,7 @@ class GraphRunner final : public StepRunner {
       return;
     }
     cudaGraph_t graph = nullptr;
+    be_.capture_begin();
     DPT_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
       step_();
@@ -451,6 +687,7 @@ class GraphRunner final : public StepRunner {
       throw;
     }
     DPT_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph));
+    leaves_stale_ = be_.capture_leaves_stale();
     const cudaError_t rc = cudaGraphInstantiate(&exec_, graph, 0);
     cudaGraphDestroy(graph);
     DPT_CHECK_CUDA(rc);
@@ -461,14 +698,16 @@ class GraphRunner final : public StepRunner {
 
  private:
   std::function<void()> step_;
+  CudaBackendImpl& be_;
   cudaStream_t stream_;
   bool capture_;
+  bool leaves_stale_ = false;
   int calls_ = 0;
   cudaGraphExec_t exec_ = nullptr;
 };
 
 std::unique_ptr<StepRunner> CudaBackendImpl::make_runner(std::function<void()> step, bool capture) {
-  return std::make_unique<GraphRunner>(std::move(step), stream_.get(), capture);
+  return std::make_unique<GraphRunner>(std::move(step), *this, capture);
 }
 
 }  // namespace

@@ -24,16 +24,33 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 // ============================== kernels ==============================
 
+// Elementwise kernels take a float4 path (16-byte accesses) when the pointer is 16-byte aligned;
+// the launcher runs the n % 4 tail (or a misaligned pointer) through the scalar loop.
 __global__ void fill_kernel(float* p, size_t n, float v) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
     p[i] = v;
 }
 
+__global__ void fill4_kernel(float4* p, size_t n4, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = make_float4(v, v, v, v);
+}
+
 __global__ void scale_kernel(float* p, size_t n, float a) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
     p[i] *= a;
+}
+
+__global__ void scale4_kernel(float4* p, size_t n4, float a) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
+       i += size_t(gridDim.x) * blockDim.x) {
+    float4 v = p[i];
+    v.x *= a; v.y *= a; v.z *= a; v.w *= a;
+    p[i] = v;
+  }
 }
 
 __device__ __forceinline__ float tanh_accurate(float z) {
@@ -65,14 +82,110 @@ __device__ __forceinline__ float act_grad(float z, float a, Act act) {
   }
 }
 
-__global__ void bias_act_kernel(float* z, float* a, const float* b, size_t n, int out, Act act) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    float v = z[i];
-    if (b) v += b[i % size_t(out)];
-    z[i] = v;
-    a[i] = act_fwd(v, act);
+// Forward epilogue over z (batch,out) row-major: z += b; a = act(z); a16 = bf16(a) when a16 is
+// set (the next GEMMs' operand, so that they need no conversion pass). Block (tx, ty): tx threads
+// over the row's V-vectors, ty rows; rows grid-strided over gridDim.y. V = 4 needs out % 4 == 0
+// and z, a 16-byte aligned, a16 8-byte aligned (the launcher checks). No integer division.
+template <int V> struct Vec;
+template <> struct Vec<1> { using F = float; using H = __nv_bfloat16; };
+template <> struct Vec<4> { using F = float4; struct alignas(8) H { __nv_bfloat162 lo, hi; }; };
+
+__device__ __forceinline__ float& at(float& v, int) { return v; }
+__device__ __forceinline__ float& at(float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ void store_bf16(__nv_bfloat16* p, const float& v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_bf16(Vec<4>::H* p, const float4& v) {
+  Vec<4>::H h;
+  h.lo = __floats2bfloat162_rn(v.x, v.y);  // .x is the lower address
+  h.hi = __floats2bfloat162_rn(v.z, v.w);
+  *p = h;
+}
+
+template <int V, Act A>
+__global__ void bias_act_kernel(float* z, float* a, const float* __restrict__ b, void* a16,
+                                int batch, int out) {
+  using F = typename Vec<V>::F;
+  using H = typename Vec<V>::H;
+  const int vcols = out / V;
+  const int vc = blockIdx.x * blockDim.x + threadIdx.x;
+  if (vc >= vcols) return;
+  F bias;
+#pragma unroll
+  for (int k = 0; k < V; ++k) at(bias, k) = b ? b[vc * V + k] : 0.f;
+  for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < batch; r += gridDim.y * blockDim.y) {
+    const size_t i = size_t(r) * vcols + vc;
+    F v = reinterpret_cast<const F*>(z)[i];
+    F o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      at(v, k) += at(bias, k);
+      at(o, k) = act_fwd(at(v, k), A);
+    }
+    if (b) reinterpret_cast<F*>(z)[i] = v;
+    if (A != Act::none || a != z) reinterpret_cast<F*>(a)[i] = o;
+    if (a16) store_bf16(static_cast<H*>(a16) + i, o);
   }
+}
+
+// Backward epilogue, one pass: dz = da·act'(z) written over da (not rewritten for Act::none,
+// where dz = da), dz16 = bf16(dz) when set, and per-chunk column sums of dz into
+// partial (chunks, out): block (32, 8) covers 32·V columns of rows [chunk·rpc, (chunk+1)·rpc),
+// the 8 row groups combined in a fixed order. bias_grad_finish then adds the chunks in order:
+// deterministic, and the sums are of the fp32 dz (as the CPU backend's).
+template <int V, Act A>
+__global__ void act_bgrad_kernel(float* da, const float* __restrict__ z,
+                                 const float* __restrict__ a, void* dz16, float* partial,
+                                 int batch, int out, int rpc) {
+  using F = typename Vec<V>::F;
+  using H = typename Vec<V>::H;
+  __shared__ float part[8][32 * V + 1];
+  const int vcols = out / V;
+  const int vc = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * rpc, r1 = min(batch, r0 + rpc);
+  float s[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) s[k] = 0.f;
+  if (vc < vcols) {
+#pragma unroll 4
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+      const size_t i = size_t(r) * vcols + vc;
+      F d = reinterpret_cast<const F*>(da)[i];
+      if (A != Act::none) {
+        // relu and gelu read z only, tanh and sigmoid a only: do not touch the other.
+        F zz{}, aa{};
+        if (A == Act::relu || A == Act::gelu) zz = reinterpret_cast<const F*>(z)[i];
+        if (A == Act::tanh || A == Act::sigmoid) aa = reinterpret_cast<const F*>(a)[i];
+#pragma unroll
+        for (int k = 0; k < V; ++k) at(d, k) *= act_grad(at(zz, k), at(aa, k), A);
+        reinterpret_cast<F*>(da)[i] = d;
+      }
+      if (dz16) store_bf16(static_cast<H*>(dz16) + i, d);
+#pragma unroll
+      for (int k = 0; k < V; ++k) s[k] += at(d, k);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) part[threadIdx.y][threadIdx.x * V + k] = s[k];
+  __syncthreads();
+  // 32·V columns, 256 threads: each thread finishes (32·V)/256 columns (V = 4: thread t < 128).
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
+    const int col = blockIdx.x * 32 * V + c;
+    if (col >= out) continue;
+    float t = 0.f;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) t += part[y][c];
+    partial[size_t(blockIdx.y) * out + col] = t;
+  }
+}
+
+__global__ void bias_grad_finish(const float* partial, int chunks, int out, float* db,
+                                 bool accumulate) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= out) return;
+  float t = 0.f;
+  for (int c = 0; c < chunks; ++c) t += partial[size_t(c) * out + col];
+  db[col] = accumulate ? db[col] + t : t;
 }
 
 __global__ void act_backward_kernel(float* da, const float* z, const float* a, size_t n,
@@ -106,6 +219,17 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
     dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+// 8 values per thread: two 16-byte loads, one 16-byte store (src 16-, dst 16-byte aligned).
+__global__ void to_bf16_x8_kernel(const float4* src, uint4* dst, size_t n8) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float4 u = src[2 * i], v = src[2 * i + 1];
+    __nv_bfloat162 h[4] = {__floats2bfloat162_rn(u.x, u.y), __floats2bfloat162_rn(u.z, u.w),
+                           __floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+    dst[i] = *reinterpret_cast<const uint4*>(h);
+  }
 }
 
 // One warp per row. Ties in the argmax go to the lowest index, as in the CPU backend.
@@ -205,10 +329,12 @@ template <OptKind K> __host__ __device__ constexpr bool uses_m() { return K != O
 template <OptKind K> __host__ __device__ constexpr bool uses_v() { return K == OptKind::adam || K == OptKind::adamw; }
 
 // Vector part: 16-byte accesses over n4 float4s (only launched when every pointer is 16-byte
-// aligned); the caller handles the n % 4 tail with the scalar kernel.
+// aligned, and p16 8-byte aligned); the caller handles the n % 4 tail with the scalar kernel.
+// p16, when set, is the bf16 shadow of p (the bf16 GEMMs' weight operand): written with the
+// updated p in the same pass, and left alone, like p, when the step is skipped.
 template <OptKind K>
-__global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s2, size_t n4,
-                               OptArgs h) {
+__global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s2,
+                               Vec<4>::H* p16, size_t n4, OptArgs h) {
   if (!resolve(h)) return;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -223,12 +349,13 @@ __global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s
     p[i] = P;
     if (uses_m<K>()) s1[i] = M;
     if (uses_v<K>()) s2[i] = V;
+    if (p16) store_bf16(p16 + i, P);
   }
 }
 
 template <OptKind K>
-__global__ void optimizer_scalar(float* p, const float* g, float* s1, float* s2, size_t n,
-                                 OptArgs h) {
+__global__ void optimizer_scalar(float* p, const float* g, float* s1, float* s2,
+                                 __nv_bfloat16* p16, size_t n, OptArgs h) {
   if (!resolve(h)) return;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -236,15 +363,30 @@ __global__ void optimizer_scalar(float* p, const float* g, float* s1, float* s2,
     opt_one<K>(p[i], g[i], m, v, h);
     if (uses_m<K>()) s1[i] = m;
     if (uses_v<K>()) s2[i] = v;
+    if (p16) p16[i] = __float2bfloat16_rn(p[i]);
   }
 }
 
 // Bit test rather than isfinite(): immune to any fast-math assumption that NaNs do not occur.
+__device__ __forceinline__ bool nonfinite(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+}
+
 __global__ void nonfinite_kernel(const float* p, size_t n, int* flag) {
   bool bad = false;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
-    bad |= (__float_as_uint(p[i]) & 0x7f800000u) == 0x7f800000u;
+    bad |= nonfinite(p[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+__global__ void nonfinite4_kernel(const float4* p, size_t n4, int* flag) {
+  bool bad = false;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = p[i];
+    bad |= nonfinite(v.x) | nonfinite(v.y) | nonfinite(v.z) | nonfinite(v.w);
+  }
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
@@ -286,46 +428,145 @@ unsigned grid_for(size_t n) {
   return unsigned(std::min<size_t>(blocks, 132 * 32));
 }
 
+bool aligned(const void* q, size_t bytes) {
+  return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
+}
+
 template <OptKind K>
-void optimizer_launch(float* p, const float* g, float* s1, float* s2, size_t n, const OptArgs& a,
-                      cudaStream_t s) {
-  auto aligned = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+void optimizer_launch(float* p, const float* g, float* s1, float* s2, void* p16, size_t n,
+                      const OptArgs& a, cudaStream_t s) {
   size_t done = 0;
-  if (aligned(p) && aligned(g) && aligned(s1) && aligned(s2) && n >= 4) {
+  auto* h16 = static_cast<__nv_bfloat16*>(p16);
+  if (aligned(p, 16) && aligned(g, 16) && aligned(s1, 16) && aligned(s2, 16) && aligned(p16, 8) &&
+      n >= 4) {
     const size_t n4 = n / 4;
     optimizer_vec4<K><<<grid_for(n4), kThreads, 0, s>>>(
         reinterpret_cast<float4*>(p), reinterpret_cast<const float4*>(g),
-        reinterpret_cast<float4*>(s1), reinterpret_cast<float4*>(s2), n4, a);
+        reinterpret_cast<float4*>(s1), reinterpret_cast<float4*>(s2),
+        static_cast<Vec<4>::H*>(p16), n4, a);
     DPT_CHECK_LAUNCH("optimizer_vec4");
     done = n4 * 4;
   }
   if (done < n) {
     optimizer_scalar<K><<<grid_for(n - done), kThreads, 0, s>>>(
-        p + done, g + done, s1 ? s1 + done : nullptr, s2 ? s2 + done : nullptr, n - done, a);
+        p + done, g + done, s1 ? s1 + done : nullptr, s2 ? s2 + done : nullptr,
+        h16 ? h16 + done : nullptr, n - done, a);
     DPT_CHECK_LAUNCH("optimizer_scalar");
   }
+}
+
+// Block shape for a (rows, vcols) elementwise pass: threads over the columns first, the rest of
+// the 256 over rows; about 4 waves of blocks on the GPU, rows grid-strided beyond that.
+void rows_cols_launch(int rows, int vcols, dim3& grid, dim3& block) {
+  const int tx = std::min(kThreads, (vcols + 31) / 32 * 32);
+  const int ty = kThreads / tx;
+  block = dim3(unsigned(tx), unsigned(ty));
+  const int gx = (vcols + tx - 1) / tx;
+  const int want = std::max(1, 132 * 8 * 4 / gx);  // blocks along y for ~4 waves
+  const int gy = std::min({want, (rows + ty - 1) / ty, 65535});
+  grid = dim3(unsigned(gx), unsigned(std::max(gy, 1)));
+}
+
+template <int V>
+void bias_act_launch(float* z, float* a, const float* b, void* a16, int batch, int out, Act act,
+                     cudaStream_t s) {
+  dim3 grid, block;
+  rows_cols_launch(batch, out / V, grid, block);
+  switch (act) {
+    case Act::none: bias_act_kernel<V, Act::none><<<grid, block, 0, s>>>(z, a, b, a16, batch, out); break;
+    case Act::relu: bias_act_kernel<V, Act::relu><<<grid, block, 0, s>>>(z, a, b, a16, batch, out); break;
+    case Act::tanh: bias_act_kernel<V, Act::tanh><<<grid, block, 0, s>>>(z, a, b, a16, batch, out); break;
+    case Act::sigmoid: bias_act_kernel<V, Act::sigmoid><<<grid, block, 0, s>>>(z, a, b, a16, batch, out); break;
+    case Act::gelu: bias_act_kernel<V, Act::gelu><<<grid, block, 0, s>>>(z, a, b, a16, batch, out); break;
+  }
+  DPT_CHECK_LAUNCH("bias_act_kernel");
+}
+
+template <int V>
+void act_bgrad_launch(float* da, const float* z, const float* a, void* dz16, float* partial,
+                      int batch, int out, int chunks, int rpc, Act act, cudaStream_t s) {
+  const dim3 grid(unsigned((out / V + 31) / 32), unsigned(chunks)), block(32, 8);
+  switch (act) {
+    case Act::none: act_bgrad_kernel<V, Act::none><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
+    case Act::relu: act_bgrad_kernel<V, Act::relu><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
+    case Act::tanh: act_bgrad_kernel<V, Act::tanh><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
+    case Act::sigmoid: act_bgrad_kernel<V, Act::sigmoid><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
+    case Act::gelu: act_bgrad_kernel<V, Act::gelu><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
+  }
+  DPT_CHECK_LAUNCH("act_bgrad_kernel");
+}
+
+// Rows per chunk of act_bgrad: a multiple of 8 (the block's row groups), enough chunks for
+// about 8 waves of blocks with the (out / (32·V)) column blocks.
+int bgrad_rpc(int batch, int out) {
+  const int col_blocks = std::max(1, (out / 4 + 31) / 32);
+  const int want_chunks = std::max(1, 132 * 8 * 2 / col_blocks);
+  int rpc = (batch + want_chunks - 1) / want_chunks;
+  rpc = std::max(8, (rpc + 7) / 8 * 8);
+  return rpc;
 }
 
 }  // namespace
 
 void fill(float* p, size_t n, float v, cudaStream_t s) {
   if (n == 0) return;
-  fill_kernel<<<grid_for(n), kThreads, 0, s>>>(p, n, v);
-  DPT_CHECK_LAUNCH("fill_kernel");
+  size_t done = 0;
+  if (aligned(p, 16) && n >= 4) {
+    fill4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(reinterpret_cast<float4*>(p), n / 4, v);
+    DPT_CHECK_LAUNCH("fill4_kernel");
+    done = n / 4 * 4;
+  }
+  if (done < n) {
+    fill_kernel<<<grid_for(n - done), kThreads, 0, s>>>(p + done, n - done, v);
+    DPT_CHECK_LAUNCH("fill_kernel");
+  }
 }
 
 void scale(float* p, size_t n, float a, cudaStream_t s) {
   if (n == 0) return;
-  scale_kernel<<<grid_for(n), kThreads, 0, s>>>(p, n, a);
-  DPT_CHECK_LAUNCH("scale_kernel");
+  size_t done = 0;
+  if (aligned(p, 16) && n >= 4) {
+    scale4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(reinterpret_cast<float4*>(p), n / 4, a);
+    DPT_CHECK_LAUNCH("scale4_kernel");
+    done = n / 4 * 4;
+  }
+  if (done < n) {
+    scale_kernel<<<grid_for(n - done), kThreads, 0, s>>>(p + done, n - done, a);
+    DPT_CHECK_LAUNCH("scale_kernel");
+  }
 }
 
 void bias_act_forward(float* z, float* a, const float* b, int batch, int out, Act act,
-                      cudaStream_t s) {
-  const size_t n = size_t(batch) * size_t(out);
-  if (n == 0) return;
-  bias_act_kernel<<<grid_for(n), kThreads, 0, s>>>(z, a, b, n, out, act);
-  DPT_CHECK_LAUNCH("bias_act_kernel");
+                      cudaStream_t s, void* a16) {
+  if (size_t(batch) * size_t(out) == 0) return;
+  if (!b && act == Act::none && a == z && !a16) return;
+  if (out % 4 == 0 && aligned(z, 16) && aligned(a, 16) && aligned(a16, 8))
+    bias_act_launch<4>(z, a, b, a16, batch, out, act, s);
+  else
+    bias_act_launch<1>(z, a, b, a16, batch, out, act, s);
+}
+
+size_t act_bgrad_partial_floats(int batch, int out) {
+  const int rpc = bgrad_rpc(batch, out);
+  return size_t((batch + rpc - 1) / rpc) * size_t(out);
+}
+
+void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
+                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s) {
+  if (out == 0) return;
+  if (batch == 0) {  // Σ over no rows
+    if (!accumulate) fill(db, size_t(out), 0.f, s);
+    return;
+  }
+  const int rpc = bgrad_rpc(batch, out);
+  const int chunks = (batch + rpc - 1) / rpc;
+  if (out % 4 == 0 && aligned(da, 16) && aligned(z, 16) && aligned(a, 16) && aligned(dz16, 8))
+    act_bgrad_launch<4>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
+  else
+    act_bgrad_launch<1>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
+  bias_grad_finish<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      partial, chunks, out, db, accumulate);
+  DPT_CHECK_LAUNCH("bias_grad_finish");
 }
 
 void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s) {
@@ -343,8 +584,18 @@ void bias_grad(const float* dz, float* db, int batch, int out, bool accumulate, 
 
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s) {
   if (n == 0) return;
-  to_bf16_kernel<<<grid_for(n), kThreads, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
-  DPT_CHECK_LAUNCH("to_bf16_kernel");
+  size_t done = 0;
+  if (aligned(src, 16) && aligned(dst, 16) && n >= 8) {
+    to_bf16_x8_kernel<<<grid_for(n / 8), kThreads, 0, s>>>(reinterpret_cast<const float4*>(src),
+                                                           static_cast<uint4*>(dst), n / 8);
+    DPT_CHECK_LAUNCH("to_bf16_x8_kernel");
+    done = n / 8 * 8;
+  }
+  if (done < n) {
+    to_bf16_kernel<<<grid_for(n - done), kThreads, 0, s>>>(
+        src + done, static_cast<__nv_bfloat16*>(dst) + done, n - done);
+    DPT_CHECK_LAUNCH("to_bf16_kernel");
+  }
 }
 
 void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
@@ -362,7 +613,7 @@ void softmax_xent(const float* logits, const int32_t* labels, int batch, int cla
 }
 
 void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, const OptimStep& h,
-                    cudaStream_t s, const float* lr_table, const StepCtl* ctl) {
+                    cudaStream_t s, const float* lr_table, const StepCtl* ctl, void* p16) {
   if (n == 0) return;
   OptArgs a{};
   a.lr_table = lr_table;
@@ -378,18 +629,27 @@ void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, co
   a.bc2_sqrt = std::sqrt(1.f - std::pow(h.beta2, float(h.t)));
   a.shrink = 1.f - h.lr * h.weight_decay;
   switch (h.kind) {
-    case OptKind::sgd: optimizer_launch<OptKind::sgd>(p, g, nullptr, nullptr, n, a, s); return;
-    case OptKind::momentum: optimizer_launch<OptKind::momentum>(p, g, s1, nullptr, n, a, s); return;
-    case OptKind::nesterov: optimizer_launch<OptKind::nesterov>(p, g, s1, nullptr, n, a, s); return;
-    case OptKind::adam: optimizer_launch<OptKind::adam>(p, g, s1, s2, n, a, s); return;
-    case OptKind::adamw: optimizer_launch<OptKind::adamw>(p, g, s1, s2, n, a, s); return;
+    case OptKind::sgd: optimizer_launch<OptKind::sgd>(p, g, nullptr, nullptr, p16, n, a, s); return;
+    case OptKind::momentum: optimizer_launch<OptKind::momentum>(p, g, s1, nullptr, p16, n, a, s); return;
+    case OptKind::nesterov: optimizer_launch<OptKind::nesterov>(p, g, s1, nullptr, p16, n, a, s); return;
+    case OptKind::adam: optimizer_launch<OptKind::adam>(p, g, s1, s2, p16, n, a, s); return;
+    case OptKind::adamw: optimizer_launch<OptKind::adamw>(p, g, s1, s2, p16, n, a, s); return;
   }
 }
 
 void flag_nonfinite(const float* p, size_t n, int* flag, cudaStream_t s) {
   if (n == 0) return;
-  nonfinite_kernel<<<grid_for(n), kThreads, 0, s>>>(p, n, flag);
-  DPT_CHECK_LAUNCH("nonfinite_kernel");
+  size_t done = 0;
+  if (aligned(p, 16) && n >= 4) {
+    nonfinite4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(reinterpret_cast<const float4*>(p),
+                                                           n / 4, flag);
+    DPT_CHECK_LAUNCH("nonfinite4_kernel");
+    done = n / 4 * 4;
+  }
+  if (done < n) {
+    nonfinite_kernel<<<grid_for(n - done), kThreads, 0, s>>>(p + done, n - done, flag);
+    DPT_CHECK_LAUNCH("nonfinite_kernel");
+  }
 }
 
 void gather_rows(const void* feat, bool is_u8, const int32_t* labels, const int64_t* rows,

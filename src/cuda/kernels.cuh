@@ -13,9 +13,17 @@ namespace dpt::cuda {
 void fill(float* p, size_t n, float v, cudaStream_t s);
 void scale(float* p, size_t n, float a, cudaStream_t s);
 
-// z (batch,out) += b (out) broadcast over rows (b may be nullptr); a = act(z) (a may equal z).
+// z (batch,out) += b (out) broadcast over rows (b may be nullptr); a = act(z) (a may equal z);
+// a16 (batch,out, bf16), when set, = bf16(a) rounded to nearest even (the next GEMMs' operand).
 void bias_act_forward(float* z, float* a, const float* b, int batch, int out, Act act,
-                      cudaStream_t s);
+                      cudaStream_t s, void* a16 = nullptr);
+// One pass over (batch,out): da becomes dz = da·act'(z) (the derivative from z and/or a = act(z)),
+// dz16 (bf16), when set, = bf16(dz), and db (out) = (accumulate ? db : 0) + Σ_rows dz, summed
+// through `partial` (act_bgrad_partial_floats(batch, out) floats of scratch) in a fixed order.
+void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
+                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s);
+size_t act_bgrad_partial_floats(int batch, int out);
+// The separate passes act_backward_bgrad replaces (kept for reference and tests).
 // da (n) *= act'(z) in place, the derivative taken from z and/or a = act(z). No-op for none.
 void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
 // db (out) = (accumulate ? db : 0) + Σ_rows dz (batch,out); fixed summation order.
@@ -32,8 +40,10 @@ void softmax_xent(const float* logits, const int32_t* labels, int batch, int cla
 
 // One fused elementwise optimizer update over n parameters (torch.optim formulas). With ctl,
 // lr = lr_table[ctl->step], t = ctl->updates + 1, read on the device, and no update when ctl->bad.
+// p16 (n, bf16), when set, receives bf16(p) of the updated parameters in the same pass.
 void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, const OptimStep& h,
-                    cudaStream_t s, const float* lr_table = nullptr, const StepCtl* ctl = nullptr);
+                    cudaStream_t s, const float* lr_table = nullptr, const StepCtl* ctl = nullptr,
+                    void* p16 = nullptr);
 
 // *flag = 1 if any of p[0..n) is NaN or ±Inf; the caller zeroes flag first.
 void flag_nonfinite(const float* p, size_t n, int* flag, cudaStream_t s);

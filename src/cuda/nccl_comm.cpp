@@ -12,6 +12,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -104,7 +105,7 @@ class NcclComm final : public Comm {
   // Never throws. A communicator torn down by an exception (or after an error) is aborted:
   // ncclCommDestroy would flush pending work and could wait forever for ranks that are gone.
   ~NcclComm() override {
-    if (comm_) {
+    if (comm_ && !aborted_.load()) {
       if (failed_ || std::uncaught_exceptions() > 0) {
         ncclCommAbort(comm_);
       } else {
@@ -119,6 +120,12 @@ class NcclComm final : public Comm {
 
   std::string name() const override { return "nccl"; }
   bool capturable() const override { return true; }
+
+  // The watchdog's thread, while the main thread may be blocked on this communicator's work:
+  // ncclCommAbort makes the kernels return. Once only; the destructor then leaves comm_ alone.
+  void abort() noexcept override {
+    if (comm_ && !aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
   std::string describe() const override {
     int v = 0;
     ncclGetVersion(&v);  // 22803 -> 2.28.3 (NCCL >= 2.9 encoding)
@@ -128,12 +135,14 @@ class NcclComm final : public Comm {
 
   void allreduce(const void* send, void* recv, size_t count, DType t, RedOp op) override {
     cudaStream_t s = begin();
+    be_.note_device_write(recv, count * dtype_size(t));
     check(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, s), "ncclAllReduce",
           __LINE__);
   }
 
   void broadcast(void* buf, size_t count, DType t, int root) override {
     cudaStream_t s = begin();
+    be_.note_device_write(buf, count * dtype_size(t));
     check(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, s), "ncclBroadcast",
           __LINE__);
   }
@@ -141,6 +150,7 @@ class NcclComm final : public Comm {
   // NCCL's recvcount is per rank, like ours: send holds size()*count elements.
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, RedOp op) override {
     cudaStream_t s = begin();
+    be_.note_device_write(recv, count * dtype_size(t));
     check(ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, s),
           "ncclReduceScatter", __LINE__);
   }
@@ -148,6 +158,7 @@ class NcclComm final : public Comm {
   // NCCL's sendcount is per rank, like ours: recv gets size()*count elements.
   void allgather(const void* send, void* recv, size_t count, DType t) override {
     cudaStream_t s = begin();
+    be_.note_device_write(recv, count * size_t(size_) * dtype_size(t));
     check(ncclAllGather(send, recv, count, nccl_type(t), comm_, s), "ncclAllGather", __LINE__);
   }
 
@@ -184,7 +195,7 @@ class NcclComm final : public Comm {
 
   [[noreturn]] void fail(const char* call, const std::string& msg, int line) {
     failed_ = true;
-    if (comm_) ncclCommAbort(comm_);
+    if (comm_ && !aborted_.exchange(true)) ncclCommAbort(comm_);
     comm_ = nullptr;
     throw_call_error("NCCL", call, msg, __FILE__, line);
   }
@@ -194,6 +205,7 @@ class NcclComm final : public Comm {
   struct EventDel { void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); } };
   std::unique_ptr<CUevent_st, EventDel> ready_, done_;
   bool failed_ = false;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace
