@@ -2,6 +2,7 @@
 // (temporary file, fsync, rename, folder fsync), the validating reader, and the folder helpers
 // (list, find the newest valid one, prune).
 #include "dpt/ckpt.hpp"
+#include "dpt/h5.hpp"
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -32,42 +33,6 @@ constexpr int64_t kMaxWidth = 1 << 26;    // widest layer accepted
 constexpr int kMaxRank = 8;               // tensors are 0-d to 2-d today; leave room
 constexpr size_t kMaxTensors = 1 << 16;
 constexpr int64_t kMaxChunkedBytes = int64_t(1) << 36;  // compressed data can outgrow the file
-
-// ---- RAII for hid_t: move-only; the destructor closes and never throws ----
-class H5Id {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Id() = default;
-  H5Id(hid_t id, Closer closer) : id_(id), closer_(closer) {}
-  H5Id(H5Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), closer_(o.closer_) {}
-  H5Id& operator=(H5Id&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = std::exchange(o.id_, H5I_INVALID_HID);
-      closer_ = o.closer_;
-    }
-    return *this;
-  }
-  H5Id(const H5Id&) = delete;
-  H5Id& operator=(const H5Id&) = delete;
-  ~H5Id() { reset(); }
-
-  hid_t get() const { return id_; }
-  // Explicit close whose status matters (H5Fclose flushes: a full disk shows up here).
-  herr_t close() {
-    herr_t rc = id_ >= 0 ? closer_(id_) : 0;
-    id_ = H5I_INVALID_HID;
-    return rc;
-  }
-  void reset() noexcept {
-    if (id_ >= 0) closer_(id_);  // a destructor cannot report; close() is for when it matters
-    id_ = H5I_INVALID_HID;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  Closer closer_ = nullptr;
-};
 
 // Writer side: a failed call is a runtime failure (dpt::Error naming the call).
 H5Id checked(hid_t id, H5Id::Closer closer, const char* call, int line) {

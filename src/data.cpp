@@ -3,6 +3,7 @@
 // dataset or attribute and the problem; sizes are checked against the file's storage and the
 // machine's memory before anything large is allocated.
 #include "dpt/data.hpp"
+#include "dpt/h5.hpp"
 
 #include <fcntl.h>
 #include <hdf5.h>
@@ -23,35 +24,7 @@ namespace {
 
 // ---------------------------------------------------------------- HDF5 handles and errors
 
-// Owns one hid_t and closes it with the matching H5?close; move-only, never throws.
-class Hid {
- public:
-  using Closer = herr_t (*)(hid_t);
-  Hid() = default;
-  Hid(hid_t id, Closer close) : id_(id), close_(close) {}
-  Hid(Hid&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), close_(o.close_) {}
-  Hid& operator=(Hid&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = std::exchange(o.id_, H5I_INVALID_HID);
-      close_ = o.close_;
-    }
-    return *this;
-  }
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  ~Hid() { reset(); }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = H5I_INVALID_HID;
-  }
-  hid_t id_ = H5I_INVALID_HID;
-  Closer close_ = nullptr;
-};
+using Hid = H5Id;
 
 // Users see our messages, not HDF5's stack dumps; the stack is still walked for the detail.
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
