@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A throw-away single-node Slurm for the tests (see /work/shared/SLURM-LOCAL.md): its own munged
 # (own key and socket), slurmctld and slurmd on free loopback ports, every file under one folder.
-#   cluster.sh up DIR     starts it; prints `export SLURM_CONF=DIR/slurm.conf` when it is ready
-#   cluster.sh down DIR   stops every daemon it started (by the pids in DIR) and is safe to repeat
+#   cluster.sh up DIR [PID]  starts it; prints `export SLURM_CONF=DIR/slurm.conf` when it is ready.
+#                            With PID, a watcher tears it down and removes DIR once PID is gone,
+#                            so a test killed by its timeout leaves no daemons behind.
+#   cluster.sh down DIR      stops every daemon it started (by the pids in DIR); safe to repeat
 # Exit codes of `up`: 0 ready; 77 cannot run here (not root, Slurm or munge missing); 1 failed.
 set -uo pipefail
 
@@ -19,6 +21,12 @@ wait_for() {  # wait_for SECONDS COMMAND...: polls every 0.2 s
     ((SECONDS < deadline)) || return 1
     sleep 0.2
   done
+}
+
+no_live_jobs() {
+  local live
+  live=$(timeout 5 squeue -h -t pending,running,completing,suspended -o %i) || return 0  # no controller
+  [ -z "$live" ]
 }
 
 stop_pidfile() {  # TERM, then KILL after 5 s, the process named in a pid file
@@ -54,7 +62,7 @@ up() {
 
   local host cpus
   host=$(hostname -s)
-  cpus=$(nproc)
+  cpus=$(nproc); ((cpus >= 2)) || cpus=2  # the jobs ask for 2 tasks
   cat > "$d/slurm.conf" <<CONF
 ClusterName=dpttest
 SlurmctldHost=$host(127.0.0.1)
@@ -79,6 +87,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
+SlurmdParameters=config_overrides
 JobRequeue=1
 KillWait=10
 MinJobAge=600
@@ -92,6 +101,12 @@ CONF
   slurmd -f "$SLURM_CONF" || die "slurmd did not start: $(tail -5 "$d/log/slurmd.log")"
   wait_for 30 bash -c "sinfo -h -o %t | grep -qx idle" ||
     die "node not idle: $(sinfo 2>&1; tail -5 "$d/log/slurmd.log")"
+  if [ -n "${2:-}" ]; then
+    # shellcheck disable=SC2016  # expanded by the watcher's own shell
+    setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; "$2" down "$3"; rm -rf "$3"' \
+      watcher "$2" "$(readlink -f "$0")" "$d" </dev/null >/dev/null 2>&1 &
+    echo $! > "$d/watcher.pid"
+  fi
   echo "export SLURM_CONF=$SLURM_CONF"
 }
 
@@ -100,14 +115,28 @@ down() {
   [ -d "$d" ] || return 0
   export SLURM_CONF=$d/slurm.conf
   # Jobs first, so that no step outlives its slurmd.
-  [ -s "$d/slurmctld.pid" ] && timeout 10 scancel --full --signal=KILL -u root >/dev/null 2>&1 || true
+  if [ -s "$d/slurmctld.pid" ] && kill -0 "$(cat "$d/slurmctld.pid")" 2>/dev/null; then
+    timeout 10 scancel --full --signal=KILL -u root >/dev/null 2>&1
+    wait_for 15 no_live_jobs
+  fi
   stop_pidfile "$d/slurmd.pid"
   stop_pidfile "$d/slurmctld.pid"
   stop_pidfile "$d/munged.pid"
+  # A step daemon whose slurmd is gone waits for it for minutes: ours hold files under $d open.
+  local pid fd
+  for pid in $(pgrep -x slurmstepd); do
+    for fd in /proc/"$pid"/fd/*; do
+      [[ $(readlink "$fd") == "$d"/* ]] && { kill -KILL "$pid" 2>/dev/null; break; }
+    done
+  done
+  # The watcher, unless it is the one tearing down (it is then our parent).
+  [ -s "$d/watcher.pid" ] && [ "$(cat "$d/watcher.pid")" != "$PPID" ] && kill "$(cat "$d/watcher.pid")" 2>/dev/null
+  rm -f "$d/watcher.pid"
+  return 0
 }
 
 case "${1:-}" in
-  up) [ $# -eq 2 ] || die "usage: cluster.sh up DIR"; up "$2" ;;
+  up) [ $# -ge 2 ] || die "usage: cluster.sh up DIR [PID]"; up "$2" "${3:-}" ;;
   down) [ $# -eq 2 ] || die "usage: cluster.sh down DIR"; down "$2" ;;
   *) die "usage: cluster.sh up|down DIR" ;;
 esac
