@@ -36,6 +36,7 @@ struct Settings {
   std::string source;   // the INI path or "(built-in defaults)"
   std::string command;  // argv joined, for the report
   std::string out_dir;
+  std::string help;  // non-empty: --help was asked; print it and exit 0
   // [scaling]
   std::vector<ModelSpec> models;
   int weak_batch_per_rank = 256;
@@ -181,6 +182,7 @@ struct Context {
   MPI_Comm world = MPI_COMM_WORLD;
   int rank = 0, size = 1;
   std::string backend_name, comm_kind;
+  NodeInfo node;  // this rank's placement in the world (node_info is collective: taken once)
 };
 
 // The subset's communicator with the run's transport (make_comm_for; on GPUs its own NCCL
@@ -202,14 +204,20 @@ struct Machine {
   std::vector<std::pair<std::string, std::string>> facts;  // in display order
 };
 Machine describe_machine(const Context& cx, const std::string& comm_describe);
+std::string load_average();  // /proc/loadavg: a busy machine's figures are not comparable
 
 struct Report {
   Machine machine;
   std::string settings;
   std::vector<Table> tables;
   std::vector<std::string> notes;
+  std::vector<std::string> findings;
   double seconds = 0;
 };
+
+// What the tables say, in sentences: efficiency and limit at the largest n per model and mode,
+// the best bucket, the allreduce's peak busbw, the grid's best accuracy and fastest to target.
+std::vector<std::string> findings(const Report& r);
 
 // Writes report.md, records.csv, records.json and the SVG plots into out_dir; returns the
 // files written.

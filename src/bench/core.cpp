@@ -141,10 +141,13 @@ std::string limiting_factor(double step, double math, double data, double imbala
   } parts[] = {{"compute-bound (%.0f%%)", math}, {"data (%.0f%%)", data},
                {"imbalance (%.0f%%)", imbalance_wait}, {"communication (exposed %.0f%%)", exposed_comm}};
   const Part* top = &parts[0];
-  for (const Part& p : parts)
+  double total = 0;  // the parts' sum: the step, or more when noise puts compute above it
+  for (const Part& p : parts) {
+    total += std::max(0.0, p.v);
     if (p.v > top->v) top = &p;
+  }
   char buf[96];
-  std::snprintf(buf, sizeof buf, top->fmt, 100.0 * std::max(0.0, top->v) / step);
+  std::snprintf(buf, sizeof buf, top->fmt, 100.0 * std::max(0.0, top->v) / std::max(total, step));
   return buf;
 }
 

@@ -82,18 +82,27 @@ std::vector<Cell> run_cell(Context& cx, Comm& comm, const GridRun& g, const Data
   double seconds = NAN, eval_s = NAN;
   {
     Trainer t(c, *cx.be, comm, &train, &test);
+    log::set_quiet(true);  // the Trainer's evaluation lines; the grid prints one line per run
     try {
       seconds = t.run().seconds;
+      log::set_quiet(false);
     } catch (const Error& e) {
+      log::set_quiet(false);
       if (e.code() != kExitNonFinite || !e.collective()) throw;
       status = "diverged";  // every rank threw together: safe to go on
     }
-    // One evaluation timed alone, so time-to-target and throughput can leave the evaluations out.
-    DPT_CHECK_MPI(MPI_Barrier(comm.mpi()));
-    const auto t0 = std::chrono::steady_clock::now();
-    t.evaluate(test);
-    eval_s = seconds_since(t0);
-    DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &eval_s, 1, MPI_DOUBLE, MPI_MAX, comm.mpi()));
+    // Evaluations timed alone (median of 3), so time-to-target and throughput can leave the
+    // evaluations the run made out.
+    std::vector<double> ev;
+    for (int i = 0; i < 3; ++i) {
+      DPT_CHECK_MPI(MPI_Barrier(comm.mpi()));
+      const auto t0 = std::chrono::steady_clock::now();
+      t.evaluate(test);
+      double e = seconds_since(t0);
+      DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &e, 1, MPI_DOUBLE, MPI_MAX, comm.mpi()));
+      ev.push_back(e);
+    }
+    eval_s = stat_of(ev).med;
   }
   if (cx.rank != 0) return {};
   const Curve cv = read_metrics(metrics);
@@ -107,12 +116,13 @@ std::vector<Cell> run_cell(Context& cx, Comm& comm, const GridRun& g, const Data
     if (s_target < 0 && acc >= s.target_accuracy) s_target = step, t_target = time_at(cv, step) - double(i) * eval_s;
   }
   const double train_s = seconds - double(cv.evals.size()) * eval_s;
+  if (!(t_target > 0)) t_target = NAN;  // noise in the eval estimate can push it below zero
   const double scale = g.rule == "linear" ? double(g.B) / (c.base_batch ? c.base_batch : g.b)
                        : g.rule == "sqrt" ? std::sqrt(double(g.B) / (c.base_batch ? c.base_batch : g.b))
                                           : 1.0;
   return {num(g.B), num(g.b), txt(g.rule), txt(g.warm ? "on" : "off"), num(c.lr * scale), num(double(total)),
-          num(final_acc), num(best), s_target > 0 ? num(t_target) : none(),
-          s_target > 0 ? num(double(s_target)) : none(), std::isnan(seconds) ? none() : num(double(total * g.B) / train_s),
+          num(final_acc), num(best), num(t_target),
+          s_target > 0 ? num(double(s_target)) : none(), train_s > 0 ? num(double(total * g.B) / train_s) : none(),
           num(eval_s * 1e3), txt(status)};
 }
 
@@ -169,7 +179,10 @@ Table measure_grid(Context& cx, std::vector<std::string>& notes) {
                                  ("B" + std::to_string(B) + "-" + rule + (warm ? "-warmup" : "") + ".jsonl")).string();
           auto row = run_cell(cx, *comm, g, train, test, m);
           if (cx.rank == 0) {
-            log::info("grid: B=" + std::to_string(B) + " " + rule + (warm ? " warm-up" : "") + ": final accuracy " + row[6].text);
+            char acc[32];
+            std::snprintf(acc, sizeof acc, "%.4f", row[6].num);
+            log::info("grid: B=" + std::to_string(B) + " " + rule + (warm ? " warm-up" : "") + ": final accuracy " + acc +
+                      " (" + row[12].text + ")");
             t.rows.push_back(std::move(row));
           }
         }

@@ -84,7 +84,7 @@ double load_seconds(Backend& be, const Dataset& ds, int b, int iters) {
 std::vector<double> gather(MPI_Comm c, double v) {
   int n = 1;
   MPI_Comm_size(c, &n);
-  std::vector<double> all(size_t(n));
+  std::vector<double> all(static_cast<size_t>(n));
   DPT_CHECK_MPI(MPI_Gather(&v, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, c));
   return all;
 }
@@ -163,6 +163,10 @@ std::vector<Cell> scaling_row(const Settings& s, const ModelSpec& m, const char*
   }
   const double exposed = std::max(0.0, step - cmax);
   const double G = double(b) * n;
+  if (!(step > 0))  // the two run lengths' difference drowned in noise: say so, show no figure
+    return {txt(m.name), txt(mode), num(n), num(b), num(G), none(), num(t.step.min * 1e3), num(t.step.max * 1e3),
+            none(), none(), num(cmean * 1e3), num(cmax * 1e3), num(dmean * 1e3), none(), none(), none(),
+            txt("unresolved: raise scaling.timed_steps"), txt(per_rank)};
   return {txt(m.name), txt(mode), num(n), num(b), num(G), num(step * 1e3), num(t.step.min * 1e3),
           num(t.step.max * 1e3), num(G / step), none(), num(cmean * 1e3), num(cmax * 1e3),
           num(dmean * 1e3), num(100.0 * (cmax - cmean) / cmean), num(exposed * 1e3),
@@ -188,7 +192,7 @@ void fill_efficiency(Table& t) {
 
 std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub) {
   Runtime rt;
-  rt.node = node_info(cx.world);  // placement is the world's: one device per world rank
+  rt.node = cx.node;  // placement is the world's: one device per world rank
   // make_comm_for reads only the backend and the node; lend it the backend for the call.
   struct Lend {
     Runtime& rt;
@@ -340,18 +344,20 @@ Table measure_buckets(Context& cx) {
           const RowTiming rt = time_row(cx, sub.get(), *comm, c, ds, false);
           const auto bk = bucket_elements(m.layers, mb);
           const double largest = double(*std::max_element(bk.begin(), bk.end())) * 4 / (1 << 20);
+          const bool resolved = rt.step.med > 0;
           if (cx.rank == 0)
             t.rows.push_back({txt(m.name), num(n), num(mb), num(double(bk.size())), num(largest),
-                              num(rt.step.med * 1e3), num(rt.step.min * 1e3), num(rt.step.max * 1e3),
-                              num(double(s.weak_batch_per_rank) * n / rt.step.med), none(), txt("")});
+                              resolved ? num(rt.step.med * 1e3) : none(), num(rt.step.min * 1e3), num(rt.step.max * 1e3),
+                              resolved ? num(double(s.weak_batch_per_rank) * n / rt.step.med) : none(), none(),
+                              txt(resolved ? "" : "unresolved")});
         }
         if (cx.rank == 0 && t.rows.size() > first) {
-          size_t best = first;
+          size_t best = t.rows.size();
           for (size_t i = first; i < t.rows.size(); ++i)
-            if (t.rows[i][5].num < t.rows[best][5].num) best = i;
-          for (size_t i = first; i < t.rows.size(); ++i)
+            if (!t.rows[i][5].empty && (best == t.rows.size() || t.rows[i][5].num < t.rows[best][5].num)) best = i;
+          for (size_t i = first; best < t.rows.size() && i < t.rows.size(); ++i)
             t.rows[i][9] = num(100.0 * (t.rows[i][5].num / t.rows[best][5].num - 1));
-          t.rows[best][10] = txt("*");
+          if (best < t.rows.size()) t.rows[best][10] = txt("*");
           log::info("buckets: " + m.name + " n=" + std::to_string(n) + " done");
         }
       }

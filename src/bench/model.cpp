@@ -81,6 +81,7 @@ Table predict_scaling(const Settings& s, const Table& sc, const std::vector<Alph
     const size_t top = rows.rbegin()->second;
     const int ntop = rows.rbegin()->first;
     const double thr1 = sc.at(rows[1], "samples_per_s")->num;
+    if (sc.at(rows[1], "samples_per_s")->empty) continue;
     const double compute = sc.at(top, "compute_max_ms")->num * 1e-3;
     const auto buckets = bucket_elements(find_model(s, m.name)->layers, s.base.bucket_mb);
     auto comm_at = [&](int n) {

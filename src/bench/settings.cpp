@@ -255,7 +255,11 @@ Settings read_settings(MPI_Comm c, int argc, char** argv) {
     p.cli.push_back({a == "--out" ? "report.out" : a.substr(2), argv[++i]});
   }
   Invocation inv = parse_invocation(int(rest.size()), rest.data(), path, dptrain_text, false);
-  if (inv.help) throw InputError(inv.help_text + "\n" + settings_help());
+  if (inv.help) {
+    s.help = "Usage: bench-scaling --config FILE [--out DIR] [--section.key value ...]\n" + settings_help() +
+             "\ndptrain's keys (sections [model] [data] [train] [comm] [device]):\n" + inv.help_text;
+    return s;
+  }
   s.base = inv.cfg;
   if (s.base.train_file.empty()) s.base.train_file = "data/fashion-mnist-train.h5";
   if (s.base.test_file.empty()) s.base.test_file = "data/fashion-mnist-test.h5";
