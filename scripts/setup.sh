@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
           libboost-program-options-dev libopenblas-dev libgtest-dev zlib1g-dev
           dataset-fashion-mnist python3-torch python3-h5py python3-numpy
-          slurm-wlm slurm-wlm-basic-plugins munge)
+          slurm-wlm slurm-wlm-basic-plugins munge clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

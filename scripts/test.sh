@@ -7,3 +7,5 @@ bash scripts/setup.sh
 cd build
 # One test at a time: the multi-rank tests oversubscribe the cores on their own.
 ctest --output-on-failure --timeout 600
+# Then the sanitizers: fast tests under ASan+UBSan, and a bounded fuzz run of the three readers.
+cd .. && bash fuzz/ci.sh

@@ -3,12 +3,14 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
+#include "dpt/watchdog.hpp"
 
 namespace dpt {
 
@@ -26,7 +28,14 @@ MpiSession::MpiSession(int& argc, char**& argv) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
-MpiSession::~MpiSession() { MPI_Finalize(); }
+// MPI_Finalize waits for every rank: a rank stuck elsewhere makes it a hang the watchdog ends.
+MpiSession::~MpiSession() {
+  {
+    watchdog::Phase phase("waiting in MPI_Finalize");
+    MPI_Finalize();
+  }
+  watchdog::stop();
+}
 
 int stage(MPI_Comm c, const std::function<void()>& f) {
   std::string msg;
@@ -42,6 +51,7 @@ int stage(MPI_Comm c, const std::function<void()>& f) {
   }
   if (all_ok(c, code == 0, msg)) return 0;
   int worst = 0;
+  watchdog::Phase phase("waiting for every rank's verdict");
   MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, c);
   return worst;
 }
@@ -52,12 +62,19 @@ Invocation read_invocation(MPI_Comm c, int argc, char** argv) {
   const std::string path = find_config_path(argc, argv);
   std::string text, err;
   if (rank == 0 && !path.empty()) {
-    std::ifstream in(path);
-    if (!in) err = "cannot read config file " + path;
-    std::ostringstream os;
-    os << in.rdbuf();
-    text = os.str();
-    if (text.size() > (16u << 20)) err = "config file " + path + " is larger than 16 MiB";
+    // At most 16 MiB + 1 bytes are read, whatever the path is (a pipe, /dev/zero).
+    constexpr size_t kMax = 16u << 20;
+    std::error_code ec;
+    std::ifstream in;
+    if (std::filesystem::is_directory(path, ec)) err = "config file " + path + " is a directory";
+    else if (in.open(path, std::ios::binary), !in) err = "cannot read config file " + path;
+    if (err.empty()) {
+      text.resize(kMax + 1);
+      in.read(text.data(), std::streamsize(text.size()));
+      text.resize(size_t(in.gcount()));
+      if (in.bad()) err = "cannot read config file " + path;
+      if (text.size() > kMax) err = "config file " + path + " is larger than 16 MiB";
+    }
   }
   bcast_string(c, err);
   if (!err.empty()) throw InputError(err);

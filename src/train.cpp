@@ -11,6 +11,7 @@
 #include "dpt/check.hpp"
 #include "dpt/ckpt.hpp"
 #include "dpt/log.hpp"
+#include "dpt/watchdog.hpp"
 
 namespace dpt {
 namespace {
@@ -38,15 +39,18 @@ std::string hms(double s) {
 // Host-side reduction of a few doubles over the ranks (metrics, verdicts): plain MPI, whatever
 // the transport, since the values live on the host.
 void host_sum(MPI_Comm c, double* v, int n) {
+  watchdog::Phase phase("waiting in allreduce of metrics");
   DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, c));
 }
 
 // Rank 0 runs f; every rank learns whether it worked and throws the same error if not, so
 // no rank is left waiting in a collective.
-template <class F> void on_rank0(MPI_Comm c, int rank, F&& f) {
+// `what` names rank 0's work for the watchdog ("writing a checkpoint"); the others wait for it.
+template <class F> void on_rank0(MPI_Comm c, int rank, const char* what, F&& f) {
   std::string msg;
   int code = 0;
   if (rank == 0) {
+    watchdog::Phase phase(what);
     try {
       f();
     } catch (const Error& e) {
@@ -57,7 +61,10 @@ template <class F> void on_rank0(MPI_Comm c, int rank, F&& f) {
       code = kExitRuntime;
     }
   }
-  DPT_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, c));
+  {
+    watchdog::Phase phase("waiting for rank 0's verdict");
+    DPT_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, c));
+  }
   if (code == 0) return;
   bcast_string(c, msg);
   throw Error(msg, code, /*collective=*/true);
@@ -119,7 +126,7 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* trai
   x_ = Buffer<float>(be, size_t(max_batch) * size_t(cfg.layers.front()));
   y_ = Buffer<int32_t>(be, size_t(max_batch));
   stats_ = Buffer<float>(be, 2);
-  on_rank0(comm.mpi(), comm.rank(), [&] { metrics_ = std::make_unique<MetricsWriter>(cfg.metrics_file, true); });
+  on_rank0(comm.mpi(), comm.rank(), "opening the metrics file", [&] { metrics_ = std::make_unique<MetricsWriter>(cfg.metrics_file, true); });
   if (!metrics_) metrics_ = std::make_unique<MetricsWriter>("", false);
   load_initial_state();
 }
@@ -174,7 +181,7 @@ void Trainer::load_initial_state() {
   MPI_Comm c = comm_.mpi();
   std::string path;
   if (cfg_.resume == "auto") {
-    on_rank0(c, comm_.rank(), [&] { if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir); });
+    on_rank0(c, comm_.rank(), "finding the checkpoint to resume", [&] { if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir); });
   } else if (cfg_.resume != "none") {
     path = cfg_.resume;
   }
@@ -187,7 +194,7 @@ void Trainer::load_initial_state() {
     std::vector<float> params;
     std::vector<std::vector<float>> state;
     int64_t counters[5] = {0, 0, 0, 0, 0};
-    on_rank0(c, comm_.rank(), [&] {
+    on_rank0(c, comm_.rank(), "reading a checkpoint", [&] {
       Checkpoint ck = read_checkpoint(file);
       if (ck.layers != cfg_.layers)
         throw InputError(file + ": its model has other layer widths than model.layers");
@@ -211,6 +218,7 @@ void Trainer::load_initial_state() {
     });
     params.resize(model_->num_params());
     be_.upload(model_->params(), params.data(), params.size() * sizeof(float));
+    watchdog::Phase phase("waiting in broadcast of the resume state");
     DPT_CHECK_MPI(MPI_Bcast(counters, 5, MPI_INT64_T, 0, c));
     step_ = counters[0], epoch_ = counters[1], step_in_epoch_ = counters[2], samples_seen_ = counters[3];
     updates_ = counters[4];
@@ -232,6 +240,7 @@ void Trainer::save_checkpoint() {
   Checkpoint ck;
   const bool root = comm_.rank() == 0;
   if (root) {
+    watchdog::Phase phase("copying the model off the device for a checkpoint");
     ck.step = step_;
     ck.epoch = epoch_;
     ck.step_in_epoch = step_in_epoch_;
@@ -250,7 +259,7 @@ void Trainer::save_checkpoint() {
       arena_to_tensors(*model_, "optimizer/" + s.name, h, ck.tensors);
     }
   }
-  on_rank0(comm_.mpi(), comm_.rank(), [&] {
+  on_rank0(comm_.mpi(), comm_.rank(), "writing a checkpoint", [&] {
     write_checkpoint(checkpoint_path(cfg_.ckpt_dir, step_), ck);
     prune_checkpoints(cfg_.ckpt_dir, cfg_.ckpt_keep);
   });
@@ -258,6 +267,7 @@ void Trainer::save_checkpoint() {
 }
 
 void Trainer::average_parameters() {
+  watchdog::Phase phase("averaging parameters", step_);
   const float inv = 1.f / float(comm_.size());
   comm_.allreduce(model_->params(), model_->params(), model_->num_params(), DType::f32, RedOp::sum);
   comm_.synchronize();
@@ -276,7 +286,9 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   std::vector<int64_t> rows(static_cast<size_t>(chunk));
   double sums[3] = {0, 0, double(end - begin)};
   float host_stats[2];
-  for (int64_t r0 = begin; r0 < end; r0 += chunk) {
+  // A big test set takes long in total but each chunk is bounded: the clock restarts per chunk.
+  watchdog::Phase phase("evaluating", step_);
+  for (int64_t r0 = begin; r0 < end; r0 += chunk, phase.restart()) {
     const int n = int(std::min<int64_t>(chunk, end - r0));
     for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
     be_.fill(stats_.data(), 2, 0.f);
@@ -307,6 +319,8 @@ void Trainer::enqueue_step(GradSync* sync) {
   // Gradients are means: over the global batch when they are summed over ranks, over this
   // rank's samples when each rank steps on its own.
   const float grad_scale = 1.f / float(sync || W == 1 ? global_batch() : int64_t(b) * A);
+  // Test hook (DPT_FAULT): one compare per step when unset; a rank with a fault never replays.
+  const bool poison = fault::in_step(step_ + 1);
   be_.fill(stats_.data(), 2, 0.f);
   for (int a = 0; a < A; ++a) {
     const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
@@ -314,8 +328,15 @@ void Trainer::enqueue_step(GradSync* sync) {
     model_->forward(x_.data(), b);
     model_->loss(y_.data(), b, grad_scale, stats_.data(), true);
     const bool last = a == A - 1;
-    model_->backward(x_.data(), b, a > 0, last && sync ? [sync](int i) { sync->layer_done(i); }
-                                                       : std::function<void(int)>());
+    std::function<void(int)> done;
+    if (last && (sync || poison))
+      done = [this, sync, poison](int i) {
+        // The injected NaN enters before the reduction, which spreads it to every rank.
+        if (poison && i == model_->num_layers() - 1)
+          be_.fill(model_->grads() + model_->layer(i).begin(), 1, std::nanf(""));
+        if (sync) sync->layer_done(i);
+      };
+    model_->backward(x_.data(), b, a > 0, done);
   }
   if (sync) comm_.synchronize();
   // After the reduction every rank holds the same gradients, so every rank decides alike.
@@ -326,6 +347,7 @@ void Trainer::enqueue_step(GradSync* sync) {
 
 // Reads the device's step control: stops the run (policy stop) or reports skipped steps.
 void Trainer::check_health() {
+  watchdog::Phase phase("reading the step verdict off the device", step_);
   StepCtl c;
   be_.download(&c, ctl_.data(), sizeof c);
   updates_ = c.updates;
@@ -369,6 +391,7 @@ void Trainer::prepare_run(int64_t per_epoch) {
 
 void Trainer::log_step(TrainResult& res) {
   const double lr = lr_host_[size_t(step_ - 1)];
+  watchdog::Phase phase("reading the loss off the device", step_);
   float st[2];
   be_.download(st, stats_.data(), sizeof st);
   double sums[1] = {st[0]};
@@ -406,6 +429,7 @@ void Trainer::log_eval(const EvalResult& e) {
 
 // A signal reaches one rank or all; every rank stops at the same step either way.
 bool Trainer::agree_stop() {
+  watchdog::Phase phase("waiting in allreduce of the stop flag", step_);
   int mine = stop_requested() ? 1 : 0, any = 0;
   DPT_CHECK_MPI(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm_.mpi()));
   return any != 0;
@@ -423,7 +447,7 @@ TrainResult Trainer::run() {
   // One rank has nothing to reduce; with several, sync = gradients reduces every step.
   GradSync sync(*model_, comm_, cfg_.bucket_mb);
   GradSync* reduce = by_gradients && comm_.size() > 1 ? &sync : nullptr;
-  const bool capture = be_.can_capture(*train_) && (!reduce || comm_.capturable());
+  const bool capture = be_.can_capture(*train_) && (!reduce || comm_.capturable()) && !fault::any();
   auto runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
   if (cfg_.ckpt_at_start && step_ == 0) save_checkpoint();
   t0_ = Clock::now();
@@ -433,7 +457,12 @@ TrainResult Trainer::run() {
   for (; epoch_ < cfg_.epochs && step_ < total_steps_; ++epoch_, step_in_epoch_ = 0) {
     start_epoch();
     for (; step_in_epoch_ < per_epoch && step_ < total_steps_;) {
-      runner->run();
+      {
+        // On the CPU the step's allreduces happen inside (each its own phase); on a GPU the
+        // host blocks only where it reads results back, which are phases of their own.
+        watchdog::Phase phase("computing", step_ + 1);
+        runner->run();
+      }
       ++step_;
       ++step_in_epoch_;
       samples_seen_ += G;
@@ -458,7 +487,10 @@ TrainResult Trainer::run() {
       log_eval(res.last_eval = evaluate(*test_));
     }
   }
-  be_.synchronize();
+  {
+    watchdog::Phase phase("waiting for the device", step_);
+    be_.synchronize();
+  }
   res.seconds = seconds_since(t0_);
   res.samples_per_s = double((step_ - first_step) * G) / std::max(1e-9, res.seconds);
   res.graph = runner->captured();

@@ -47,6 +47,10 @@ class Comm {
   virtual void synchronize() {}
   // True when the collectives can be recorded into a CUDA graph (no host work inside them).
   virtual bool capturable() const { return false; }
+  // Unblocks every rank's pending and future collectives on this communicator, from any thread
+  // (the watchdog's, while the main thread waits). NCCL: ncclCommAbort. The MPI transport has
+  // nothing of its own to abort: MPI_Abort, which follows, ends its collectives.
+  virtual void abort() noexcept {}
 
   template <class T> void allreduce(T* buf, size_t count, RedOp op = RedOp::sum) {
     allreduce(buf, buf, count, dtype_of<T>(), op);
@@ -67,6 +71,10 @@ std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, Backend* staging);
 
 // The NCCL transport over c (cuda builds only): id from rank 0 over MPI_Bcast.
 std::unique_ptr<Comm> make_nccl_comm(MPI_Comm c, Backend& cuda_backend);
+
+// True on every rank when two ranks of c use one GPU (same host and PCI bus id); false with
+// the cpu backend. Collective over c.
+bool ranks_share_a_gpu(MPI_Comm c, Backend& backend);
 
 // Picks the transport: "nccl" needs the cuda backend; "auto" takes nccl with cuda, mpi with cpu.
 // Throws InputError when the choice is impossible (nccl asked without a GPU, or two ranks on

@@ -10,6 +10,7 @@
 #include "dpt/data.hpp"
 #include "dpt/log.hpp"
 #include "dpt/train.hpp"
+#include "dpt/watchdog.hpp"
 
 using namespace dpt;
 
@@ -34,6 +35,12 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const std::string&
   return inv;
 }
 
+// The watchdog aborts the communicator before MPI_Abort; it must forget it before it is freed.
+struct CommWatch {
+  explicit CommWatch(Comm* c) { watchdog::set_comm(c); }
+  ~CommWatch() { watchdog::set_comm(nullptr); }
+};
+
 void print_summary(const TrainResult& r) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "done: %lld steps in %.2f s, %.0f samples/s%s",
@@ -51,8 +58,15 @@ void print_summary(const TrainResult& r) {
 int main(int argc, char** argv) {
   MpiSession mpi(argc, argv);
   const MPI_Comm world = MPI_COMM_WORLD;
+  watchdog::start(Config{}.timeout_s);  // every blocking phase from here on has a deadline
   Invocation inv;
-  if (int rc = stage(world, [&] { inv = read_invocation(world, argc, argv); })) return rc;
+  if (int rc = stage(world, [&] {
+        fault::init(mpi.rank());
+        inv = read_invocation(world, argc, argv);
+        watchdog::set_timeout(inv.cfg.timeout_s);
+        fault::in_step(0);  // test hook: a rank that fails at start-up
+      }))
+    return rc;
   if (inv.help) {
     log::info(inv.help_text);
     return 0;
@@ -61,15 +75,18 @@ int main(int argc, char** argv) {
         if (inv.eval_checkpoint.empty()) throw InputError("--eval needs --checkpoint FILE");
         inv = eval_invocation(world, argc, argv, inv.eval_checkpoint);
         inv.eval_only = true;
+        watchdog::set_timeout(inv.cfg.timeout_s);
       }))
     return kExitUsage;
   const Config& cfg = inv.cfg;
   Runtime rt;
   if (int rc = stage(world, [&] { make_backend_for(cfg, world, rt); })) return rc;
   if (int rc = stage(world, [&] { make_comm_for(cfg, world, rt); })) return rc;
+  CommWatch watch(rt.comm.get());
   print_banner(cfg, rt, world);
   Dataset train, test;
   if (int rc = stage(world, [&] {
+        watchdog::Phase phase("loading the datasets", 0);
         if (!inv.eval_only) train = load_dataset(cfg.train_file);
         if (!cfg.test_file.empty()) test = load_dataset(cfg.test_file);
         if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
@@ -77,6 +94,7 @@ int main(int argc, char** argv) {
     return rc;
   std::unique_ptr<Trainer> trainer;
   if (int rc = stage(world, [&] {
+        watchdog::Phase phase("setting up the model", 0);
         trainer = std::make_unique<Trainer>(cfg, *rt.backend, *rt.comm, inv.eval_only ? nullptr : &train,
                                             cfg.test_file.empty() ? nullptr : &test);
       }))

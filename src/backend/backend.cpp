@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "dpt/check.hpp"
+#include "dpt/comm.hpp"
 #include "dpt/data.hpp"
 
 namespace dpt {
@@ -112,6 +113,7 @@ std::unique_ptr<StepRunner> Backend::make_runner(std::function<void()> step, boo
 }
 
 #ifndef DPT_HAVE_CUDA
+bool ranks_share_a_gpu(MPI_Comm, Backend&) { return false; }
 int cuda_device_count() { return 0; }
 bool cuda_compiled() { return false; }
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {

@@ -9,6 +9,7 @@
 #include "dpt/check.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/log.hpp"
+#include "dpt/watchdog.hpp"
 
 namespace dpt {
 
@@ -58,7 +59,9 @@ class MpiComm final : public Comm {
     return "mpi (" + s.substr(0, nl) + (staging_ ? ", host-staged" : "") + ")";
   }
 
+  // Each collective is a watchdog phase: a rank that never arrives turns into exit 4, not a hang.
   void allreduce(const void* send, void* recv, size_t count, DType t, RedOp op) override {
+    watchdog::Phase phase("waiting in allreduce");
     if (!staging_) {
       const void* s = send == recv ? MPI_IN_PLACE : send;
       DPT_CHECK_MPI(MPI_Allreduce(s, recv, int_count(count), mpi_type(t), mpi_op(op), mpi_));
@@ -71,6 +74,7 @@ class MpiComm final : public Comm {
   }
 
   void broadcast(void* buf, size_t count, DType t, int root) override {
+    watchdog::Phase phase("waiting in broadcast");
     if (!staging_) {
       DPT_CHECK_MPI(MPI_Bcast(buf, int_count(count), mpi_type(t), root, mpi_));
       return;
@@ -82,6 +86,7 @@ class MpiComm final : public Comm {
   }
 
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, RedOp op) override {
+    watchdog::Phase phase("waiting in reduce_scatter");
     const size_t bytes = count * dtype_size(t);
     if (!staging_) {
       DPT_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, int_count(count), mpi_type(t), mpi_op(op), mpi_));
@@ -95,6 +100,7 @@ class MpiComm final : public Comm {
   }
 
   void allgather(const void* send, void* recv, size_t count, DType t) override {
+    watchdog::Phase phase("waiting in allgather");
     const size_t bytes = count * dtype_size(t);
     if (!staging_) {
       DPT_CHECK_MPI(MPI_Allgather(send, int_count(count), mpi_type(t), recv, int_count(count), mpi_type(t), mpi_));
@@ -144,6 +150,7 @@ std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& be
 }
 
 bool all_ok(MPI_Comm c, bool ok, const std::string& msg) {
+  watchdog::Phase phase("waiting for every rank's verdict");
   int mine = ok ? 1 : 0, all = 0, rank = 0, size = 1;
   MPI_Comm_rank(c, &rank);
   MPI_Comm_size(c, &size);
@@ -173,6 +180,7 @@ bool all_ok(MPI_Comm c, bool ok, const std::string& msg) {
 }
 
 NodeInfo node_info(MPI_Comm c) {
+  watchdog::Phase phase("waiting in MPI_Comm_split_type");
   NodeInfo info;
   MPI_Comm local;
   DPT_CHECK_MPI(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
@@ -186,6 +194,7 @@ NodeInfo node_info(MPI_Comm c) {
 }
 
 void bcast_string(MPI_Comm c, std::string& s, int root) {
+  watchdog::Phase phase("waiting in broadcast");
   uint64_t n = s.size();
   DPT_CHECK_MPI(MPI_Bcast(&n, 1, MPI_UINT64_T, root, c));
   s.resize(n);
