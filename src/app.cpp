@@ -91,13 +91,10 @@ void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
   opt.local_rank = rt.node.local_rank;
   opt.local_size = rt.node.local_size;
   const int gpus = cfg.device_type == "cpu" ? 0 : cuda_device_count();
-  if (gpus > 0 && rt.node.local_size > gpus) {
-    if (cfg.comm_backend == "nccl")
-      throw InputError(std::to_string(rt.node.local_size) + " ranks on " + rt.node.host + " but only " +
-                       std::to_string(gpus) + " GPU(s) visible: NCCL needs one GPU per rank; "
-                       "use comm.backend = mpi to share GPUs, or start fewer ranks");
-    opt.share_gpus = true;  // several ranks per GPU (MPS-style), MPI transport
-  }
+  // More ranks on the node than GPUs visible to each: ranks take GPU local_rank % gpus. That is
+  // one GPU each when every rank sees only its own (--gpus-per-task), and ranks sharing GPUs
+  // (the MPS layout) otherwise; make_comm_for tells the two apart.
+  if (gpus > 0 && rt.node.local_size > gpus) opt.share_gpus = true;
   if (gpus == 0 && opt.precision != Precision::fp32)
     throw InputError("train.precision = " + cfg.precision + " needs a GPU (the cpu backend is fp32)");
   rt.backend = make_backend(opt);
@@ -105,8 +102,9 @@ void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
 
 void make_comm_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
   std::string kind = cfg.comm_backend;
-  int gpus = rt.backend->name() == "cuda" ? cuda_device_count() : 0;
-  if (kind == "auto" && gpus > 0 && rt.node.local_size > gpus) kind = "mpi";
+  // NCCL needs one GPU per rank; ranks sharing a GPU go through MPI. With comm.backend = nccl
+  // the NCCL transport itself refuses a shared GPU with a message naming the ranks.
+  if (kind == "auto" && rt.backend->name() == "cuda" && ranks_share_a_gpu(c, *rt.backend)) kind = "mpi";
   rt.comm = make_comm(kind, c, *rt.backend);
 }
 

@@ -57,6 +57,9 @@ void print_summary(const TrainResult& r) {
 
 int main(int argc, char** argv) {
   MpiSession mpi(argc, argv);
+  // First thing after MPI: a signal during start-up is remembered, never fatal; the loop then
+  // stops at its first step with a checkpoint (exit 6).
+  install_stop_signals();
   const MPI_Comm world = MPI_COMM_WORLD;
   watchdog::start(Config{}.timeout_s);  // every blocking phase from here on has a deadline
   Invocation inv;
@@ -99,7 +102,6 @@ int main(int argc, char** argv) {
                                             cfg.test_file.empty() ? nullptr : &test);
       }))
     return rc;
-  install_stop_signals();
   try {
     if (inv.eval_only) {
       EvalResult e = trainer->evaluate(test);
