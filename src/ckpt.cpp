@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -268,19 +270,62 @@ void write_tensor(hid_t file, hid_t lcpl, const Tensor& t) {
                           t.data.data()));
 }
 
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw Error(what + ": " + std::strerror(errno));
+}
+
+// ---- the whole-file seal ----
+// The file opens with a 512-byte HDF5 user block (HDF5 tools and h5py skip it) that holds a
+// CRC32 of everything after it. The reader checks it before HDF5 parses a single byte: a
+// truncated or bit-flipped checkpoint is rejected by us, never handed to libhdf5, whose parser
+// can crash or hang on damaged metadata (seen under fuzzing with HDF5 1.10.8).
+constexpr size_t kSealBytes = 512;
+constexpr char kSealMagic[16] = "dptrain-seal-v1";  // 15 characters and a NUL
+
+struct Seal {
+  char magic[16];
+  uint64_t body_bytes;  // little-endian on every machine we build for
+  uint32_t crc32;
+};
+
+// CRC32 of [offset, EOF) of an open file; false on a read error.
+bool file_crc(std::FILE* f, uint64_t offset, uint64_t& bytes, uint32_t& crc) {
+  if (std::fseek(f, long(offset), SEEK_SET) != 0) return false;
+  std::vector<unsigned char> buf(size_t(1) << 20);
+  uLong c = crc32(0L, Z_NULL, 0);
+  bytes = 0;
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    c = crc32(c, buf.data(), uInt(n));
+    bytes += n;
+  }
+  crc = uint32_t(c);
+  return !std::ferror(f);
+}
+
+void write_seal(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r+b");
+  if (!f) throw_errno("open " + path + " to seal it");
+  Seal seal{};
+  std::memcpy(seal.magic, kSealMagic, sizeof seal.magic);
+  bool ok = file_crc(f, kSealBytes, seal.body_bytes, seal.crc32);
+  ok = ok && std::fseek(f, 0, SEEK_SET) == 0 && std::fwrite(&seal, sizeof seal, 1, f) == 1;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) throw_errno("seal " + path);
+}
+
 void write_hdf5(const std::string& path, const Checkpoint& ck) {
   H5Id fapl = file_access_plist();
+  H5Id fcpl = DPT_H5_OPEN(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+  DPT_CHECK_H5(H5Pset_userblock(fcpl.get(), kSealBytes));
   H5Id lcpl = DPT_H5_OPEN(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   DPT_CHECK_H5(H5Pset_create_intermediate_group(lcpl.get(), 1));
-  H5Id file = DPT_H5_OPEN(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+  H5Id file = DPT_H5_OPEN(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
                           H5Fclose);
   write_root_attrs(file.get(), ck);
   for (const Tensor& t : ck.tensors) write_tensor(file.get(), lcpl.get(), t);
   DPT_CHECK_H5(file.close());
-}
-
-[[noreturn]] void throw_errno(const std::string& what) {
-  throw Error(what + ": " + std::strerror(errno));
+  write_seal(path);
 }
 
 // Data and metadata on stable storage before the rename publishes the file.
@@ -514,6 +559,35 @@ Tensor read_tensor(const Reader& r, hid_t file, const std::string& name, uint64_
   return t;
 }
 
+// A file of ours (HDF5 signature after the user block) must carry an intact seal; a file with
+// the HDF5 signature at byte 0 is someone else's and goes on to the format check.
+void check_seal(const Reader& r, uint64_t size) {
+  std::FILE* f = std::fopen(r.path.c_str(), "rb");
+  if (!f) r.fail("cannot open: " + std::string(std::strerror(errno)));
+  unsigned char head[kSealBytes + 8] = {0};
+  const size_t got = std::fread(head, 1, sizeof head, f);
+  static const unsigned char kHdf5Sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  const bool foreign = got >= 8 && std::memcmp(head, kHdf5Sig, 8) == 0;
+  const bool ours = got == sizeof head && std::memcmp(head + kSealBytes, kHdf5Sig, 8) == 0;
+  Seal seal{};
+  std::memcpy(&seal, head, sizeof seal);
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+  const bool read_ok = !foreign && file_crc(f, kSealBytes, bytes, crc);
+  std::fclose(f);
+  if (foreign) return;
+  if (std::memcmp(seal.magic, kSealMagic, sizeof seal.magic) != 0) {
+    if (ours) r.fail("the checksum header is damaged");
+    if (got < sizeof head) r.fail("truncated (" + std::to_string(size) + " bytes)");
+    r.fail("not an HDF5 file (no HDF5 signature; damaged or some other format)");
+  }
+  if (!read_ok) r.fail("read error while checking the file's checksum");
+  if (bytes != seal.body_bytes)
+    r.fail("truncated or extended: " + std::to_string(bytes + kSealBytes) + " bytes, written as " +
+           std::to_string(seal.body_bytes + kSealBytes));
+  if (crc != seal.crc32) r.fail("file checksum mismatch: the file is damaged");
+}
+
 uint64_t check_file(const Reader& r) {
   std::error_code ec;
   auto st = fs::status(r.path, ec);
@@ -522,6 +596,7 @@ uint64_t check_file(const Reader& r) {
   uint64_t size = fs::file_size(r.path, ec);
   if (ec) r.fail("cannot stat: " + ec.message());
   if (size == 0) r.fail("empty file (not HDF5)");
+  check_seal(r, size);
   htri_t is_h5 = H5Fis_hdf5(r.path.c_str());
   if (is_h5 < 0) r.fail("unreadable (" + hdf5_error_string() + ")");
   if (is_h5 == 0) r.fail("not an HDF5 file (no HDF5 signature; damaged or some other format)");
@@ -529,6 +604,8 @@ uint64_t check_file(const Reader& r) {
 }
 
 }  // namespace
+
+void seal_checkpoint(const std::string& path) { write_seal(path); }
 
 Checkpoint read_checkpoint(const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);

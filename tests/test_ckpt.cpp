@@ -125,10 +125,17 @@ void expect_same(const Checkpoint& a, const Checkpoint& b) {
 }
 
 // Opens a written checkpoint for surgery with the raw HDF5 API.
+// Edits a checkpoint in place with the raw HDF5 API, then re-seals it (as a tool that edits
+// checkpoints must), so that the reader's HDF5-level checks are what the test sees.
 struct RawFile {
+  std::string path;
   hid_t id;
-  explicit RawFile(const std::string& p) : id(H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)) {}
-  ~RawFile() { if (id >= 0) H5Fclose(id); }
+  explicit RawFile(const std::string& p)
+      : path(p), id(H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT)) {}
+  ~RawFile() {
+    if (id >= 0) H5Fclose(id);
+    dpt::seal_checkpoint(path);
+  }
 };
 
 void set_int_attr(hid_t obj, const char* name, hid_t type, const void* values, hsize_t n) {
@@ -275,6 +282,20 @@ TEST(Ckpt, RejectsForeignHdf5) {
   }
   msg = input_error([&] { dpt::read_checkpoint(q); });
   EXPECT_TRUE(contains(msg, "format = \"otherfmt\"")) << msg;
+}
+
+// An edit that does not re-seal the file is damage as far as the reader knows, and it is
+// caught before HDF5 parses the file.
+TEST(Ckpt, UnsealedEditIsRejectedBeforeHdf5Reads) {
+  std::string p = test_dir() + "/unsealed.h5";
+  dpt::write_checkpoint(p, make_ckpt({5, 4, 3}, 1));
+  {
+    hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Adelete(f, "samples_seen");
+    H5Fclose(f);
+  }
+  std::string msg = input_error([&] { dpt::read_checkpoint(p); });
+  EXPECT_TRUE(contains(msg, "file checksum mismatch")) << msg;
 }
 
 TEST(Ckpt, RejectsBadVersionMissingAttributesAndShapes) {

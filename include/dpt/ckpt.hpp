@@ -43,6 +43,10 @@ uint32_t tensor_checksum(const std::vector<Tensor>& tensors);
 // Atomic write; throws Error on I/O failure (the previous file, if any, is left intact).
 // Also throws Error, before touching the disk, when the tensors disagree with `layers`.
 void write_checkpoint(const std::string& path, const Checkpoint& ck);
+// Recomputes the whole-file checksum in the file's 512-byte header (an HDF5 user block) after
+// another tool (h5py, h5edit) edited a checkpoint in place; an edited file without it is
+// rejected as damaged. The reader checks the header before HDF5 parses the file.
+void seal_checkpoint(const std::string& path);
 // Validated read; throws InputError naming the file and what is wrong.
 Checkpoint read_checkpoint(const std::string& path);
 
