@@ -39,9 +39,18 @@ if [[ $what == all || $what == bench ]]; then
   mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision fp32 >> "$OUT/ours-small.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --warmup 20 --steps 200 >> "$OUT/ours-wide.log" 2>&1
+  # The same bf16 step with the GEMMs on cublasGemmEx instead of cuBLASLt (bias in a kernel).
+  DPT_CUBLASLT=0 mpirun -x DPT_CUBLASLT -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide-gemmex.log" 2>&1
   if [[ ${SKIP_TORCH:-0} != 1 ]]; then
     python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --modes eager,compile --steps 100 > "$OUT/torch-wide.jsonl" 2>&1
     python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --modes eager --steps 100 >> "$OUT/torch-wide.jsonl" 2>&1
   fi
   grep -h "^{" "$OUT"/ours-*.log "$OUT"/torch-*.jsonl
 fi
+if [[ $what == all || $what == scaling ]]; then
+  [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
+  echo "bench-scaling rc=$?"; grep -A12 -i "findings" "$OUT/scaling-stdout.log" | head -20
+fi
+# The device tool brings back few files: pack everything into one archive.
+tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"

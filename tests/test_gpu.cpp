@@ -200,6 +200,99 @@ TEST(CudaBackend, LinearBackward) {
   }
 }
 
+// ---- cuBLASLt (the default GEMM path: the forward GEMM adds the bias in its epilogue) ----
+// A backend with DPT_CUBLASLT / DPT_LT_ALGO set as given for its construction (nullptr: unset).
+std::unique_ptr<Backend> gpu_env(Precision p, const char* lt, const char* algo) {
+  auto set = [](const char* k, const char* v) { v ? setenv(k, v, 1) : unsetenv(k); };
+  set("DPT_CUBLASLT", lt);
+  set("DPT_LT_ALGO", algo);
+  auto g = gpu(p);
+  unsetenv("DPT_CUBLASLT");
+  unsetenv("DPT_LT_ALGO");
+  return g;
+}
+
+// Backend memory holding v at an offset of `off` floats into the allocation (off = 1: every
+// pointer only 4-byte aligned, below what cuBLASLt's vectorized kernels and its bias epilogue
+// take, so the plan must pick another kernel or fall back).
+struct Offset {
+  Buffer<float> buf;
+  size_t off;
+  Offset(Backend& be, const std::vector<float>& v, size_t o) : buf(be, v.size() + o), off(o) {
+    be.fill(buf.data(), buf.size(), kNaN);
+    if (!v.empty()) be.upload(ptr(), v.data(), v.size() * sizeof(float));
+  }
+  float* ptr() const { return buf.data() + off; }
+  std::vector<float> get(Backend& be, size_t n) const {
+    std::vector<float> h(n);
+    be.download(h.data(), ptr(), n * sizeof(float));
+    return h;
+  }
+};
+
+// Forward and backward of one layer against the CPU backend with every GPU operand `off` floats
+// into its allocation; the backward from the CPU's forward outputs (as check_backward).
+void check_layer_at(Backend& cpu, Backend& g, Precision p, const Shape& s, Act act, bool acc,
+                    size_t off) {
+  const std::string what = label(p, act, s) + " offset " + std::to_string(off) +
+                           (acc ? " accumulate" : "");
+  const LayerData d(s, 500 + uint64_t(s.out));
+  const size_t n = size_t(s.batch) * s.out, nw = size_t(s.out) * s.in;
+  auto cx = put(cpu, d.x), cw = put(cpu, d.w), cb = put(cpu, d.b);
+  Buffer<float> cz(cpu, n), ca(cpu, n);
+  cpu.linear_forward(cx.data(), cw.data(), cb.data(), cz.data(), ca.data(), s.batch, s.in, s.out, act);
+  const std::vector<float> z = get(cpu, cz), a = get(cpu, ca);
+
+  Offset gx(g, d.x, off), gw(g, d.w, off), gb(g, d.b, off);
+  Offset gz(g, std::vector<float>(n, kNaN), off), ga(g, std::vector<float>(n, kNaN), off);
+  g.linear_forward(gx.ptr(), gw.ptr(), gb.ptr(), gz.ptr(), ga.ptr(), s.batch, s.in, s.out, act);
+  EXPECT_LE(rel_err(gz.get(g, n), z), tolerance(p)) << "z " << what;
+  EXPECT_LE(rel_err(ga.get(g, n), a), tolerance(p)) << "a " << what;
+
+  const std::vector<float> da = uniform(n, 600);
+  const std::vector<float> dw0 = uniform(nw, 601), db0 = uniform(size_t(s.out), 602);
+  auto cda = put(cpu, da);
+  auto cdw = put(cpu, acc ? dw0 : std::vector<float>(nw, 0.f));
+  auto cdb = put(cpu, acc ? db0 : std::vector<float>(size_t(s.out), 0.f));
+  Buffer<float> cdx(cpu, size_t(s.batch) * s.in);
+  cpu.linear_backward(cx.data(), cw.data(), cz.data(), ca.data(), cda.data(), s.batch, s.in, s.out,
+                      act, cdw.data(), cdb.data(), cdx.data(), acc);
+  Offset hz(g, z, off), ha(g, a, off), hda(g, da, off);
+  Offset gdw(g, acc ? dw0 : std::vector<float>(nw, kNaN), off);
+  Offset gdb(g, acc ? db0 : std::vector<float>(size_t(s.out), kNaN), off);
+  Offset gdx(g, std::vector<float>(size_t(s.batch) * s.in, kNaN), off);
+  g.linear_backward(gx.ptr(), gw.ptr(), hz.ptr(), ha.ptr(), hda.ptr(), s.batch, s.in, s.out, act,
+                    gdw.ptr(), gdb.ptr(), gdx.ptr(), acc);
+  EXPECT_LE(rel_err(hda.get(g, n), get(cpu, cda)), 1e-5) << "dz " << what;
+  EXPECT_LE(rel_err(gdb.get(g, size_t(s.out)), get(cpu, cdb)), 1e-5) << "db " << what;
+  EXPECT_LE(rel_err(gdw.get(g, nw), get(cpu, cdw)), tolerance(p)) << "dw " << what;
+  EXPECT_LE(rel_err(gdx.get(g, size_t(s.batch) * s.in), get(cpu, cdx)), tolerance(p)) << "dx " << what;
+}
+
+// Both GEMM paths (cuBLASLt with the bias epilogue, and cublasGemmEx with DPT_CUBLASLT=0), every
+// activation, accumulate or not, aligned and misaligned operands (the latter also a misaligned
+// bias, which the Lt path must leave to the kernel), and a later heuristic candidate.
+TEST(CudaBackend, GemmPathsAndAlignment) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  const Shape shapes[] = {{33, 17, 5}, {64, 128, 256}, {7, 64, 129}, {256, 784, 1024}};
+  struct Env { const char* lt; const char* algo; const char* tag; };
+  for (Env e : {Env{nullptr, nullptr, "cuBLASLt"}, Env{"0", nullptr, "cublasGemmEx"},
+                Env{"1", "3", "cuBLASLt"}})
+    for (Precision p : kPrecisions) {
+      auto g = gpu_env(p, e.lt, e.algo);
+      EXPECT_NE(g->describe().find(e.tag), std::string::npos) << g->describe();
+      for (const Shape& s : shapes)
+        for (Act act : kActs)
+          for (size_t off : {size_t(0), size_t(1), size_t(2)})
+            for (bool acc : {false, true}) {
+              SCOPED_TRACE(std::string("DPT_CUBLASLT=") + (e.lt ? e.lt : "unset") +
+                           " DPT_LT_ALGO=" + (e.algo ? e.algo : "unset"));
+              check_layer_at(*cpu, *g, p, s, act, acc, off);
+            }
+    }
+}
+
 TEST(CudaBackend, SoftmaxXent) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});

@@ -24,7 +24,21 @@
 //         - dz: linear_backward's single epilogue pass writes dz (fp32, over da), bf16(dz) for
 //           both GEMMs and the bias gradient (per-chunk column sums, fixed order).
 //         Numerics are those of converting before every GEMM: bf16_rn of the same fp32 values.
-// cuBLASLt epilogues are not used (yet): bias + activation and their gradient are fused kernels.
+// GEMMs go through cuBLASLt (DPT_CUBLASLT=0 in the environment: cublasGemmEx, as before). The
+// forward GEMM uses the BIAS epilogue (z = x·Wᵀ + b, one fp32 rounding of acc + b, as the kernel
+// did); the activation, a and bf16(a) stay in bias_act_forward, which then only reads z. Plans
+// (descriptors + algorithm from cublasLtMatmulAlgoGetHeuristic, 32 MiB workspace, the pointers'
+// real alignments) are made on first use and cached, so the captured step only looks them up.
+// DPT_LT_ALGO=k takes the k-th heuristic candidate (0..7; default 0) for a sweep on the GPU.
+// Falls back per GEMM to the plan without bias (bias not 16-byte aligned) or to cublasGemmEx
+// (no candidate for the shape/alignment). Not used, and why:
+//   - RELU/GELU_BIAS(_AUX) writing a: the interface needs fp32 z AND fp32 a AND (bf16) bf16(a);
+//     one Lt call writes D plus one AUX (z, or a relu bit mask), so the kernel pass stays, and
+//     it costs the same bytes whether it reads z (from BIAS) or z from AUX.
+//   - DRELU/DGELU_BGRAD on the dx GEMM of the layer above: that GEMM runs in linear_backward of
+//     layer i+1, which knows neither layer i's activation, z nor db; and dz must still be
+//     written in fp32 over da. Does not fit the per-layer interface.
+//   - timing the heuristic candidates in the warm-up: not deterministic across runs/ranks.
 //
 // ---- performance notes (wide MLP 784-4096x4-10, batch 4096, nesterov, one H200) ----
 // Non-GEMM device traffic per step (compulsory bytes; E = batch x out, X = batch x in, W = in x out,
@@ -43,11 +57,26 @@
 // What is left: the interface requires fp32 z, a and dz to be written (8E+4E per hidden layer,
 // ~0.8 GB/step) and the optimizer's 22 B/parameter (1.2 GB). Next: cuBLASLt BIAS epilogue so
 // the GEMM writes z + b (-4E per layer, ~0.27 GB), and algorithm selection per shape.
+// 2026-11-30, cuBLASLt BIAS epilogue (measured before: bf16 2.73 ms, tf32 5.05 ms):
+//   forward epilogue 14E -> 10E (reads z, writes a and bf16 a; no z read-modify-write): 4 B x
+//   16.8 M x 4 hidden layers = 0.27 GB = 0.067 ms at 4.0 TB/s. Prediction: bf16 2.73 -> ~2.66 ms
+//   (~495 TFLOP/s), tf32 5.05 -> ~4.98 ms (~264). Algorithm: candidate 0 is what cublasGemmEx
+//   picks, so no change by default; DPT_LT_ALGO sweeps the others.
+//   Floor with this interface: bf16 GEMMs 1.29 TFLOP (layer 0 has no dx) at 691 = 1.87 ms +
+//   ~3.0 GB of non-GEMM traffic (0.75 ms) = ~2.6 ms (~500 TFLOP/s); 620 needs 2.12 ms, i.e.
+//   <= 0.25 ms for everything but GEMMs, less than the optimizer's 1.2 GB alone (0.29 ms).
+//   TF32 suspicion (unverified): Hopper's TF32 wgmma takes K-major operands only; the dw GEMM
+//   (N,T: x and dz both M/N-major) and the dx GEMM (N,N: w M-major) are not, so cuBLAS runs a
+//   transposing or pre-Hopper kernel for 2 of the 3 GEMMs. Check the kernel names with nsys;
+//   the remedy would be K-major copies (xᵀ, dzᵀ, wᵀ), ~0.25 ms of traffic per step.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -67,11 +96,49 @@ namespace {
 struct StreamDel { void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); } };
 struct EventDel { void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); } };
 struct BlasDel { void operator()(cublasHandle_t h) const noexcept { cublasDestroy(h); } };
+struct LtDel { void operator()(cublasLtHandle_t h) const noexcept { cublasLtDestroy(h); } };
 struct DevDel { void operator()(void* p) const noexcept { cudaFree(p); } };
 struct PinnedDel { void operator()(void* p) const noexcept { cudaFreeHost(p); } };
 using Stream = std::unique_ptr<CUstream_st, StreamDel>;
 using Event = std::unique_ptr<CUevent_st, EventDel>;
 using Blas = std::unique_ptr<cublasContext, BlasDel>;
+using LtHandle = std::unique_ptr<cublasLtContext, LtDel>;
+
+// An environment integer (unset or unparsable: dflt).
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return dflt;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return end && *end == '\0' ? int(x) : dflt;
+}
+
+// Largest power of two (<= 256) dividing the address; 256 for nullptr.
+int ptr_alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int al = 1;
+  while (al < 256 && (a % uintptr_t(al * 2)) == 0) al *= 2;
+  return al;
+}
+
+// One cuBLASLt matmul configuration (shape, transposes, alignments, epilogue), planned once: the
+// descriptors and the algorithm chosen by cublasLtMatmulAlgoGetHeuristic. ok == false: cuBLASLt
+// offered nothing for it, and the caller takes the cublasGemmEx path instead.
+struct LtPlan {
+  bool ok = false;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  LtPlan() = default;
+  LtPlan(const LtPlan&) = delete;
+  LtPlan& operator=(const LtPlan&) = delete;
+  ~LtPlan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
 using DevPtr = std::unique_ptr<void, DevDel>;
 using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 
@@ -195,6 +262,15 @@ class CudaBackendImpl final : public CudaBackend {
     DPT_CHECK_CUBLAS(cublasSetWorkspace(h, workspace_.get(), kWorkspaceBytes));
     DPT_CHECK_CUBLAS(cublasSetMathMode(h, precision_ == Precision::tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                                         : CUBLAS_DEFAULT_MATH));
+    // cuBLASLt for every GEMM (the forward one with the bias in its epilogue) unless
+    // DPT_CUBLASLT=0; DPT_LT_ALGO=k takes the k-th heuristic candidate (default 0, the first).
+    use_lt_ = env_int("DPT_CUBLASLT", 1) != 0;
+    lt_algo_index_ = std::max(0, std::min(env_int("DPT_LT_ALGO", 0), kLtCandidates - 1));
+    if (use_lt_) {
+      cublasLtHandle_t lh = nullptr;
+      DPT_CHECK_CUBLAS(cublasLtCreate(&lh));
+      lt_.reset(lh);
+    }
     ring_ = std::make_unique<UploadRing>();  // pinned memory and events: after cudaSetDevice
     describe_ = make_description();
   }
@@ -289,19 +365,22 @@ class CudaBackendImpl final : public CudaBackend {
                       int batch, int in, int out, Act act) override {
     cudaStream_t s = stream_.get();
     const size_t n = size_t(batch) * size_t(out);
+    // With cuBLASLt the GEMM's epilogue adds the bias (z = x·Wᵀ + b written once), and the
+    // kernel below only reads z; otherwise the kernel adds b to z in place.
+    bool biased = false;
     if (bf16()) {
       const void* w16 = as_bf16(w, size_t(out) * size_t(in), bf16_a_);
       const void* x16 = as_bf16(x, size_t(batch) * size_t(in), bf16_b_);
-      gemm(true, false, out, batch, in, w16, in, x16, in, z, out, 0.f);
+      biased = gemm(true, false, out, batch, in, w16, in, x16, in, z, out, 0.f, b);
     } else {
-      gemm(true, false, out, batch, in, w, in, x, in, z, out, 0.f);
+      biased = gemm(true, false, out, batch, in, w, in, x, in, z, out, 0.f, b);
     }
     note_write(z, n * sizeof(float));
     note_write(a, n * sizeof(float));
     // bf16: the epilogue also writes bf16(a), the operand of the next layer's forward GEMM and of
     // that layer's weight-gradient GEMM.
     void* a16 = bf16() ? twin_slot(a, n) : nullptr;
-    cuda::bias_act_forward(z, a, b, batch, out, act, s, a16);
+    cuda::bias_act_forward(z, a, biased ? nullptr : b, batch, out, act, s, a16);
     if (a16) twins_[a].valid = n;
   }
 
@@ -559,6 +638,9 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
+  static constexpr int kLtCandidates = 8;  // heuristic results asked for (DPT_LT_ALGO < this)
+
+  using LtKey = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int>;
 
   static int pick_device(const BackendOptions& opt) {
     const int gpus = cuda_device_count();
@@ -585,17 +667,39 @@ class CudaBackendImpl final : public CudaBackend {
        << prop.totalGlobalMem / (size_t(1) << 30) << " GiB, " << prop.multiProcessorCount
        << " SMs); CUDA runtime " << version_string(rt, 1000) << ", driver "
        << version_string(drv, 1000) << ", cuBLAS " << version_string(blas, 10000)
+       << "; GEMMs: "
+       << (use_lt_ ? "cuBLASLt (bias epilogue in the forward GEMM)" : "cublasGemmEx (DPT_CUBLASLT=0)")
        << "; math: " << math_mode(precision_);
     return os.str();
   }
 
   // C (m×n, column-major, ldc) = op(A)·op(B) + beta·C in the backend's precision; A is stored
   // (m×k, or k×m when ta) with leading dimension lda, B (k×n, or n×k when tb) with ldb. A and B
-  // are bf16 with precision bf16 (see as_bf16), fp32 otherwise.
-  void gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B,
-            int ldb, float* C, int ldc, float beta) {
-    if (m == 0 || n == 0) return;
+  // are bf16 with precision bf16 (see as_bf16), fp32 otherwise. With bias (m floats, set only
+  // with beta == 0) the GEMM may also add bias[i] to row i of C (cuBLASLt's BIAS epilogue, the
+  // sum rounded once in fp32 as the separate kernel does): returns true when it did, false when
+  // the caller must still add it.
+  bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B,
+            int ldb, float* C, int ldc, float beta, const float* bias = nullptr) {
+    if (m == 0 || n == 0) return false;
     const float alpha = 1.f;
+    if (use_lt_ && k > 0) {
+      // The bias epilogue only for a 16-byte-aligned bias (a misaligned one is added by the
+      // kernel); the plan for the unbiased product is the fallback of the biased one.
+      const bool with_bias = bias && beta == 0.f && ptr_alignment(bias) >= 16;
+      for (int pass = with_bias ? 0 : 1; pass < 2; ++pass) {
+        const float* bv = pass == 0 ? bias : nullptr;
+        const LtPlan& pl = lt_plan(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, beta, bv);
+        if (!pl.ok) continue;
+        if (bv)
+          DPT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                          &bv, sizeof bv));
+        DPT_CHECK_CUBLAS(cublasLtMatmul(lt_.get(), pl.op, &alpha, A, pl.a, B, pl.b, &beta, C,
+                                        pl.c, C, pl.c, &pl.algo, workspace_.get(),
+                                        kWorkspaceBytes, stream_.get()));
+        return bv != nullptr;
+      }
+    }
     const cudaDataType_t ab = bf16() ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t compute =
         precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -603,6 +707,76 @@ class CudaBackendImpl final : public CudaBackend {
                                   tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, A, ab, lda, B,
                                   ab, ldb, &beta, C, CUDA_R_32F, ldc, compute,
                                   CUBLAS_GEMM_DEFAULT));
+    return false;
+  }
+
+  // The cuBLASLt plan of one GEMM configuration, made on first use and cached (the eager
+  // warm-up step meets every configuration of the captured step, so capture only looks up).
+  // Keyed by everything the heuristic sees: shape, transposes, leading dimensions, beta != 0,
+  // bias or not, and the alignment of each pointer (the heuristic otherwise assumes 256 bytes).
+  const LtPlan& lt_plan(bool ta, bool tb, int m, int n, int k, const void* A, int lda,
+                        const void* B, int ldb, const float* C, int ldc, float beta,
+                        const float* bias) {
+    const int esz = bf16() ? 2 : 4;
+    const int alA = std::min(ptr_alignment(A), ptr_alignment(reinterpret_cast<const void*>(uintptr_t(lda) * esz)));
+    const int alB = std::min(ptr_alignment(B), ptr_alignment(reinterpret_cast<const void*>(uintptr_t(ldb) * esz)));
+    const int alC = std::min(ptr_alignment(C), ptr_alignment(reinterpret_cast<const void*>(uintptr_t(ldc) * 4)));
+    const int alBias = bias ? std::min(ptr_alignment(bias), 256) : 0;
+    const LtKey key{int(ta), int(tb), m, n, k, lda, ldb, ldc, int(beta != 0.f), alBias, alA, alB, alC};
+    auto it = lt_plans_.find(key);
+    if (it != lt_plans_.end()) return *it->second;
+    auto pl = std::make_unique<LtPlan>();
+    make_lt_plan(*pl, ta, tb, m, n, k, lda, ldb, ldc, alA, alB, alC, bias);
+    return *lt_plans_.emplace(key, std::move(pl)).first->second;
+  }
+
+  // Fills pl (pl.ok stays false when any step fails or no algorithm fits: the cublasGemmEx path).
+  void make_lt_plan(LtPlan& pl, bool ta, bool tb, int m, int n, int k, int lda, int ldb, int ldc,
+                    int alA, int alB, int alC, const float* bias) {
+    const cudaDataType_t ab = bf16() ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute =
+        precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    auto good = [](cublasStatus_t st) { return st == CUBLAS_STATUS_SUCCESS; };
+    if (!good(cublasLtMatmulDescCreate(&pl.op, compute, CUDA_R_32F))) return;
+    if (!good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa)) ||
+        !good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb)))
+      return;
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bt = CUDA_R_32F;
+      // The heuristic reads the bias pointer's value for its alignment.
+      if (!good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
+          !good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)) ||
+          !good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)))
+        return;
+    }
+    if (!good(cublasLtMatrixLayoutCreate(&pl.a, ab, ta ? k : m, ta ? m : k, lda)) ||
+        !good(cublasLtMatrixLayoutCreate(&pl.b, ab, tb ? n : k, tb ? k : n, ldb)) ||
+        !good(cublasLtMatrixLayoutCreate(&pl.c, CUDA_R_32F, m, n, ldc)))
+      return;
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (!good(cublasLtMatmulPreferenceCreate(&pref))) return;
+    const uint64_t ws = kWorkspaceBytes;
+    const uint32_t a32 = uint32_t(alA), b32 = uint32_t(alB), c32 = uint32_t(alC);
+    bool set = good(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) &&
+               good(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof a32)) &&
+               good(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof b32)) &&
+               good(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c32, sizeof c32)) &&
+               good(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c32, sizeof c32));
+    cublasLtMatmulHeuristicResult_t res[kLtCandidates] = {};
+    int found = 0;
+    if (set && !good(cublasLtMatmulAlgoGetHeuristic(lt_.get(), pl.op, pl.a, pl.b, pl.c, pl.c, pref,
+                                                    kLtCandidates, res, &found)))
+      found = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    // The requested candidate, else the best one that is there; each must fit the workspace.
+    for (int i = std::min(lt_algo_index_, found - 1); i >= 0; --i)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= kWorkspaceBytes) {
+        pl.algo = res[i].algo;
+        pl.ok = true;
+        return;
+      }
   }
 
   // The dataset on the device, uploaded on first use when it takes at most half the free
@@ -644,6 +818,10 @@ class CudaBackendImpl final : public CudaBackend {
   Stream stream_, comm_;
   DevPtr workspace_;
   Blas blas_;
+  LtHandle lt_;  // null when DPT_CUBLASLT=0
+  bool use_lt_ = false;
+  int lt_algo_index_ = 0;
+  std::map<LtKey, std::unique_ptr<LtPlan>> lt_plans_;  // destroyed before lt_ (declared after)
   std::unique_ptr<UploadRing> ring_;
   Scratch bf16_a_, bf16_b_, bf16_dz_, partial_, row_loss_, row_ok_, flag_, rows_;
   std::map<const Dataset*, Resident> resident_;
