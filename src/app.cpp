@@ -39,16 +39,7 @@ MpiSession::~MpiSession() {
 
 int stage(MPI_Comm c, const std::function<void()>& f) {
   std::string msg;
-  int code = 0;
-  try {
-    f();
-  } catch (const Error& e) {
-    msg = e.what();
-    code = e.code();
-  } catch (const std::exception& e) {
-    msg = e.what();
-    code = kExitRuntime;
-  }
+  const int code = run_captured(f, msg);
   if (all_ok(c, code == 0, msg)) return 0;
   int worst = 0;
   watchdog::Phase phase("waiting for every rank's verdict");

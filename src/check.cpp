@@ -26,6 +26,19 @@ void throw_call_error(const char* lib, const char* call, const std::string& msg,
   throw Error(os.str(), kExitRuntime);
 }
 
+int run_captured(const std::function<void()>& f, std::string& msg) {
+  try {
+    f();
+  } catch (const Error& e) {
+    msg = e.what();
+    return e.code();
+  } catch (const std::exception& e) {
+    msg = e.what();
+    return kExitRuntime;
+  }
+  return 0;
+}
+
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;

@@ -51,15 +51,7 @@ template <class F> void on_rank0(MPI_Comm c, int rank, const char* what, F&& f) 
   int code = 0;
   if (rank == 0) {
     watchdog::Phase phase(what);
-    try {
-      f();
-    } catch (const Error& e) {
-      msg = e.what();
-      code = e.code();
-    } catch (const std::exception& e) {
-      msg = e.what();
-      code = kExitRuntime;
-    }
+    code = run_captured(f, msg);
   }
   {
     watchdog::Phase phase("waiting for rank 0's verdict");

@@ -3,6 +3,7 @@
 // host, file:line, the call and the library's message; apps turn it into a non-zero exit on
 // every rank (collectively during set-up, by MPI_Abort once ranks may be inside a collective).
 #pragma once
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -42,6 +43,11 @@ class InputError : public Error {
 // "rank 3 on node12" — filled in once MPI is up.
 std::string where();
 void set_where(int rank, const std::string& host);
+
+// Runs f; returns 0, or the exit code of what it threw (kExitRuntime for a non-dpt exception)
+// with its message in msg. For code that must report a failure to the other ranks rather than
+// unwind past a collective.
+int run_captured(const std::function<void()>& f, std::string& msg);
 
 [[noreturn]] void throw_call_error(const char* lib, const char* call, const std::string& msg,
                                    const char* file, int line);
