@@ -105,6 +105,9 @@ RowTiming time_row(Context& cx, MPI_Comm sub, Comm& comm, const Config& c, const
   const Settings& s = *cx.s;
   auto alone = make_null_comm();
   std::vector<double> full, compute;
+  // One untimed run first: the first Trainer on a dataset pays one-time costs (on a GPU, the
+  // dataset's upload and the libraries' lazy set-up) that would skew the first difference.
+  loop_seconds(c, s.warmup_steps, *cx.be, comm, ds);
   for (int r = 0; r < s.repeats; ++r) {
     DPT_CHECK_MPI(MPI_Barrier(sub));
     full.push_back(max_over(sub, step_by_difference(s, c, *cx.be, comm, ds)));
