@@ -188,33 +188,6 @@ __global__ void bias_grad_finish(const float* partial, int chunks, int out, floa
   db[col] = accumulate ? db[col] + t : t;
 }
 
-__global__ void act_backward_kernel(float* da, const float* z, const float* a, size_t n,
-                                    Act act) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    // relu and gelu read z only, tanh and sigmoid a only: do not touch the other.
-    const float zi = (act == Act::relu || act == Act::gelu) ? z[i] : 0.f;
-    const float ai = (act == Act::tanh || act == Act::sigmoid) ? a[i] : 0.f;
-    da[i] *= act_grad(zi, ai, act);
-  }
-}
-
-// Block (32, 8): 32 adjacent columns, 8 row groups; shared-memory combine in a fixed order.
-__global__ void bias_grad_kernel(const float* dz, float* db, int batch, int out, bool accumulate) {
-  __shared__ float part[8][33];
-  const int col = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.f;
-  if (col < out)
-    for (int r = threadIdx.y; r < batch; r += 8) s += dz[size_t(r) * out + col];
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < out) {
-    float t = 0.f;
-    for (int k = 0; k < 8; ++k) t += part[k][threadIdx.x];
-    db[col] = accumulate ? db[col] + t : t;
-  }
-}
-
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
@@ -567,19 +540,6 @@ void act_backward_bgrad(float* da, const float* z, const float* a, int batch, in
   bias_grad_finish<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, s>>>(
       partial, chunks, out, db, accumulate);
   DPT_CHECK_LAUNCH("bias_grad_finish");
-}
-
-void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s) {
-  if (n == 0 || act == Act::none) return;
-  act_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(da, z, a, n, act);
-  DPT_CHECK_LAUNCH("act_backward_kernel");
-}
-
-void bias_grad(const float* dz, float* db, int batch, int out, bool accumulate, cudaStream_t s) {
-  if (out == 0) return;
-  bias_grad_kernel<<<unsigned((out + 31) / 32), dim3(32, 8), 0, s>>>(dz, db, batch, out,
-                                                                     accumulate);
-  DPT_CHECK_LAUNCH("bias_grad_kernel");
 }
 
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s) {

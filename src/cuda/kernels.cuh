@@ -23,11 +23,6 @@ void bias_act_forward(float* z, float* a, const float* b, int batch, int out, Ac
 void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
                         float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s);
 size_t act_bgrad_partial_floats(int batch, int out);
-// The separate passes act_backward_bgrad replaces (kept for reference and tests).
-// da (n) *= act'(z) in place, the derivative taken from z and/or a = act(z). No-op for none.
-void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
-// db (out) = (accumulate ? db : 0) + Σ_rows dz (batch,out); fixed summation order.
-void bias_grad(const float* dz, float* db, int batch, int out, bool accumulate, cudaStream_t s);
 // dst (n, bf16, round to nearest even) = src (n, fp32).
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s);
 
