@@ -560,7 +560,7 @@ Tensor read_tensor(const Reader& r, hid_t file, const std::string& name, uint64_
 }
 
 // A file of ours (HDF5 signature after the user block) must carry an intact seal; a file with
-// the HDF5 signature at byte 0 is someone else's and goes on to the format check.
+// the HDF5 signature at byte 0 is someone else's and is refused.
 void check_seal(const Reader& r, uint64_t size) {
   std::FILE* f = std::fopen(r.path.c_str(), "rb");
   if (!f) r.fail("cannot open: " + std::string(std::strerror(errno)));
@@ -575,7 +575,11 @@ void check_seal(const Reader& r, uint64_t size) {
   uint32_t crc = 0;
   const bool read_ok = !foreign && file_crc(f, kSealBytes, bytes, crc);
   std::fclose(f);
-  if (foreign) return;
+  // HDF5 from byte 0 and no seal: not written by dptrain. Refused before libhdf5 parses it, so
+  // that no file without a verified checksum ever reaches the library's parser.
+  if (foreign)
+    r.fail("not a dptrain checkpoint (an HDF5 file without the dptrain-checkpoint seal header; "
+           "its format attribute is not read)");
   if (std::memcmp(seal.magic, kSealMagic, sizeof seal.magic) != 0) {
     if (ours) r.fail("the checksum header is damaged");
     if (got < sizeof head) r.fail("truncated (" + std::to_string(size) + " bytes)");
