@@ -49,6 +49,7 @@ void build_table(Table& t, Config& c, std::string& layers) {
   t.add("data.train", &c.train_file, "training set (HDF5, see README)");
   t.add("data.test", &c.test_file, "test set (HDF5), evaluated across all ranks");
   t.add("data.shuffle", &c.shuffle, "one permutation per epoch seeded by (seed, epoch)");
+  t.add("data.read", &c.data_read, "all (every rank loads the files) | shard (only its rows, per epoch)");
   t.add("train.epochs", &c.epochs, "passes over the training set");
   t.add("train.steps", &c.steps, "cap on optimizer steps (0 = none)");
   t.add("train.batch_per_rank", &c.batch_per_rank, "samples per rank per micro-batch");
@@ -189,6 +190,7 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
 }
 
 void validate(const Config& c) {
+  one_of("data.read", c.data_read, {"all", "shard"}, c);
   one_of("model.activation", c.activation, {"relu", "tanh", "sigmoid", "gelu"}, c);
   one_of("train.optimizer", c.optimizer, {"sgd", "momentum", "nesterov", "adam", "adamw"}, c);
   one_of("train.lr_scaling", c.lr_scaling, {"none", "linear", "sqrt"}, c);

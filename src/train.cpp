@@ -98,20 +98,44 @@ class GradSync {
 
 // ---------------------------------------------------------------------------------------------
 
+RankOrder rank_order(const Config& cfg, const Comm& comm) {
+  RankOrder o;
+  o.shuffle = cfg.shuffle;
+  o.seed = cfg.seed;
+  o.rank = comm.rank();
+  o.world = comm.size();
+  o.batch = cfg.batch_per_rank;
+  o.accumulate = cfg.accumulate;
+  return o;
+}
+
+namespace {
+std::unique_ptr<TrainRows> wrap(const Dataset* train, const Config& cfg, const Comm& comm) {
+  return train ? std::make_unique<TrainRows>(*train, rank_order(cfg, comm)) : nullptr;
+}
+
+void check_shape(const Config& cfg, const std::string& path, int64_t dim, int classes) {
+  if (dim != cfg.layers.front())
+    throw InputError("model.layers starts with " + std::to_string(cfg.layers.front()) +
+                     " inputs but " + path + " has " + std::to_string(dim) + " features per row");
+  if (classes > cfg.layers.back())
+    throw InputError("model.layers ends with " + std::to_string(cfg.layers.back()) +
+                     " outputs but " + path + " has " + std::to_string(classes) + " classes");
+}
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train,
                  const Dataset* test)
-    : cfg_(cfg), be_(be), comm_(comm), train_(train), test_(test) {
-  for (const Dataset* ds : {train, test}) {
-    if (!ds) continue;
-    if (ds->dim != cfg.layers.front())
-      throw InputError("model.layers starts with " + std::to_string(cfg.layers.front()) +
-                       " inputs but " + ds->path + " has " + std::to_string(ds->dim) +
-                       " features per row");
-    if (ds->num_classes > cfg.layers.back())
-      throw InputError("model.layers ends with " + std::to_string(cfg.layers.back()) +
-                       " outputs but " + ds->path + " has " + std::to_string(ds->num_classes) +
-                       " classes");
-  }
+    : Trainer(cfg, be, comm, static_cast<TrainRows*>(nullptr), test) {
+  own_rows_ = wrap(train, cfg, comm);
+  rows_ = own_rows_.get();
+  if (rows_) check_shape(cfg, rows_->path(), rows_->info().dim, rows_->info().num_classes);
+}
+
+Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, TrainRows* train, const Dataset* test)
+    : cfg_(cfg), be_(be), comm_(comm), rows_(train), test_(test) {
+  if (rows_) check_shape(cfg, rows_->path(), rows_->info().dim, rows_->info().num_classes);
+  if (test) check_shape(cfg, test->path, test->dim, test->num_classes);
   const int max_batch = std::max(cfg.batch_per_rank, 1024);
   model_ = std::make_unique<MLP>(be, cfg.layers, parse_act(cfg.activation), max_batch);
   opt_ = std::make_unique<Optimizer>(be, cfg, model_->num_params());
@@ -273,7 +297,14 @@ void Trainer::average_parameters() {
 
 EvalResult Trainer::evaluate(const Dataset& ds) {
   int64_t begin = 0, end = 0;
-  eval_shard(ds.n, comm_.rank(), comm_.size(), begin, end);
+  eval_shard(ds.rows_in_file(), comm_.rank(), comm_.size(), begin, end);
+  // A shard read alone (load_eval_shard) holds exactly these rows.
+  if (begin < ds.first_row || end - ds.first_row > ds.n)
+    throw Error(ds.path + ": rows [" + std::to_string(ds.first_row) + ", " +
+                std::to_string(ds.first_row + ds.n) + ") held, but this rank evaluates [" +
+                std::to_string(begin) + ", " + std::to_string(end) + ")");
+  begin -= ds.first_row;
+  end -= ds.first_row;
   const int chunk = model_->max_batch();
   std::vector<int64_t> rows(static_cast<size_t>(chunk));
   double sums[3] = {0, 0, double(end - begin)};
@@ -316,7 +347,7 @@ void Trainer::enqueue_step(GradSync* sync) {
   be_.fill(stats_.data(), 2, 0.f);
   for (int a = 0; a < A; ++a) {
     const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
-    be_.load_batch_at(*train_, order_.data(), ctl_.data(), offset, b, x_.data(), y_.data());
+    be_.load_batch_at(rows_->data(), order_.data(), ctl_.data(), offset, b, x_.data(), y_.data());
     model_->forward(x_.data(), b);
     model_->loss(y_.data(), b, grad_scale, stats_.data(), true);
     const bool last = a == A - 1;
@@ -358,13 +389,28 @@ void Trainer::check_health() {
 }
 
 void Trainer::start_epoch() {
-  const std::vector<int64_t> order = epoch_order(train_->n, cfg_.shuffle, cfg_.seed, epoch_);
-  be_.upload(order_.data(), order.data(), order.size() * sizeof(int64_t));
+  // The next epoch's rows are read ahead only when training will reach it.
+  const bool next = epoch_ + 1 < cfg_.epochs && (epoch_ + 1) * per_epoch_ < total_steps_;
+  std::vector<int64_t> index;
+  // A read error on one rank (a bad row deep in the file) stops every rank together.
+  std::string msg;
+  const int code = run_captured([&] {
+    watchdog::Phase phase("reading this rank's training rows", step_);
+    index = rows_->start_epoch(epoch_, next);
+  }, msg);
+  if (comm_.size() > 1 || code) {
+    watchdog::Phase phase("waiting for every rank's rows", step_);
+    if (!all_ok(comm_.mpi(), code == 0, msg))
+      throw Error("reading the training rows of " + rows_->path() + " failed (see above)", kExitUsage, true);
+  }
+  be_.refresh_dataset(rows_->data());
+  be_.upload(order_.data(), index.data(), index.size() * sizeof(int64_t));
   const int64_t cursor = step_in_epoch_ * global_batch();
   be_.upload(&ctl_.data()->cursor, &cursor, sizeof cursor);
 }
 
 void Trainer::prepare_run(int64_t per_epoch) {
+  per_epoch_ = per_epoch;
   total_steps_ = int64_t(cfg_.epochs) * per_epoch;
   if (cfg_.steps > 0) total_steps_ = std::min(total_steps_, cfg_.steps);
   LrSchedule sched(cfg_, comm_.size(), per_epoch, total_steps_);
@@ -373,7 +419,7 @@ void Trainer::prepare_run(int64_t per_epoch) {
   lr_host_.assign(lr.begin(), lr.end());
   lr_ = Buffer<float>(be_, lr.size());
   be_.upload(lr_.data(), lr.data(), lr.size() * sizeof(float));
-  order_ = Buffer<int64_t>(be_, size_t(train_->n));
+  order_ = Buffer<int64_t>(be_, size_t(rows_->file_rows()));
   ctl_ = Buffer<StepCtl>(be_, 1);
   StepCtl c;
   c.step = step_;
@@ -429,25 +475,30 @@ bool Trainer::agree_stop() {
 
 TrainResult Trainer::run() {
   TrainResult res;
-  const int64_t N = train_->n, G = global_batch();
+  if (!rows_) throw Error("Trainer::run without a training set");
+  const int64_t N = rows_->file_rows(), G = global_batch();
   const int64_t per_epoch = N / G;
   if (per_epoch == 0)
-    throw InputError(train_->path + " has " + std::to_string(N) + " rows, fewer than one global batch (" +
+    throw InputError(rows_->path() + " has " + std::to_string(N) + " rows, fewer than one global batch (" +
                      std::to_string(G) + " = batch_per_rank × ranks × accumulate)", true);
   prepare_run(per_epoch);
   const bool by_gradients = cfg_.sync == "gradients";
   // One rank has nothing to reduce; with several, sync = gradients reduces every step.
   GradSync sync(*model_, comm_, cfg_.bucket_mb);
   GradSync* reduce = by_gradients && comm_.size() > 1 ? &sync : nullptr;
-  const bool capture = be_.can_capture(*train_) && (!reduce || comm_.capturable()) && !fault::any();
+  // The first epoch's rows are in place before the backend decides whether it can capture.
+  const bool training = epoch_ < cfg_.epochs && step_ < total_steps_;
+  if (training) start_epoch();
+  const bool capture = be_.can_capture(rows_->data()) && (!reduce || comm_.capturable()) && !fault::any();
   auto runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
   if (cfg_.ckpt_at_start && step_ == 0) save_checkpoint();
   t0_ = Clock::now();
   t_last_ = 0;
   s_last_ = step_;
   const int64_t first_step = step_;
-  for (; epoch_ < cfg_.epochs && step_ < total_steps_; ++epoch_, step_in_epoch_ = 0) {
-    start_epoch();
+  for (bool first = true; epoch_ < cfg_.epochs && step_ < total_steps_; ++epoch_, step_in_epoch_ = 0) {
+    if (!first) start_epoch();
+    first = false;
     for (; step_in_epoch_ < per_epoch && step_ < total_steps_;) {
       {
         // On the CPU the step's allreduces happen inside (each its own phase); on a GPU the

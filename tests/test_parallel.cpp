@@ -280,3 +280,119 @@ TEST(Resume, AfterAStepCapInTheMiddleOfAnEpoch) {
     for (const char* t : {"cap-a", "cap-b"})
       std::filesystem::remove_all(std::filesystem::temp_directory_path() / (std::string("dpt-") + t + "-" + std::to_string(::getpid())));
 }
+
+namespace {
+
+struct FileOutcome {
+  Outcome run;
+  EvalResult eval;
+  int64_t rows_read = 0;  // rank 0's rows read from the training file
+};
+
+// As train_on, but from cfg.train_file / cfg.test_file the way dptrain reads them: whole
+// (data.read = all) or, for data.read = shard, only this rank's rows of each.
+FileOutcome train_from_files(int ranks, const Config& cfg) {
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  FileOutcome out;
+  double ev[3] = {0, 0, 0};
+  if (sub != MPI_COMM_NULL) {
+    BackendOptions bo;
+    bo.type = "cpu";
+    bo.threads = 1;
+    auto be = make_backend(bo);
+    auto comm = make_comm("mpi", sub, *be);
+    const bool shard = cfg.data_read == "shard";
+    Dataset train, test;
+    std::unique_ptr<TrainRows> rows;
+    if (shard) {
+      rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, *comm));
+      test = load_eval_shard(cfg.test_file, comm->rank(), comm->size());
+    } else {
+      train = load_dataset(cfg.train_file);
+      test = load_dataset(cfg.test_file);
+    }
+    std::unique_ptr<Trainer> t = shard ? std::make_unique<Trainer>(cfg, *be, *comm, rows.get(), &test)
+                                       : std::make_unique<Trainer>(cfg, *be, *comm, &train, &test);
+    TrainResult r = t->run();
+    out.run.losses = r.losses;
+    out.run.params = t->params_host();
+    out.run.steps = r.steps;
+    ev[0] = r.last_eval.loss;
+    ev[1] = r.last_eval.accuracy;
+    ev[2] = double(r.last_eval.n);
+    out.rows_read = shard ? rows->rows_read() : train.n;
+    t.reset();
+    comm.reset();
+    MPI_Comm_free(&sub);
+  }
+  bcast_vec(out.run.losses);
+  bcast_vec(out.run.params);
+  MPI_Bcast(&out.run.steps, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  MPI_Bcast(ev, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Bcast(&out.rows_read, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  out.eval.loss = ev[0];
+  out.eval.accuracy = ev[1];
+  out.eval.n = int64_t(ev[2]);
+  return out;
+}
+
+void expect_bitwise(const FileOutcome& a, const FileOutcome& b, const std::string& what) {
+  EXPECT_EQ(a.run.steps, b.run.steps) << what;
+  EXPECT_EQ(a.run.losses, b.run.losses) << what;
+  ASSERT_EQ(a.run.params.size(), b.run.params.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.run.params.data(), b.run.params.data(), a.run.params.size() * sizeof(float))) << what;
+  EXPECT_EQ(a.eval.loss, b.eval.loss) << what;
+  EXPECT_EQ(a.eval.accuracy, b.eval.accuracy) << what;
+  EXPECT_EQ(a.eval.n, b.eval.n) << what;
+}
+
+}  // namespace
+
+// data.read = shard changes where the rows come from, not which rows a step uses: the same
+// ranks train bitwise alike, evaluation included, while each rank reads only its share.
+TEST(DataRead, ShardTrainsBitwiseLikeTheWholeFile) {
+  const std::string dir = temp_dir("shard");
+  const std::string train = dir + "/train.h5", test = dir + "/test.h5";
+  if (world_rank() == 0) {
+    std::filesystem::create_directories(dir);
+    write_dataset(train, blobs());
+    write_dataset(test, synth_blobs(101, 12, 4, 0.8f, 7));  // 101 rows: uneven eval shards
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (bool shuffle : {true, false}) {
+    Config c = base_config();
+    c.train_file = train;
+    c.test_file = test;
+    c.shuffle = shuffle;
+    c.batch_per_rank = 5;
+    c.accumulate = 2;
+    c.epochs = 3;
+    const int ranks = 3;  // G = 30: 21 steps per epoch, 10 of the 640 rows unused each epoch
+    const FileOutcome all = train_from_files(ranks, c);
+    c.data_read = "shard";
+    const FileOutcome shard = train_from_files(ranks, c);
+    const std::string what = shuffle ? "shuffled" : "in file order";
+    ASSERT_EQ(all.run.steps, 3 * 21) << what;
+    expect_bitwise(shard, all, what);
+    EXPECT_EQ(all.eval.n, 101);
+    // Rank 0 read 21 steps × 2 micro-batches × 5 rows per epoch: once in file order, every
+    // epoch when shuffled; the whole-file run read all 640.
+    EXPECT_EQ(shard.rows_read, (shuffle ? 3 : 1) * 21 * 2 * 5) << what;
+    EXPECT_EQ(all.rows_read, 640);
+
+    // A shard run resumed mid-epoch from its checkpoint ends like the uninterrupted one.
+    Config capped = c;
+    capped.ckpt_dir = dir + "/ckpt-" + std::to_string(shuffle);
+    capped.ckpt_keep = 0;
+    capped.steps = 30;  // inside epoch 2
+    EXPECT_EQ(train_from_files(ranks, capped).run.steps, 30);
+    Config rest = c;
+    rest.ckpt_dir = capped.ckpt_dir;
+    rest.resume = "auto";
+    const FileOutcome resumed = train_from_files(ranks, rest);
+    EXPECT_EQ(resumed.run.steps, all.run.steps);
+    EXPECT_EQ(0, std::memcmp(resumed.run.params.data(), all.run.params.data(), all.run.params.size() * sizeof(float))) << what;
+  }
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}

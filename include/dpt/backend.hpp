@@ -119,6 +119,9 @@ class Backend {
   // End of a step: count it (skipped or applied), advance cursor by global_batch, and clear
   // ctl->bad unless sticky.
   virtual void end_step(StepCtl* ctl, int64_t global_batch, bool sticky);
+  // The contents of ds changed (its version): a backend holding a copy refreshes it, in
+  // stream order after the work already queued, at the same address.
+  virtual void refresh_dataset(const Dataset& ds) { (void)ds; }
   // True when a step that touches only backend memory and `ds` can be captured and replayed.
   virtual bool can_capture(const Dataset& ds) { (void)ds; return false; }
   // A runner for `step`; capture is allowed only when the caller says the step can be.

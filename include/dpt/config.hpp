@@ -17,6 +17,7 @@ struct Config {
   std::string train_file;
   std::string test_file;
   bool shuffle = true;
+  std::string data_read = "all";  // all | shard
   // [train]
   int epochs = 1;
   int64_t steps = 0;  // optional cap on optimizer steps (0 = none)

@@ -3,7 +3,10 @@
 // and host-side batch gathering. Knows nothing of models.
 #pragma once
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dpt {
@@ -21,7 +24,13 @@ struct Dataset {
   std::vector<uint8_t> u8;    // n × dim when is_u8
   std::vector<float> f32;     // n × dim otherwise
   std::vector<int32_t> labels;  // n, each in [0, num_classes)
+  // Part of a file: row i here is row first_row + i of a file of file_rows rows (0: all of it).
+  int64_t first_row = 0, file_rows = 0;
+  // Changes whenever the contents are replaced in place (TrainRows' epoch switch), so a backend
+  // holding a copy knows to refresh it; 0 for a dataset that never changes.
+  uint64_t version = 0;
 
+  int64_t rows_in_file() const { return file_rows ? file_rows : n; }
   // x (count, dim) and y (count) get the given rows, converted to float.
   void gather(const int64_t* rows, int count, float* x, int32_t* y) const;
 };
@@ -41,6 +50,12 @@ struct DatasetInfo {
 // before any large allocation.
 DatasetInfo probe_dataset(const std::string& path);
 Dataset load_dataset(const std::string& path);
+// Reads only the given rows (any order; repeats allowed): row i of the result is file row
+// rows[i]. The file is validated as by load_dataset except that only these rows' labels and
+// features are read and checked, and only their size counts against the memory limit.
+Dataset load_rows(const std::string& path, const std::vector<int64_t>& rows);
+// Rank r's evaluation rows (eval_shard) of the file, read alone; first_row and file_rows set.
+Dataset load_eval_shard(const std::string& path, int rank, int world);
 
 // Writes a dataset in the layout (features uint8 or float32, labels int32). Atomic: temporary
 // file + rename.
@@ -72,6 +87,61 @@ inline int64_t batch_offset(int64_t k, int a, int r, int b, int world, int accum
   const int64_t G = int64_t(b) * world * accumulate;
   return k * G + int64_t(a) * b * world + int64_t(r) * b;
 }
+
+// How one rank walks the training set: the data order above, for this rank.
+struct RankOrder {
+  bool shuffle = true;
+  uint64_t seed = 1;
+  int rank = 0, world = 1, batch = 1, accumulate = 1;
+  int64_t global_batch() const { return int64_t(batch) * world * accumulate; }
+};
+
+// The positions of an epoch's order that the rank uses, in the order it uses them: for each
+// global batch k < n / G and micro-batch a, b positions from batch_offset(k, a, r, ...). The
+// trailing partial global batch is dropped, as in training.
+std::vector<int64_t> rank_positions(int64_t n, const RankOrder& o);
+
+// The training rows of one rank, epoch by epoch (`data.read`):
+//  - all: the whole file is in memory (a Dataset the caller owns); an epoch's index is its order.
+//  - shard: only the rows this rank's batches use in the epoch are read from the file, stored
+//    in the order the rank uses them; while an epoch trains, a background thread reads the next
+//    one's (with shuffle = false the rows never change and are read once).
+// data() is one object whose contents change at each start_epoch (its version with them).
+class TrainRows {
+ public:
+  TrainRows(const Dataset& whole, const RankOrder& o);
+  TrainRows(const std::string& path, const RankOrder& o);
+  ~TrainRows();
+  TrainRows(const TrainRows&) = delete;
+  TrainRows& operator=(const TrainRows&) = delete;
+
+  bool sharded() const { return whole_ == nullptr; }
+  const DatasetInfo& info() const { return info_; }
+  const std::string& path() const { return path_; }
+  int64_t file_rows() const { return info_.n; }
+  const Dataset& data() const { return whole_ ? *whole_ : cur_; }
+  // Makes epoch e current (waiting for its rows if they are still being read; a read error is
+  // thrown here) and returns its index (file_rows entries): position p of the epoch order is row
+  // index[p] of data(); positions other ranks use hold 0. With read_next, epoch e + 1's rows
+  // are read in the background meanwhile.
+  std::vector<int64_t> start_epoch(int64_t e, bool read_next = true);
+  // Rows read from the file so far (shard), or the file's rows (all).
+  int64_t rows_read() const { return whole_ ? info_.n : rows_read_; }
+
+ private:
+  struct Pending;
+  const Dataset* whole_ = nullptr;
+  std::string path_;
+  DatasetInfo info_;
+  RankOrder order_;
+  Dataset cur_;
+  int64_t cur_epoch_ = -1;
+  int64_t rows_read_ = 0;
+  std::unique_ptr<Pending> next_;  // the background read of the next epoch, if any
+
+  Dataset read_epoch(int64_t e) const;
+  void prefetch(int64_t e);
+};
 
 // Evaluation shard: rank r of W takes rows [r·n/W, (r+1)·n/W) (no row dropped).
 inline void eval_shard(int64_t n, int r, int world, int64_t& begin, int64_t& end) {

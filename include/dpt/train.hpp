@@ -39,7 +39,11 @@ class Trainer {
  public:
   // train/test may be null (test: no evaluation). Parameters are initialised (or loaded from
   // model.init or a resume checkpoint) and broadcast from rank 0.
+  // A train Dataset is the whole file in memory; TrainRows (not owned) may read only this
+  // rank's rows (data.read = shard). A test Dataset may be this rank's evaluation shard
+  // (load_eval_shard) or the whole file.
   Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train, const Dataset* test);
+  Trainer(const Config& cfg, Backend& be, Comm& comm, TrainRows* train, const Dataset* test);
   ~Trainer();
 
   TrainResult run();
@@ -57,7 +61,8 @@ class Trainer {
   const Config& cfg_;
   Backend& be_;
   Comm& comm_;
-  const Dataset* train_;
+  std::unique_ptr<TrainRows> own_rows_;
+  TrainRows* rows_ = nullptr;  // null: evaluation only
   const Dataset* test_;
   std::unique_ptr<MLP> model_;
   std::unique_ptr<Optimizer> opt_;
@@ -72,6 +77,7 @@ class Trainer {
   int64_t skipped_reported_ = 0;
   int64_t last_saved_ = -1;
   int64_t total_steps_ = 0;
+  int64_t per_epoch_ = 1;     // optimizer steps per epoch
   std::chrono::steady_clock::time_point t0_;
   double t_last_ = 0;  // seconds since t0_ at the last logged step
   int64_t s_last_ = 0; // step at the last logged step
@@ -88,6 +94,9 @@ class Trainer {
   void log_eval(const EvalResult& e);
   bool agree_stop();
 };
+
+// This rank's walk through the training set under cfg.
+RankOrder rank_order(const Config& cfg, const Comm& comm);
 
 // Rank 0 writes one JSON object per line; other ranks hold a closed writer.
 class MetricsWriter {

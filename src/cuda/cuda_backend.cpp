@@ -215,7 +215,9 @@ class UploadRing {
 // A dataset kept in device memory, features in their stored type.
 struct Resident {
   const void* host = nullptr;  // the host array it was copied from (detects a reused address)
+  uint64_t version = 0;        // the Dataset's version it holds (contents replaced in place)
   int64_t n = 0, dim = 0;
+  bool u8 = true;
   bool checked = false;        // the decision below has been taken for this dataset
   bool fits = false;           // false: too large, batches are gathered on the host
   DevPtr feat, labels;         // (n, dim) uint8 or float32; (n) int32
@@ -489,6 +491,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   bool can_capture(const Dataset& ds) override { return resident(ds).fits; }
+  void refresh_dataset(const Dataset& ds) override { resident(ds); }
 
   std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture) override;
 
@@ -786,14 +789,28 @@ class CudaBackendImpl final : public CudaBackend {
   const Resident& resident(const Dataset& ds) {
     const void* host = ds.is_u8 ? static_cast<const void*>(ds.u8.data()) : ds.f32.data();
     Resident& r = resident_[&ds];
-    if (r.checked && r.host == host && r.n == ds.n && r.dim == ds.dim) return r;
-    r = Resident{};
-    r.host = host;
-    r.n = ds.n;
-    r.dim = ds.dim;
-    r.checked = true;  // also when an allocation below throws: the next call falls back
+    const bool same_shape = r.checked && r.n == ds.n && r.dim == ds.dim && r.u8 == ds.is_u8;
+    if (same_shape && r.version == ds.version && (ds.version || r.host == host)) return r;
     const size_t feat = size_t(ds.n) * size_t(ds.dim) * (ds.is_u8 ? 1 : 4);
     const size_t lab = size_t(ds.n) * sizeof(int32_t);
+    if (same_shape && ds.version && r.fits) {
+      // New contents of the same shape (TrainRows' next epoch): copied over the old in stream
+      // order, at the same address, so a captured step reads the new rows. A copy from pageable
+      // memory returns once the source is staged; the host may then change it.
+      cudaStream_t s = stream_.get();
+      DPT_CHECK_CUDA(cudaMemcpyAsync(r.feat.get(), host, feat, cudaMemcpyHostToDevice, s));
+      DPT_CHECK_CUDA(cudaMemcpyAsync(r.labels.get(), ds.labels.data(), lab, cudaMemcpyHostToDevice, s));
+      r.host = host;
+      r.version = ds.version;
+      return r;
+    }
+    r = Resident{};
+    r.host = host;
+    r.version = ds.version;
+    r.n = ds.n;
+    r.dim = ds.dim;
+    r.u8 = ds.is_u8;
+    r.checked = true;  // also when an allocation below throws: the next call falls back
     size_t free_b = 0, total_b = 0;
     DPT_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
     if (feat + lab > free_b / 2 || ds.labels.size() != size_t(ds.n)) {
