@@ -11,29 +11,63 @@ B=.gpu/bin
 if ! ldconfig -p | grep -q libopenblas.so.0 && [ -f .gpu/gpulibs.tar.xz ]; then
   mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
 fi
-what=${1:-all}
+what=${1:-all}  # all, or a comma-separated list of the sections below
+want() { [[ $what == all || ,$what, == *,$1,* ]]; }
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
   nvidia-smi topo -m; ldd $B/dptrain | grep -E "not found|openblas|nccl|cublas" ; nproc
 } > "$OUT/machine.txt" 2>&1
-if [[ $what == all || $what == tests ]]; then
+if want tests; then
   { mpirun -np 1 $B/test_gpu; echo "rc=$?"; mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
     mpirun -np 1 $B/test_gpu_train; echo "rc=$?"; mpirun -np 2 $B/test_gpu_train; echo "rc=$?";
     mpirun -np 1 $B/test_core; echo "rc=$?"; mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
 fi
-if [[ $what == all || $what == e2e ]]; then
+if want e2e; then
   mkdir -p data && $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
   for np in 1; do
     /usr/bin/time -f "wall %e s" mpirun -np $np $B/dptrain --config inputs/run.ini --train.epochs 20 \
       --checkpoint.dir /tmp/ck$np --log.metrics $OUT/e2e-metrics-$np.jsonl > "$OUT/e2e-$np.log" 2>&1
     grep -E "wall|final|done|error" "$OUT/e2e-$np.log"
   done
+  # The same run reading only this rank's rows per epoch (data.read = shard), and with the data
+  # streamed through pinned buffers instead of resident (DPT_STREAM_DATA=1: no step graph).
+  /usr/bin/time -f "wall %e s" mpirun -np 1 $B/dptrain --config inputs/run.ini --train.epochs 20 --data.read shard \
+    --checkpoint.dir /tmp/ck-shard --log.metrics $OUT/e2e-metrics-shard.jsonl > "$OUT/e2e-shard.log" 2>&1
+  grep -E "wall|final|done|error|data.read" "$OUT/e2e-shard.log"
+  /usr/bin/time -f "wall %e s" mpirun -x DPT_STREAM_DATA=1 -np 1 $B/dptrain --config inputs/run.ini --train.epochs 20 \
+    --checkpoint.dir /tmp/ck-stream --log.metrics $OUT/e2e-metrics-stream.jsonl > "$OUT/e2e-stream.log" 2>&1
+  grep -E "wall|final|done|error|stream" "$OUT/e2e-stream.log"
   # Two ranks sharing the one GPU over the MPI transport (MPS-style layout), 2 epochs.
   mpirun -np 2 $B/dptrain --config inputs/run.ini --train.epochs 2 --checkpoint.dir "" --comm.backend mpi > "$OUT/e2e-shared.log" 2>&1
   grep -E "final|done|error|transport" "$OUT/e2e-shared.log"
 fi
-if [[ $what == all || $what == bench ]]; then
+if want mps; then
+  # jobs/mps-daemon.sh without Slurm: a real MPS control daemon, two ranks on the GPU through it.
+  [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/dpt-mps/pipe CUDA_MPS_LOG_DIRECTORY=$OUT/mps-log
+  bash jobs/mps-daemon.sh run > "$OUT/mps-daemon.log" 2>&1 &
+  daemon=$!
+  if bash jobs/mps-daemon.sh ready; then
+    echo "mps: control pipe up"
+    timeout 180 mpirun -x CUDA_MPS_PIPE_DIRECTORY -np 2 $B/dptrain --config inputs/run.ini --train.epochs 2 \
+      --checkpoint.dir "" --comm.backend mpi > "$OUT/mps-train.log" 2>&1 &
+    train=$!
+    sleep 4; nvidia-smi > "$OUT/mps-nvidia-smi.txt" 2>&1
+    wait $train; echo "mps: dptrain rc=$?"
+    grep -E "final|done|error" "$OUT/mps-train.log"
+  fi
+  bash jobs/mps-daemon.sh stop
+  timeout 30 tail --pid=$daemon -f /dev/null; kill $daemon 2>/dev/null
+  grep -c -i "new client\|client" "$OUT"/mps-log/*/control.log 2>/dev/null | sed 's/^/mps: control.log client lines /'
+  grep -i "M+C\|MPS" "$OUT/mps-nvidia-smi.txt" | head -5
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
+if want layouts; then
+  python3 bench/gemm_layouts.py --batch 4096 --width 4096 --precision tf32,bf16 > "$OUT/gemm-layouts.jsonl" 2>&1
+  cat "$OUT/gemm-layouts.jsonl"
+fi
+if want bench; then
   [[ ${SKIP_TORCH:-0} == 1 ]] || python3 bench/torch_step.py --gemm --layers 784,1024,1024,10 --batch 256 --precision tf32 --modes eager,graph > "$OUT/torch-small.jsonl" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision tf32 > "$OUT/ours-small.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision fp32 >> "$OUT/ours-small.log" 2>&1
@@ -47,7 +81,7 @@ if [[ $what == all || $what == bench ]]; then
   fi
   grep -h "^{" "$OUT"/ours-*.log "$OUT"/torch-*.jsonl
 fi
-if [[ $what == all || $what == scaling ]]; then
+if want scaling; then
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
   timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
   echo "bench-scaling rc=$?"; grep -A12 -i "findings" "$OUT/scaling-stdout.log" | head -20

@@ -79,8 +79,8 @@ dpt_srun_per_node() {
 
 # Copies the datasets once per node (sbcast: one read of the shared file system, a tree broadcast
 # to the nodes) and appends --data.train/--data.test overrides pointing at the copies to
-# DPT_EXTRA. Note: every rank still reads the whole (local) file; reading only its own slices
-# is not implemented in dptrain's data layer.
+# DPT_EXTRA, with --data.read shard (unless the config or command line sets data.read): each
+# rank then reads only its own rows of the copies, epoch by epoch.
 dpt_stage_data() {
   local cfg=$1; shift
   local dir=${DPT_STAGE_DIR:-${TMPDIR:-/tmp}/dptrain-$SLURM_JOB_ID} which src dst
@@ -101,6 +101,10 @@ dpt_stage_data() {
     # The staged copy replaces any --data.<which> given on the command line.
     DPT_EXTRA+=(--data."$which" "$dst")
   done
+  if [ -z "$(dpt_key data read "$cfg" "$@")" ]; then
+    DPT_EXTRA+=(--data.read shard)
+    dpt_mark "data.read shard"
+  fi
 }
 
 dpt_unstage_data() {

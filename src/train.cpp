@@ -347,7 +347,9 @@ void Trainer::enqueue_step(GradSync* sync) {
   be_.fill(stats_.data(), 2, 0.f);
   for (int a = 0; a < A; ++a) {
     const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
-    be_.load_batch_at(rows_->data(), order_.data(), ctl_.data(), offset, b, x_.data(), y_.data());
+    // The host's copy of the rows, for a backend that streams the data rather than holding it.
+    const int64_t* host_rows = index_host_.data() + step_in_epoch_ * global_batch() + offset;
+    be_.load_batch_at(rows_->data(), order_.data(), ctl_.data(), offset, b, x_.data(), y_.data(), host_rows);
     model_->forward(x_.data(), b);
     model_->loss(y_.data(), b, grad_scale, stats_.data(), true);
     const bool last = a == A - 1;
@@ -405,6 +407,7 @@ void Trainer::start_epoch() {
   }
   be_.refresh_dataset(rows_->data());
   be_.upload(order_.data(), index.data(), index.size() * sizeof(int64_t));
+  index_host_ = std::move(index);
   const int64_t cursor = step_in_epoch_ * global_batch();
   be_.upload(&ctl_.data()->cursor, &cursor, sizeof cursor);
 }

@@ -187,6 +187,9 @@ TEST_F(Slurm, TrainJobWithMpirunAndStagedDataFinishesAndLearns) {
   EXPECT_TRUE(contains(out, "train = " + stage + "/train-train.h5")) << out;
   EXPECT_TRUE(contains(out, "test = " + stage + "/test-test.h5")) << out;
   EXPECT_TRUE(contains(out, "lr = 0.003")) << out;
+  // Staging turns on data.read = shard: each of the 2 ranks reads only its rows of the copy.
+  EXPECT_TRUE(contains(out, "read = shard")) << out;
+  EXPECT_TRUE(contains(out, "data.read = shard: each rank reads")) << out;
   EXPECT_FALSE(fs::exists(stage)) << "staged data left behind";
   EXPECT_GT(last_accuracy("mpirun"), 0.95) << slurp(dir / "mpirun" / "metrics.jsonl");
 }

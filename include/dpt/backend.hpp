@@ -108,9 +108,13 @@ class Backend {
 
   // ---- device-side step control (the training loop's path) ----
   // As load_batch with rows = order[ctl->cursor + offset ...]; order (n) and ctl live in
-  // backend memory. Default: host-addressable backends read them directly; others download.
+  // backend memory. host_rows, when given, are the same rows as the host knows them (valid for
+  // this call only): a backend that cannot gather on the device (data too large for it) uses
+  // them instead of reading order and ctl back. Default: host-addressable backends read order
+  // and ctl directly; others take host_rows, or download.
   virtual void load_batch_at(const Dataset& ds, const int64_t* order, const StepCtl* ctl,
-                             int64_t offset, int count, float* x, int32_t* y);
+                             int64_t offset, int count, float* x, int32_t* y,
+                             const int64_t* host_rows = nullptr);
   // ctl->bad |= (any of g[0..n) is NaN/Inf).
   virtual void check_finite(const float* g, size_t n, StepCtl* ctl);
   // optimizer_step with lr = lr_table[ctl->step] and t = ctl->updates + 1; nothing when ctl->bad.

@@ -69,6 +69,7 @@ class Trainer {
   Buffer<float> x_, stats_;  // x (max_batch, in_dim); stats [Σ loss, #correct]
   Buffer<int32_t> y_;        // (max_batch)
   Buffer<int64_t> order_;    // (n) this epoch's row order
+  std::vector<int64_t> index_host_;  // the same, on the host
   Buffer<StepCtl> ctl_;      // (1) what the device-side step reads and advances
   Buffer<float> lr_;         // (total steps) learning rate of each step
   std::vector<float> lr_host_;

@@ -57,9 +57,14 @@ void Backend::load_batch(const Dataset& ds, const int64_t* rows, int count, floa
 }
 
 void Backend::load_batch_at(const Dataset& ds, const int64_t* order, const StepCtl* ctl,
-                            int64_t offset, int count, float* x, int32_t* y) {
+                            int64_t offset, int count, float* x, int32_t* y,
+                            const int64_t* host_rows) {
   if (host_addressable()) {
     load_batch(ds, order + ctl->cursor + offset, count, x, y);
+    return;
+  }
+  if (host_rows) {
+    load_batch(ds, host_rows, count, x, y);
     return;
   }
   StepCtl c;  // the slow path of a device backend: read the cursor, then the rows

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The three GEMMs of one Linear layer's training step, timed one by one with cuBLAS (through
+torch.matmul, which passes the operands' strides straight to cuBLAS), in the layouts an MLP
+with row-major (batch, features) activations and (out, in) weights gives them:
+
+  forward  y  = x · Wᵀ     both operands K-major
+  input    dx = dz · W     B (W) N-major
+  weight   dW = dzᵀ · x    A (dzᵀ) M-major, B (x) N-major
+
+and the same products with both operands made K-major first (the transposes timed apart).
+Hopper's tensor cores read TF32 operands only K-major, so the gap between the rows shows what
+explicit transposes could win. Prints one JSON object per measurement.
+
+    python3 bench/gemm_layouts.py --batch 4096 --width 4096 --precision tf32,bf16
+"""
+import argparse
+import json
+import statistics
+
+import torch
+
+
+def time_ms(fn, iters=50, repeat=5):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / iters)
+    return statistics.median(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--precision", default="tf32,bf16")
+    a = ap.parse_args()
+    B, N = a.batch, a.width
+    for prec in a.precision.split(","):
+        torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+        dt = torch.bfloat16 if prec == "bf16" else torch.float32
+        x = torch.randn(B, N, device="cuda", dtype=dt)
+        w = torch.randn(N, N, device="cuda", dtype=dt)
+        dz = torch.randn(B, N, device="cuda", dtype=dt)
+        flop = 2.0 * B * N * N
+        wt = w.t().contiguous()
+        dzt = dz.t().contiguous()
+        xt = x.t().contiguous()
+        cases = {
+            "forward x.Wt (K,K)": lambda: torch.matmul(x, w.t()),
+            "input dz.W (K,N)": lambda: torch.matmul(dz, w),
+            "input dz.(Wt)t (K,K)": lambda: torch.matmul(dz, wt.t()),
+            "weight dzt.x (M,N)": lambda: torch.matmul(dz.t(), x),
+            "weight dzt.(xt)t (K,K)": lambda: torch.matmul(dzt, xt.t()),
+            "transpose W": lambda: w.t().contiguous(),
+            "transpose dz": lambda: dz.t().contiguous(),
+        }
+        for name, fn in cases.items():
+            ms = time_ms(fn)
+            rec = {"precision": prec, "case": name, "ms": round(ms, 4)}
+            if not name.startswith("transpose"):
+                rec["tflops"] = round(flop / ms / 1e9, 1)
+            print(json.dumps(rec), flush=True)
+
+
+if __name__ == "__main__":
+    main()
