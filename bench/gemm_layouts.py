@@ -59,6 +59,8 @@ def main():
             "input dz.(Wt)t (K,K)": lambda: torch.matmul(dz, wt.t()),
             "weight dzt.x (M,N)": lambda: torch.matmul(dz.t(), x),
             "weight dzt.(xt)t (K,K)": lambda: torch.matmul(dzt, xt.t()),
+            "weight dzt.(xt)t (M,K)": lambda: torch.matmul(dz.t(), xt.t()),
+            "weight dzt.x (K,N)": lambda: torch.matmul(dzt, x),
             "transpose W": lambda: w.t().contiguous(),
             "transpose dz": lambda: dz.t().contiguous(),
         }

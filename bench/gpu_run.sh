@@ -73,6 +73,10 @@ if want bench; then
   mpirun -np 1 $B/bench-step --layers 784,1024,1024,10 --batch 256 --precision fp32 >> "$OUT/ours-small.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide.log" 2>&1
   mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --warmup 20 --steps 200 >> "$OUT/ours-wide.log" 2>&1
+  # TF32 with the weight gradient's operands as they are (0) and both transposed (2); 1 is the default.
+  for t in 0 2; do
+    DPT_TF32_TRANSPOSE=$t mpirun -x DPT_TF32_TRANSPOSE -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --warmup 20 --steps 200 > "$OUT/ours-wide-tf32-t$t.log" 2>&1
+  done
   # The same bf16 step with the GEMMs on cublasGemmEx instead of cuBLASLt (bias in a kernel).
   DPT_CUBLASLT=0 mpirun -x DPT_CUBLASLT -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide-gemmex.log" 2>&1
   if [[ ${SKIP_TORCH:-0} != 1 ]]; then

@@ -450,6 +450,61 @@ TEST(CudaBackend, LoadBatchMatchesGather) {
   }
 }
 
+// TF32's weight gradient with its operands made K-major first (DPT_TF32_TRANSPOSE: 1 the
+// smaller of x and dz, 2 both) or as they are (0): the same product, within TF32's tolerance of
+// the CPU. The shapes take both branches of 1 (in <= out and in > out).
+TEST(CudaBackend, Tf32WeightGradientInEveryOperandLayout) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  for (const char* mode : {"0", "1", "2"}) {
+    setenv("DPT_TF32_TRANSPOSE", mode, 1);
+    auto g = gpu(Precision::tf32);
+    unsetenv("DPT_TF32_TRANSPOSE");
+    SCOPED_TRACE(std::string("DPT_TF32_TRANSPOSE=") + mode);
+    for (const Shape& sh : kShapes)
+      for (bool acc : {false, true}) check_backward(*cpu, *g, Precision::tf32, sh, Act::relu, acc, true);
+  }
+}
+
+// Data left in host memory (DPT_STREAM_DATA=1) streams through the pinned slots: the same
+// values as the host's gather, for scattered rows, runs of consecutive rows, batches that grow
+// the slots, and more batches than slots in flight before anything is read back.
+TEST(CudaBackend, StreamedBatchesMatchGather) {
+  SKIP_WITHOUT_GPU();
+  setenv("DPT_STREAM_DATA", "1", 1);
+  auto g = gpu();
+  unsetenv("DPT_STREAM_DATA");
+  for (bool u8 : {true, false}) {
+    const Dataset ds = small_dataset(u8);
+    SplitMix64 r(900);
+    std::vector<std::vector<float>> want_x;
+    std::vector<std::vector<int32_t>> want_y;
+    std::vector<Buffer<float>> xs;
+    std::vector<Buffer<int32_t>> ys;
+    for (int round = 0; round < 6; ++round) {
+      const int count = 5 + 13 * round;  // grows: the slots are re-allocated
+      std::vector<int64_t> rows(static_cast<size_t>(count));
+      const int64_t start = int64_t(r.below(uint64_t(ds.n - count)));
+      for (int i = 0; i < count; ++i)  // even rounds: one run; odd: scattered
+        rows[size_t(i)] = round % 2 == 0 ? start + i : int64_t(r.below(uint64_t(ds.n)));
+      want_x.emplace_back(size_t(count * ds.dim));
+      want_y.emplace_back(static_cast<size_t>(count));
+      ds.gather(rows.data(), count, want_x.back().data(), want_y.back().data());
+      xs.push_back(poisoned(*g, want_x.back().size()));
+      ys.emplace_back(*g, size_t(count));
+      g->load_batch(ds, rows.data(), count, xs.back().data(), ys.back().data());
+    }
+    for (size_t i = 0; i < xs.size(); ++i) {
+      EXPECT_LE(rel_err(get(*g, xs[i]), want_x[i]), 1e-6) << ds.path << " batch " << i;
+      EXPECT_EQ(get(*g, ys[i]), want_y[i]) << ds.path << " batch " << i;
+    }
+    const int64_t bad = ds.n;
+    Buffer<float> x(*g, size_t(ds.dim));
+    Buffer<int32_t> y(*g, 1);
+    EXPECT_THROW(g->load_batch(ds, &bad, 1, x.data(), y.data()), std::exception);
+  }
+}
+
 // ---- bf16: derived copies follow every write ----
 
 // Round to nearest even, as __float2bfloat16_rn (finite inputs).

@@ -612,6 +612,30 @@ void flag_nonfinite(const float* p, size_t n, int* flag, cudaStream_t s) {
   }
 }
 
+// 32×32 tiles through shared memory (one padding column against bank conflicts): reads and
+// writes both coalesced.
+__global__ void transpose_kernel(const float* __restrict__ src, int rows, int cols,
+                                 float* __restrict__ dst) {
+  __shared__ float tile[32][33];
+  const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    const int r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[j][threadIdx.x] = src[size_t(r) * size_t(cols) + size_t(c)];
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    const int c = c0 + j, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[size_t(c) * size_t(rows) + size_t(r)] = tile[threadIdx.x][j];
+  }
+}
+
+void transpose(const float* src, int rows, int cols, float* dst, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32)), block(32, 8);
+  transpose_kernel<<<grid, block, 0, s>>>(src, rows, cols, dst);
+  DPT_CHECK_LAUNCH("transpose_kernel");
+}
+
 void gather_rows(const void* feat, bool is_u8, const int32_t* labels, const int64_t* rows,
                  int count, int64_t dim, float scale, float offset, float* x, int32_t* y,
                  cudaStream_t s, const StepCtl* ctl, int64_t first) {

@@ -25,6 +25,8 @@ void act_backward_bgrad(float* da, const float* z, const float* a, int batch, in
 size_t act_bgrad_partial_floats(int batch, int out);
 // dst (n, bf16, round to nearest even) = src (n, fp32).
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s);
+// dst (cols, rows) = src (rows, cols)ᵀ, both row-major fp32: a copy, no arithmetic.
+void transpose(const float* src, int rows, int cols, float* dst, cudaStream_t s);
 
 // Per row b: row_loss[b] = −log softmax(logits[b])[label], row_ok[b] = argmax == label,
 // dlogits = (softmax − onehot)·grad_scale unless nullptr. Then stats[0] += Σ row_loss,
