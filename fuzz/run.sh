@@ -29,7 +29,7 @@ for t in dataset ckpt config; do
       -print_final_stats=1 -artifact_prefix="$build/crashes/$t-" \
       "$build/corpus/$t" "$build/seeds/$t" > "$log" 2>&1
     rc=$?
-    n=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+    n=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
     runs=$((runs + ${n:-0}))
     (( rc == 0 )) && break
     # The innermost frame that is neither the sanitizer's nor libc's copy routine.

@@ -912,6 +912,12 @@ TrainRows::TrainRows(const Dataset& whole, const RankOrder& o) : whole_(&whole),
 
 TrainRows::TrainRows(const std::string& path, const RankOrder& o) : path_(path), order_(o) {
   info_ = open_checked(path, /*whole=*/false).info;  // the header only; rows are read per epoch
+  // The rows themselves need not fit, but every epoch's order and index (8 bytes a row each) do.
+  uint64_t order_bytes = 0;
+  if (!mul_ok(uint64_t(info_.n), 16, order_bytes) || order_bytes > memory_cap())
+    bad(path, "/features: " + std::to_string(info_.n) + " rows: the epoch order alone needs " +
+                  std::to_string(order_bytes >> 20) + " MiB, over the memory limit of " +
+                  std::to_string(memory_cap() >> 20) + " MiB");
   cur_ = empty_like(path, info_);
 }
 
