@@ -672,10 +672,11 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
-std::string find_latest_valid(const std::string& dir) {
+std::string find_latest_valid(const std::string& dir, Checkpoint* read) {
   for (const std::string& p : list_checkpoints(dir)) {
     try {
-      read_checkpoint(p);
+      Checkpoint ck = read_checkpoint(p);
+      if (read) *read = std::move(ck);
       return p;
     } catch (const InputError& e) {
       std::string reason = e.what();

@@ -196,8 +196,15 @@ std::vector<float> tensors_to_arena(const MLP& m, const Checkpoint& ck, const st
 void Trainer::load_initial_state() {
   MPI_Comm c = comm_.mpi();
   std::string path;
+  // resume = auto validates the newest checkpoints by reading them; the one found is kept, not
+  // read a second time below.
+  Checkpoint found;
+  bool have_found = false;
   if (cfg_.resume == "auto") {
-    on_rank0(c, comm_.rank(), "finding the checkpoint to resume", [&] { if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir); });
+    on_rank0(c, comm_.rank(), "finding the checkpoint to resume", [&] {
+      if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir, &found);
+      have_found = !path.empty();
+    });
   } else if (cfg_.resume != "none") {
     path = cfg_.resume;
   }
@@ -211,7 +218,7 @@ void Trainer::load_initial_state() {
     std::vector<std::vector<float>> state;
     int64_t counters[5] = {0, 0, 0, 0, 0};
     on_rank0(c, comm_.rank(), "reading a checkpoint", [&] {
-      Checkpoint ck = read_checkpoint(file);
+      Checkpoint ck = have_found ? std::move(found) : read_checkpoint(file);
       if (ck.layers != cfg_.layers)
         throw InputError(file + ": its model has other layer widths than model.layers");
       params = tensors_to_arena(*model_, ck, "model", file);

@@ -399,6 +399,11 @@ TEST(Ckpt, ListPruneAndFallBackPastDamage) {
   write_bytes(want[0], b.substr(0, b.size() / 2));
   write_bytes(want[1], "garbage");
   EXPECT_EQ(dpt::find_latest_valid(dir), want[2]);
+  // The checkpoint it validated comes back with the path (resume reads it once, not twice).
+  dpt::Checkpoint found;
+  EXPECT_EQ(dpt::find_latest_valid(dir, &found), want[2]);
+  EXPECT_EQ(found.step, 20);
+  EXPECT_EQ(found.layers, (std::vector<int>{5, 4, 3}));
 
   // A temporary file from a save killed long ago goes; a fresh one may be a save in progress.
   write_bytes(dir + "/.ckpt-000000050.h5.tmp.99", "old partial");

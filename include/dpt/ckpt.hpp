@@ -56,7 +56,7 @@ std::string checkpoint_path(const std::string& dir, int64_t step);
 std::vector<std::string> list_checkpoints(const std::string& dir);
 // Newest file in dir that reads back valid; damaged ones are skipped with a warning.
 // Returns "" when there is none.
-std::string find_latest_valid(const std::string& dir);
+std::string find_latest_valid(const std::string& dir, Checkpoint* read = nullptr);
 // Deletes all but the newest `keep` checkpoints (keep <= 0: keep all), and temporary files of
 // killed saves that have not been touched for an hour.
 void prune_checkpoints(const std::string& dir, int keep);
