@@ -668,6 +668,38 @@ TEST(TrainRows, ShardHoldsTheRanksRowsOfEachEpoch) {
   }
 }
 
+// Bytes this process has read through read(2)/pread(2) so far (Linux /proc/self/io).
+long long bytes_read() {
+  std::ifstream f("/proc/self/io");
+  std::string key;
+  long long v = 0;
+  while (f >> key >> v)
+    if (key == "rchar:") return v;
+  return -1;
+}
+
+// A rank reads its rows and little else: not the whole file, and not the neighbours of each row
+// (HDF5's sieve buffer would read 64 KiB around every scattered row).
+TEST(TrainRows, AShardReadsAboutItsOwnBytesOfTheFile) {
+  TempDir tmp;
+  const auto ds = small_dataset(true, 4000, {1000}, 5);  // 4 MB of features
+  const std::string p = tmp.file("big.h5");
+  dpt::write_dataset(p, ds);
+  dpt::RankOrder o;
+  o.world = 8;
+  o.rank = 3;
+  o.batch = 10;
+  dpt::TrainRows rows(p, o);
+  const long long before = bytes_read();
+  ASSERT_GE(before, 0) << "no /proc/self/io";
+  rows.start_epoch(0, /*read_next=*/false);
+  const long long read = bytes_read() - before;
+  const long long mine = rows.data().n * (1000 + 4);  // 500 rows of features and labels
+  EXPECT_EQ(rows.data().n, 500);
+  EXPECT_GE(read, mine);
+  EXPECT_LT(read, mine + mine / 5 + (64 << 10)) << "read " << read << " bytes for " << mine;
+}
+
 TEST(TrainRows, AReadErrorSurfacesAtTheEpochThatNeedsTheRow) {
   TempDir tmp;
   Spec s;
