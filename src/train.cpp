@@ -409,8 +409,18 @@ void Trainer::start_epoch() {
   }, msg);
   if (comm_.size() > 1 || code) {
     watchdog::Phase phase("waiting for every rank's rows", step_);
-    if (!all_ok(comm_.mpi(), code == 0, msg))
-      throw Error("reading the training rows of " + rows_->path() + " failed (see above)", kExitUsage, true);
+    if (!all_ok(comm_.mpi(), code == 0, msg)) {
+      // An epoch boundary: the model is whole (and, with sync = parameters, one model after an
+      // average), so the work done so far is kept before every rank stops.
+      const bool one_model = cfg_.sync == "gradients" || step_ % cfg_.average_every == 0;
+      if (step_ > 0 && last_saved_ != step_ && one_model) {
+        check_health();
+        save_checkpoint();
+      }
+      throw Error("reading the training rows of " + rows_->path() + " failed (see above)" +
+                  (last_saved_ == step_ && step_ > 0 ? "; a checkpoint of step " + std::to_string(step_) + " was written" : ""),
+                  kExitUsage, true);
+    }
   }
   be_.refresh_dataset(rows_->data());
   be_.upload(order_.data(), index.data(), index.size() * sizeof(int64_t));

@@ -3,6 +3,7 @@
 // and resume against an uninterrupted run. Each case trains on sub-communicators of the first
 // n ranks; rank 0 of MPI_COMM_WORLD is in every one and broadcasts what it saw.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <filesystem>
 
 #include "dpt/backend.hpp"
+#include "dpt/check.hpp"
 #include "dpt/ckpt.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/data.hpp"
@@ -394,5 +396,72 @@ TEST(DataRead, ShardTrainsBitwiseLikeTheWholeFile) {
     EXPECT_EQ(resumed.run.steps, all.run.steps);
     EXPECT_EQ(0, std::memcmp(resumed.run.params.data(), all.run.params.data(), all.run.params.size() * sizeof(float))) << what;
   }
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// A row that breaks the file, first needed in the second epoch (data.read = shard reads it only
+// then): every rank stops together with the row named, after keeping the first epoch's work in a
+// checkpoint from which the run resumes.
+TEST(DataRead, ABadRowFoundMidRunStopsEveryRankAfterACheckpoint) {
+  const std::string dir = temp_dir("badrow");
+  const std::string train = dir + "/train.h5";
+  Config c = base_config();
+  c.train_file = train;
+  c.data_read = "shard";
+  c.batch_per_rank = 4;
+  c.epochs = 3;
+  c.ckpt_dir = dir + "/ckpt";
+  c.ckpt_every = 0;
+  c.ckpt_keep = 0;
+  // 41 rows, global batch 8 on 2 ranks: 5 steps an epoch; the row at position 40 of epoch 0's
+  // order is dropped then, and used in epoch 1 (checked below).
+  const int64_t n = 41;
+  const auto o0 = epoch_order(n, true, c.seed, 0), o1 = epoch_order(n, true, c.seed, 1);
+  const int64_t bad = o0[40];
+  ASSERT_NE(o1[40], bad);
+  if (world_rank() == 0) {
+    std::filesystem::create_directories(dir);
+    write_dataset(train, synth_blobs(n, 12, 4, 0.8f, 3));
+    // Label 9 (num_classes is 4) written into row `bad` behind the writer's back.
+    hid_t f = H5Fopen(train.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "labels", H5P_DEFAULT);
+    hid_t space = H5Dget_space(d);
+    const hsize_t start = hsize_t(bad), one = 1;
+    H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, nullptr, &one, nullptr);
+    hid_t mem = H5Screate_simple(1, &one, nullptr);
+    const int32_t nine = 9;
+    EXPECT_GE(H5Dwrite(d, H5T_NATIVE_INT32, mem, space, H5P_DEFAULT, &nine), 0);
+    H5Sclose(mem), H5Sclose(space), H5Dclose(d), H5Fclose(f);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 2 ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  int code = -1, collective = 0;
+  std::string what;
+  if (sub != MPI_COMM_NULL) {
+    BackendOptions bo;
+    bo.type = "cpu";
+    bo.threads = 1;
+    auto be = make_backend(bo);
+    auto comm = make_comm("mpi", sub, *be);
+    TrainRows rows(train, rank_order(c, *comm));
+    Trainer t(c, *be, *comm, &rows, nullptr);
+    try {
+      t.run();
+    } catch (const Error& e) {
+      code = e.code();
+      collective = e.collective();
+      what = e.what();
+    }
+    comm.reset();
+    MPI_Comm_free(&sub);
+  }
+  if (world_rank() < 2) {
+    EXPECT_EQ(code, kExitUsage) << what;  // on both ranks: none is left in a collective
+    EXPECT_TRUE(collective);
+    EXPECT_NE(what.find("a checkpoint of step 5 was written"), std::string::npos) << what;
+  }
+  if (world_rank() == 0) EXPECT_TRUE(std::filesystem::exists(checkpoint_path(c.ckpt_dir, 5)));
+  MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::filesystem::remove_all(dir);
 }
