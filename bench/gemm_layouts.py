@@ -15,25 +15,13 @@ explicit transposes could win. Prints one JSON object per measurement.
 """
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import torch
 
-
-def time_ms(fn, iters=50, repeat=5):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / iters)
-    return statistics.median(out)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_step import time_ms  # noqa: E402  (CUDA-event timing, median of repeats)
 
 
 def main():
@@ -65,7 +53,7 @@ def main():
             "transpose dz": lambda: dz.t().contiguous(),
         }
         for name, fn in cases.items():
-            ms = time_ms(fn)
+            ms = time_ms(fn, 50, 5)[0]
             rec = {"precision": prec, "case": name, "ms": round(ms, 4)}
             if not name.startswith("transpose"):
                 rec["tflops"] = round(flop / ms / 1e9, 1)

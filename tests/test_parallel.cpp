@@ -69,25 +69,32 @@ void bcast_vec(std::vector<float>& v) {
   MPI_Bcast(v.data(), int(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
 }
 
-// Trains cfg on the first `ranks` ranks; every world rank gets rank 0's outcome.
-Outcome train_on(int ranks, const Config& cfg) {
+// Runs f(backend, comm) on the first `ranks` ranks of the world (CPU backend, one BLAS thread,
+// MPI transport over a sub-communicator); the other ranks skip it.
+template <class F> void on_first(int ranks, F&& f) {
   MPI_Comm sub;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  if (sub == MPI_COMM_NULL) return;
+  BackendOptions bo;
+  bo.type = "cpu";
+  bo.threads = 1;
+  auto be = make_backend(bo);
+  auto comm = make_comm("mpi", sub, *be);
+  f(*be, *comm);
+  comm.reset();
+  MPI_Comm_free(&sub);
+}
+
+// Trains cfg on the first `ranks` ranks; every world rank gets rank 0's outcome.
+Outcome train_on(int ranks, const Config& cfg) {
   Outcome out;
-  if (sub != MPI_COMM_NULL) {
-    BackendOptions bo;
-    bo.type = "cpu";
-    bo.threads = 1;
-    auto be = make_backend(bo);
-    auto comm = make_comm("mpi", sub, *be);
-    Trainer t(cfg, *be, *comm, &blobs(), nullptr);
+  on_first(ranks, [&](Backend& be, Comm& comm) {
+    Trainer t(cfg, be, comm, &blobs(), nullptr);
     TrainResult r = t.run();
     out.losses = r.losses;
     out.params = t.params_host();
     out.steps = r.steps;
-    comm.reset();
-    MPI_Comm_free(&sub);
-  }
+  });
   bcast_vec(out.losses);
   bcast_vec(out.params);
   MPI_Bcast(&out.steps, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -294,28 +301,21 @@ struct FileOutcome {
 // As train_on, but from cfg.train_file / cfg.test_file the way dptrain reads them: whole
 // (data.read = all) or, for data.read = shard, only this rank's rows of each.
 FileOutcome train_from_files(int ranks, const Config& cfg) {
-  MPI_Comm sub;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, world_rank(), &sub);
   FileOutcome out;
   double ev[3] = {0, 0, 0};
-  if (sub != MPI_COMM_NULL) {
-    BackendOptions bo;
-    bo.type = "cpu";
-    bo.threads = 1;
-    auto be = make_backend(bo);
-    auto comm = make_comm("mpi", sub, *be);
+  on_first(ranks, [&](Backend& be, Comm& comm) {
     const bool shard = cfg.data_read == "shard";
     Dataset train, test;
     std::unique_ptr<TrainRows> rows;
     if (shard) {
-      rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, *comm));
-      test = load_eval_shard(cfg.test_file, comm->rank(), comm->size());
+      rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, comm));
+      test = load_eval_shard(cfg.test_file, comm.rank(), comm.size());
     } else {
       train = load_dataset(cfg.train_file);
       test = load_dataset(cfg.test_file);
     }
-    std::unique_ptr<Trainer> t = shard ? std::make_unique<Trainer>(cfg, *be, *comm, rows.get(), &test)
-                                       : std::make_unique<Trainer>(cfg, *be, *comm, &train, &test);
+    std::unique_ptr<Trainer> t = shard ? std::make_unique<Trainer>(cfg, be, comm, rows.get(), &test)
+                                       : std::make_unique<Trainer>(cfg, be, comm, &train, &test);
     TrainResult r = t->run();
     out.run.losses = r.losses;
     out.run.params = t->params_host();
@@ -324,10 +324,7 @@ FileOutcome train_from_files(int ranks, const Config& cfg) {
     ev[1] = r.last_eval.accuracy;
     ev[2] = double(r.last_eval.n);
     out.rows_read = shard ? rows->rows_read() : train.n;
-    t.reset();
-    comm.reset();
-    MPI_Comm_free(&sub);
-  }
+  });
   bcast_vec(out.run.losses);
   bcast_vec(out.run.params);
   MPI_Bcast(&out.run.steps, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -434,18 +431,11 @@ TEST(DataRead, ABadRowFoundMidRunStopsEveryRankAfterACheckpoint) {
     H5Sclose(mem), H5Sclose(space), H5Dclose(d), H5Fclose(f);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  MPI_Comm sub;
-  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < 2 ? 0 : MPI_UNDEFINED, world_rank(), &sub);
   int code = -1, collective = 0;
   std::string what;
-  if (sub != MPI_COMM_NULL) {
-    BackendOptions bo;
-    bo.type = "cpu";
-    bo.threads = 1;
-    auto be = make_backend(bo);
-    auto comm = make_comm("mpi", sub, *be);
-    TrainRows rows(train, rank_order(c, *comm));
-    Trainer t(c, *be, *comm, &rows, nullptr);
+  on_first(2, [&](Backend& be, Comm& comm) {
+    TrainRows rows(train, rank_order(c, comm));
+    Trainer t(c, be, comm, &rows, nullptr);
     try {
       t.run();
     } catch (const Error& e) {
@@ -453,9 +443,7 @@ TEST(DataRead, ABadRowFoundMidRunStopsEveryRankAfterACheckpoint) {
       collective = e.collective();
       what = e.what();
     }
-    comm.reset();
-    MPI_Comm_free(&sub);
-  }
+  });
   if (world_rank() < 2) {
     EXPECT_EQ(code, kExitUsage) << what;  // on both ranks: none is left in a collective
     EXPECT_TRUE(collective);
