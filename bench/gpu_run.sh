@@ -91,5 +91,36 @@ if want scaling; then
   timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
   echo "bench-scaling rc=$?"; grep -A12 -i "findings" "$OUT/scaling-stdout.log" | head -20
 fi
+if want multi; then
+  # Issue 7's list in one call, for a host with G GPUs (nvidia-h200-x2/x4/x8): NCCL across real
+  # GPUs against MPI, NVIDIA's all_reduce_perf beside dptrain's allreduce sweep, bench-scaling for
+  # the default MLP (with the batch/LR grid) and for the wide MLP in bf16 at batch 4096 per GPU,
+  # and the default run on G GPUs against 1 GPU at the same global batch (64).
+  # all_reduce_perf: nccl-tests built here from source (not committed) into .gpu/bin. QUICK=1
+  # shortens every sweep (a dry run of this section on one GPU).
+  G=$(nvidia-smi -L | wc -l)
+  q=${QUICK:-0}
+  [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  { mpirun -np $G $B/test_gpu_nccl; echo "rc=$?"; mpirun -np $G $B/test_gpu_train; echo "rc=$?"; } > "$OUT/multi-tests.log" 2>&1
+  grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/multi-tests.log"
+  if [ -x $B/all_reduce_perf ]; then
+    e=4G; ((q)) && e=64M
+    mpirun -np $G -x NCCL_NVLS_ENABLE $B/all_reduce_perf -b 8 -e $e -f 2 -g 1 > "$OUT/nccl-all_reduce_perf.log" 2>&1
+    echo "all_reduce_perf rc=$?"; grep -E "^ +(268435456|1073741824|4294967296|67108864) |Avg bus" "$OUT/nccl-all_reduce_perf.log"
+  fi
+  quick=(); ((q)) && quick=(--scaling.timed_steps 20 --scaling.repeats 1 --allreduce.max_bytes 67108864 --allreduce.repeats 1 --buckets.sizes_mb 4,64 --grid.enabled false)
+  timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --allreduce.max_bytes 1073741824 "${quick[@]}" \
+    --out "$OUT/scaling-default" > "$OUT/scaling-default.log" 2>&1; echo "bench-scaling default rc=$?"
+  timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --scaling.models wide:784,4096,4096,4096,4096,10 \
+    --train.precision bf16 --scaling.weak_batch_per_rank 4096 --scaling.strong_global_batch $((4096 * G)) \
+    --grid.enabled false "${quick[@]}" --out "$OUT/scaling-wide" > "$OUT/scaling-wide.log" 2>&1; echo "bench-scaling wide rc=$?"
+  grep -h -A12 -i "findings" "$OUT"/scaling-*.log | head -40
+  ep=10; ((q)) && ep=1
+  mpirun -np 1 $B/dptrain --config inputs/run.ini --train.epochs $ep --train.batch_per_rank 64 --checkpoint.dir "" \
+    --log.metrics "$OUT/acc-1gpu.jsonl" > "$OUT/acc-1gpu.log" 2>&1
+  mpirun -np $G $B/dptrain --config inputs/run.ini --train.epochs $ep --train.batch_per_rank $((64 / G)) --checkpoint.dir "" \
+    --log.metrics "$OUT/acc-${G}gpu.jsonl" > "$OUT/acc-${G}gpu.log" 2>&1
+  grep -H "final test accuracy" "$OUT"/acc-*.log
+fi
 # The device tool brings back few files: pack everything into one archive.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"
