@@ -9,8 +9,8 @@ Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n) : be_(be), n_(n) 
   h_.kind = parse_optimizer(cfg.optimizer);
   h_.momentum = float(cfg.momentum);
   h_.weight_decay = float(cfg.weight_decay);
-  h_.beta1 = float(cfg.beta1);
-  h_.beta2 = float(cfg.beta2);
+  h_.beta1 = cfg.beta1;
+  h_.beta2 = cfg.beta2;
   h_.eps = float(cfg.eps);
   h_.t = 1;
   const bool sgd_family = h_.kind == OptKind::momentum || h_.kind == OptKind::nesterov;

@@ -251,6 +251,17 @@ TEST(Optim, Adam) { check_optimizer("adam", 0.0); }
 TEST(Optim, AdamWeightDecay) { check_optimizer("adam", 0.1); }
 TEST(Optim, AdamW) { check_optimizer("adamw", 0.1); }
 
+// Adam's per-step scalars as torch.optim forms them: in double from the betas as given (Python
+// floats), rounded to float once. In float from float(0.999), 1 - beta2 is off by 1.3e-5.
+TEST(Optim, AdamScalarsAreFormedInDoubleAsTorchDoes) {
+  const dpt::AdamScalars a = dpt::adam_scalars(0.01, 0.9, 0.999, 3);
+  EXPECT_EQ(a.one_minus_b1, float(1.0 - 0.9));
+  EXPECT_EQ(a.one_minus_b2, float(1.0 - 0.999));
+  EXPECT_NE(a.one_minus_b2, 1.f - 0.999f);
+  EXPECT_EQ(a.step_size, float(0.01 / (1.0 - 0.9 * 0.9 * 0.9)));
+  EXPECT_EQ(a.bc2_sqrt, float(std::sqrt(1.0 - 0.999 * 0.999 * 0.999)));
+}
+
 TEST(Optim, StateNamesFollowTorch) {
   auto be = make_cpu_backend({});
   Config c;

@@ -167,8 +167,10 @@ void check_backward(Backend& cpu, Backend& g, Precision p, const Shape& s, Act a
   const std::vector<float> dw0 = uniform(size_t(s.out) * s.in, 301), db0 = uniform(size_t(s.out), 302);
 
   auto cda = put(cpu, da);
-  auto cdw = put(cpu, accumulate ? dw0 : std::vector<float>(dw0.size(), 0.f));
-  auto cdb = put(cpu, accumulate ? db0 : std::vector<float>(db0.size(), 0.f));
+  // Named vectors, not temporaries in a conditional (GCC 12 warns falsely on those).
+  const std::vector<float> zero_w(dw0.size(), 0.f), zero_b(db0.size(), 0.f);
+  auto cdw = put(cpu, accumulate ? dw0 : zero_w);
+  auto cdb = put(cpu, accumulate ? db0 : zero_b);
   Buffer<float> cdx(cpu, want_dx ? size_t(s.batch) * s.in : 0);
   cpu.linear_backward(cx.data(), cw.data(), cz.data(), ca.data(), cda.data(), s.batch, s.in,
                       s.out, act, cdw.data(), cdb.data(), want_dx ? cdx.data() : nullptr,

@@ -24,12 +24,22 @@ Precision parse_precision(const std::string& s);
 OptKind parse_optimizer(const std::string& s);
 
 // Hyper-parameters of one optimizer step, torch.optim semantics.
+struct OptimStep;
+// Adam's per-step scalars as torch.optim forms them: in double from the Python floats, then
+// rounded to float (step_size = lr / (1 − β1^t), bc2_sqrt = sqrt(1 − β2^t), 1 − β1, 1 − β2).
+struct AdamScalars {
+  float one_minus_b1, one_minus_b2, step_size, bc2_sqrt;
+};
+AdamScalars adam_scalars(double lr, double beta1, double beta2, int64_t t);
 struct OptimStep {
   OptKind kind = OptKind::sgd;
   float lr = 0.01f;
   float momentum = 0.f;      // sgd family
   float weight_decay = 0.f;  // L2 added to the gradient (sgd*, adam); decoupled (adamw)
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  // Adam's betas in double, as torch holds them (Python floats): 1 − β and the bias corrections
+  // are formed in double and rounded to float once, as torch.optim does.
+  double beta1 = 0.9, beta2 = 0.999;
+  float eps = 1e-8f;
   int64_t t = 1;  // 1-based step count (Adam bias correction)
 };
 

@@ -1,6 +1,7 @@
 // Backend-independent pieces: names, the backend choice, the default batch loader.
 #include "dpt/backend.hpp"
 
+#include <cmath>
 #include <vector>
 
 #include "dpt/check.hpp"
@@ -42,6 +43,15 @@ OptKind parse_optimizer(const std::string& s) {
   if (s == "adam") return OptKind::adam;
   if (s == "adamw") return OptKind::adamw;
   throw InputError("unknown optimizer '" + s + "' (sgd | momentum | nesterov | adam | adamw)");
+}
+
+AdamScalars adam_scalars(double lr, double beta1, double beta2, int64_t t) {
+  AdamScalars a;
+  a.one_minus_b1 = float(1.0 - beta1);
+  a.one_minus_b2 = float(1.0 - beta2);
+  a.step_size = float(lr / (1.0 - std::pow(beta1, double(t))));
+  a.bc2_sqrt = float(std::sqrt(1.0 - std::pow(beta2, double(t))));
+  return a;
 }
 
 void Backend::load_batch(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y) {

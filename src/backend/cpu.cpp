@@ -102,15 +102,16 @@ DPT_SIMD void momentum_sgd(float* __restrict p, const float* __restrict g, float
 
 // torch.optim.Adam / AdamW (foreach=False formulas, amsgrad=False).
 DPT_SIMD void adam_loop(float* __restrict p, const float* __restrict g, float* __restrict m,
-                        float* __restrict v, size_t n, float b1, float b2, float eps, float wd,
-                        float step, float bc2_sqrt, float shrink, bool decoupled) {
+                        float* __restrict v, size_t n, float b1, float b2, float omb1, float omb2,
+                        float eps, float wd, float step, float bc2_sqrt, float shrink,
+                        bool decoupled) {
   const float wd_l2 = decoupled ? 0.f : wd;
   const float keep = decoupled ? shrink : 1.f;
   for (size_t i = 0; i < n; ++i) {
     const float pi = p[i] * keep;
     const float gi = g[i] + wd_l2 * p[i];
-    m[i] = b1 * m[i] + (1.f - b1) * gi;
-    v[i] = b2 * v[i] + (1.f - b2) * gi * gi;
+    m[i] = b1 * m[i] + omb1 * gi;
+    v[i] = b2 * v[i] + omb2 * gi * gi;
     p[i] = pi - step * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
   }
 }
@@ -219,10 +220,10 @@ class CpuBackend final : public Backend {
         return;
       case OptKind::adam:
       case OptKind::adamw: {
-        const float bc1 = 1.f - std::pow(h.beta1, float(h.t));
-        const float bc2_sqrt = std::sqrt(1.f - std::pow(h.beta2, float(h.t)));
-        adam_loop(p, g, s1, s2, n, h.beta1, h.beta2, h.eps, h.weight_decay, h.lr / bc1, bc2_sqrt,
-                  1.f - h.lr * h.weight_decay, h.kind == OptKind::adamw);
+        const AdamScalars a = adam_scalars(h.lr, h.beta1, h.beta2, h.t);
+        adam_loop(p, g, s1, s2, n, float(h.beta1), float(h.beta2), a.one_minus_b1, a.one_minus_b2,
+                  h.eps, h.weight_decay, a.step_size, a.bc2_sqrt, 1.f - h.lr * h.weight_decay,
+                  h.kind == OptKind::adamw);
         return;
       }
     }

@@ -259,6 +259,8 @@ __global__ void softmax_xent_total(const float* row_loss, const int* row_ok, int
 
 struct OptArgs {
   float lr, momentum, wd, b1, b2, eps;
+  float omb1, omb2;  // 1 − β1, 1 − β2, formed in double
+  double b1d, b2d;   // β1, β2 for the bias corrections of a device-side step
   float step_size;  // lr / (1 − β1^t)
   float bc2_sqrt;   // sqrt(1 − β2^t)
   float shrink;     // 1 − lr·wd (adamw)
@@ -269,13 +271,16 @@ struct OptArgs {
 };
 
 // The step's hyper-parameters as read on the device; false when the step is to be skipped.
-__device__ __forceinline__ bool resolve(OptArgs& h) {
+// Adam's bias corrections in double, then rounded to float (adam_scalars on the host).
+template <bool kAdam> __device__ __forceinline__ bool resolve(OptArgs& h) {
   if (!h.ctl) return true;
   if (h.ctl->bad) return false;
-  const float t = float(h.ctl->updates + 1);
   h.lr = h.lr_table[h.ctl->step];
-  h.step_size = h.lr / (1.f - powf(h.b1, t));
-  h.bc2_sqrt = sqrtf(1.f - powf(h.b2, t));
+  if constexpr (kAdam) {
+    const double t = double(h.ctl->updates + 1);
+    h.step_size = float(double(h.lr) / (1.0 - pow(h.b1d, t)));
+    h.bc2_sqrt = float(sqrt(1.0 - pow(h.b2d, t)));
+  }
   h.shrink = 1.f - h.lr * h.wd;
   return true;
 }
@@ -292,8 +297,8 @@ __device__ __forceinline__ void opt_one(float& p, float g, float& m, float& v, c
   } else {
     if constexpr (K == OptKind::adamw) p *= h.shrink;
     else g += h.wd * p;
-    m = h.b1 * m + (1.f - h.b1) * g;
-    v = h.b2 * v + (1.f - h.b2) * g * g;
+    m = h.b1 * m + h.omb1 * g;
+    v = h.b2 * v + h.omb2 * g * g;
     p -= h.step_size * m / (sqrtf(v) / h.bc2_sqrt + h.eps);
   }
 }
@@ -308,7 +313,7 @@ template <OptKind K> __host__ __device__ constexpr bool uses_v() { return K == O
 template <OptKind K>
 __global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s2,
                                Vec<4>::H* p16, size_t n4, OptArgs h) {
-  if (!resolve(h)) return;
+  if (!resolve<uses_v<K>()>(h)) return;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
        i += size_t(gridDim.x) * blockDim.x) {
     float4 P = p[i];
@@ -329,7 +334,7 @@ __global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s
 template <OptKind K>
 __global__ void optimizer_scalar(float* p, const float* g, float* s1, float* s2,
                                  __nv_bfloat16* p16, size_t n, OptArgs h) {
-  if (!resolve(h)) return;
+  if (!resolve<uses_v<K>()>(h)) return;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     float m = uses_m<K>() ? s1[i] : 0.f, v = uses_v<K>() ? s2[i] : 0.f;
@@ -581,12 +586,17 @@ void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, co
   a.lr = h.lr;
   a.momentum = h.momentum;
   a.wd = h.weight_decay;
-  a.b1 = h.beta1;
-  a.b2 = h.beta2;
+  a.b1 = float(h.beta1);
+  a.b2 = float(h.beta2);
+  a.b1d = h.beta1;
+  a.b2d = h.beta2;
   a.eps = h.eps;
-  // Bias corrections in float, the same expressions as the CPU backend.
-  a.step_size = h.lr / (1.f - std::pow(h.beta1, float(h.t)));
-  a.bc2_sqrt = std::sqrt(1.f - std::pow(h.beta2, float(h.t)));
+  // The same scalars as the CPU backend (and torch.optim): formed in double, rounded once.
+  const AdamScalars as = adam_scalars(h.lr, h.beta1, h.beta2, h.t);
+  a.omb1 = as.one_minus_b1;
+  a.omb2 = as.one_minus_b2;
+  a.step_size = as.step_size;
+  a.bc2_sqrt = as.bc2_sqrt;
   a.shrink = 1.f - h.lr * h.weight_decay;
   switch (h.kind) {
     case OptKind::sgd: optimizer_launch<OptKind::sgd>(p, g, nullptr, nullptr, p16, n, a, s); return;
