@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "dpt/check.hpp"
@@ -362,19 +363,37 @@ Opened open_checked(const std::string& path, bool whole = true) {
   return o;
 }
 
-// Reads every label as int64 (no clamping by HDF5's conversion) and reports the first bad row.
+// Labels read as int64 (no clamping by HDF5's conversion), checked against num_classes; the
+// first bad one is reported as file row file_row(i).
+template <class Row>
+std::vector<int32_t> checked_labels(const std::string& path, const std::vector<int64_t>& raw,
+                                    int num_classes, Row file_row) {
+  std::vector<int32_t> out(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] < 0 || raw[i] >= num_classes)
+      bad(path, "/labels: row " + std::to_string(file_row(i)) + " has label " + std::to_string(raw[i]) +
+                    ", outside [0, num_classes = " + std::to_string(num_classes) + ")");
+    out[i] = int32_t(raw[i]);
+  }
+  return out;
+}
+
+// A NaN or Inf feature would poison training many steps later; name its file row now.
+template <class Row>
+void check_finite_features(const std::string& path, const std::vector<float>& f32, int64_t dim,
+                           Row file_row) {
+  for (size_t i = 0; i < f32.size(); ++i)
+    if (!std::isfinite(f32[i]))
+      bad(path, "/features: row " + std::to_string(file_row(i / size_t(dim))) + " holds a non-finite value");
+}
+
+int64_t same_row(size_t i) { return int64_t(i); }
+
 std::vector<int32_t> read_labels(const std::string& path, const Opened& o) {
   std::vector<int64_t> raw(size_t(o.info.n));
   if (H5Dread(o.labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
     bad(path, "/labels: cannot read data (corrupt or truncated?): " + hdf5_error_string());
-  std::vector<int32_t> out(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] < 0 || raw[i] >= o.info.num_classes)
-      bad(path, "/labels: row " + std::to_string(i) + " has label " + std::to_string(raw[i]) +
-                    ", outside [0, num_classes = " + std::to_string(o.info.num_classes) + ")");
-    out[i] = int32_t(raw[i]);
-  }
-  return out;
+  return checked_labels(path, raw, o.info.num_classes, same_row);
 }
 
 void read_features(const std::string& path, const Opened& o, Dataset& ds) {
@@ -388,11 +407,7 @@ void read_features(const std::string& path, const Opened& o, Dataset& ds) {
     rc = H5Dread(o.features.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, ds.f32.data());
   }
   if (rc < 0) bad(path, "/features: cannot read data (corrupt or truncated?): " + hdf5_error_string());
-  // A NaN or Inf feature would poison training many steps later; name the row now.
-  for (size_t i = 0; i < ds.f32.size(); ++i)
-    if (!std::isfinite(ds.f32[i]))
-      bad(path, "/features: row " + std::to_string(i / size_t(o.info.dim)) +
-                    " holds a non-finite value");
+  check_finite_features(path, ds.f32, o.info.dim, same_row);
 }
 
 }  // namespace
@@ -468,16 +483,9 @@ void read_sorted_rows(const std::string& path, const Opened& o, const std::vecto
     if (rc < 0) bad(path, "/features: cannot read data (corrupt or truncated?): " + hdf5_error_string());
     first = i;
   }
-  ds.labels.resize(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] < 0 || raw[i] >= o.info.num_classes)
-      bad(path, "/labels: row " + std::to_string(sorted[i]) + " has label " + std::to_string(raw[i]) +
-                    ", outside [0, num_classes = " + std::to_string(o.info.num_classes) + ")");
-    ds.labels[i] = int32_t(raw[i]);
-  }
-  for (size_t i = 0; i < ds.f32.size(); ++i)
-    if (!std::isfinite(ds.f32[i]))
-      bad(path, "/features: row " + std::to_string(sorted[i / size_t(dim)]) + " holds a non-finite value");
+  const auto file_row = [&](size_t i) { return sorted[i]; };
+  ds.labels = checked_labels(path, raw, o.info.num_classes, file_row);
+  check_finite_features(path, ds.f32, dim, file_row);
 }
 
 }  // namespace
@@ -515,7 +523,7 @@ Dataset load_eval_shard(const std::string& path, int rank, int world) {
   int64_t begin = 0, end = 0;
   eval_shard(o.info.n, rank, world, begin, end);
   std::vector<int64_t> rows(size_t(end - begin));
-  for (size_t i = 0; i < rows.size(); ++i) rows[i] = begin + int64_t(i);
+  std::iota(rows.begin(), rows.end(), begin);
   Dataset ds = empty_like(path, o.info);
   read_sorted_rows(path, o, rows, ds);
   ds.first_row = begin;
@@ -524,15 +532,8 @@ Dataset load_eval_shard(const std::string& path, int rank, int world) {
 
 Dataset load_dataset(const std::string& path) {
   Opened o = open_checked(path);
-  Dataset ds;
-  ds.path = path;
+  Dataset ds = empty_like(path, o.info);
   ds.n = o.info.n;
-  ds.dim = o.info.dim;
-  ds.sample_shape = o.info.sample_shape;
-  ds.num_classes = o.info.num_classes;
-  ds.is_u8 = o.info.feature_type == "uint8";
-  ds.scale = o.info.scale;
-  ds.offset = o.info.offset;
   ds.labels = read_labels(path, o);
   read_features(path, o, ds);
   return ds;
@@ -955,19 +956,15 @@ std::vector<int64_t> TrainRows::start_epoch(int64_t e, bool read_next) {
   // Without shuffling every epoch uses the same rows: the first read serves them all.
   if (cur_epoch_ < 0 || (order_.shuffle && cur_epoch_ != e)) {
     Dataset d;
-    if (next_ && next_->epoch == e) {
-      next_->thread.join();
-      if (next_->error) {
-        std::exception_ptr err = next_->error;
-        next_.reset();
-        std::rethrow_exception(err);
-      }
-      d = std::move(next_->data);
+    std::unique_ptr<Pending> ahead = std::move(next_);  // joined when it goes out of scope
+    if (ahead && ahead->epoch == e) {
+      ahead->thread.join();
+      if (ahead->error) std::rethrow_exception(ahead->error);
+      d = std::move(ahead->data);
     } else {
-      next_.reset();  // a different epoch (a resume): read this one now
+      ahead.reset();  // read ahead for another epoch (a resume): read this one now
       d = read_epoch(e);
     }
-    next_.reset();
     rows_read_ += d.n;
     d.first_row = 0;
     d.file_rows = 0;  // rows of this rank's epoch, not a slice of the file

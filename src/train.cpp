@@ -109,6 +109,23 @@ RankOrder rank_order(const Config& cfg, const Comm& comm) {
   return o;
 }
 
+RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train) {
+  RunData d;
+  const bool shard = cfg.data_read == "shard";
+  if (with_train && shard) d.rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, comm));
+  else if (with_train) d.train = load_dataset(cfg.train_file);
+  d.has_test = !cfg.test_file.empty();
+  if (d.has_test)
+    d.test = shard ? load_eval_shard(cfg.test_file, comm.rank(), comm.size()) : load_dataset(cfg.test_file);
+  return d;
+}
+
+std::unique_ptr<Trainer> make_trainer(const Config& cfg, Backend& be, Comm& comm, RunData& d) {
+  const Dataset* test = d.has_test ? &d.test : nullptr;
+  if (d.rows) return std::make_unique<Trainer>(cfg, be, comm, d.rows.get(), test);
+  return std::make_unique<Trainer>(cfg, be, comm, d.train.n ? &d.train : nullptr, test);
+}
+
 namespace {
 std::unique_ptr<TrainRows> wrap(const Dataset* train, const Config& cfg, const Comm& comm) {
   return train ? std::make_unique<TrainRows>(*train, rank_order(cfg, comm)) : nullptr;
@@ -126,14 +143,15 @@ void check_shape(const Config& cfg, const std::string& path, int64_t dim, int cl
 
 Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train,
                  const Dataset* test)
-    : Trainer(cfg, be, comm, static_cast<TrainRows*>(nullptr), test) {
-  own_rows_ = wrap(train, cfg, comm);
-  rows_ = own_rows_.get();
-  if (rows_) check_shape(cfg, rows_->path(), rows_->info().dim, rows_->info().num_classes);
-}
+    : Trainer(cfg, be, comm, wrap(train, cfg, comm), nullptr, test) {}
 
 Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, TrainRows* train, const Dataset* test)
-    : cfg_(cfg), be_(be), comm_(comm), rows_(train), test_(test) {
+    : Trainer(cfg, be, comm, nullptr, train, test) {}
+
+Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<TrainRows> own,
+                 TrainRows* rows, const Dataset* test)
+    : cfg_(cfg), be_(be), comm_(comm), own_rows_(std::move(own)),
+      rows_(own_rows_ ? own_rows_.get() : rows), test_(test) {
   if (rows_) check_shape(cfg, rows_->path(), rows_->info().dim, rows_->info().num_classes);
   if (test) check_shape(cfg, test->path, test->dim, test->num_classes);
   const int max_batch = std::max(cfg.batch_per_rank, 1024);

@@ -108,17 +108,8 @@ Outcome train_files(const Config& c) {
   Runtime rt;
   make_backend_for(c, MPI_COMM_WORLD, rt);
   make_comm_for(c, MPI_COMM_WORLD, rt);
-  Dataset train, test;
-  std::unique_ptr<TrainRows> rows;
-  if (c.data_read == "shard") {
-    rows = std::make_unique<TrainRows>(c.train_file, rank_order(c, *rt.comm));
-    test = load_eval_shard(c.test_file, rt.comm->rank(), rt.comm->size());
-  } else {
-    train = load_dataset(c.train_file);
-    test = load_dataset(c.test_file);
-  }
-  auto t = rows ? std::make_unique<Trainer>(c, *rt.backend, *rt.comm, rows.get(), &test)
-                : std::make_unique<Trainer>(c, *rt.backend, *rt.comm, &train, &test);
+  RunData d = load_run_data(c, *rt.comm, true);
+  auto t = make_trainer(c, *rt.backend, *rt.comm, d);
   TrainResult r = t->run();
   return {r.losses, t->params_host(), r.graph, r.last_eval};
 }

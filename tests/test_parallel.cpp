@@ -304,18 +304,8 @@ FileOutcome train_from_files(int ranks, const Config& cfg) {
   FileOutcome out;
   double ev[3] = {0, 0, 0};
   on_first(ranks, [&](Backend& be, Comm& comm) {
-    const bool shard = cfg.data_read == "shard";
-    Dataset train, test;
-    std::unique_ptr<TrainRows> rows;
-    if (shard) {
-      rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, comm));
-      test = load_eval_shard(cfg.test_file, comm.rank(), comm.size());
-    } else {
-      train = load_dataset(cfg.train_file);
-      test = load_dataset(cfg.test_file);
-    }
-    std::unique_ptr<Trainer> t = shard ? std::make_unique<Trainer>(cfg, be, comm, rows.get(), &test)
-                                       : std::make_unique<Trainer>(cfg, be, comm, &train, &test);
+    RunData d = load_run_data(cfg, comm, true);
+    std::unique_ptr<Trainer> t = make_trainer(cfg, be, comm, d);
     TrainResult r = t->run();
     out.run.losses = r.losses;
     out.run.params = t->params_host();
@@ -323,7 +313,7 @@ FileOutcome train_from_files(int ranks, const Config& cfg) {
     ev[0] = r.last_eval.loss;
     ev[1] = r.last_eval.accuracy;
     ev[2] = double(r.last_eval.n);
-    out.rows_read = shard ? rows->rows_read() : train.n;
+    out.rows_read = d.rows ? d.rows->rows_read() : d.train.n;
   });
   bcast_vec(out.run.losses);
   bcast_vec(out.run.params);

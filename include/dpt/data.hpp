@@ -119,6 +119,10 @@ class TrainRows {
   const DatasetInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
   int64_t file_rows() const { return info_.n; }
+  // Rows of the file this rank uses each epoch (the size of rank_positions).
+  int64_t rows_per_epoch() const {
+    return info_.n / order_.global_batch() * order_.accumulate * order_.batch;
+  }
   const Dataset& data() const { return whole_ ? *whole_ : cur_; }
   // Makes epoch e current (waiting for its rows if they are still being read; a read error is
   // thrown here) and returns its index (file_rows entries): position p of the epoch order is row

@@ -58,6 +58,10 @@ class Trainer {
   int64_t start_step() const { return step_; }
 
  private:
+  // Both public constructors: rows is own (a whole Dataset wrapped) or the caller's.
+  Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<TrainRows> own,
+          TrainRows* rows, const Dataset* test);
+
   const Config& cfg_;
   Backend& be_;
   Comm& comm_;
@@ -98,6 +102,19 @@ class Trainer {
 
 // This rank's walk through the training set under cfg.
 RankOrder rank_order(const Config& cfg, const Comm& comm);
+
+// cfg's datasets as this rank reads them (data.read): all — both files whole; shard — the
+// training rows through TrainRows (epoch by epoch) and this rank's evaluation slice of the test
+// file. with_train = false (evaluation only) reads no training data.
+struct RunData {
+  Dataset train;                    // data.read = all
+  std::unique_ptr<TrainRows> rows;  // data.read = shard
+  Dataset test;
+  bool has_test = false;
+};
+RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train);
+// A Trainer over d (its training data if read, its test set if any).
+std::unique_ptr<Trainer> make_trainer(const Config& cfg, Backend& be, Comm& comm, RunData& d);
 
 // Rank 0 writes one JSON object per line; other ranks hold a closed writer.
 class MetricsWriter {

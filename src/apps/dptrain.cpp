@@ -89,35 +89,26 @@ int main(int argc, char** argv) {
   print_banner(cfg, rt, world);
   // data.read = all: every rank loads both files whole. shard: a rank reads only the training
   // rows its batches use (epoch by epoch) and only its evaluation rows of the test set.
-  const bool shard = cfg.data_read == "shard";
-  Dataset train, test;
-  std::unique_ptr<TrainRows> rows;
+  RunData data;
   if (int rc = stage(world, [&] {
         watchdog::Phase phase("loading the datasets", 0);
-        if (!inv.eval_only && shard) rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, *rt.comm));
-        else if (!inv.eval_only) train = load_dataset(cfg.train_file);
-        if (!cfg.test_file.empty())
-          test = shard ? load_eval_shard(cfg.test_file, rt.comm->rank(), rt.comm->size()) : load_dataset(cfg.test_file);
+        data = load_run_data(cfg, *rt.comm, !inv.eval_only);
         if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
       }))
     return rc;
-  if (rows && rows->file_rows() > 0) {
-    const int64_t per_rank = int64_t(rank_positions(rows->file_rows(), rank_order(cfg, *rt.comm)).size());
-    log::info("data.read = shard: each rank reads " + std::to_string(per_rank) + " of the " +
-              std::to_string(rows->file_rows()) + " rows of " + cfg.train_file + " per epoch" +
-              (cfg.shuffle ? " (the next epoch's while one trains)" : " (once: shuffle = false)"));
-  }
+  if (data.rows && data.rows->file_rows() > 0)
+    log::info("data.read = shard: each rank reads " + std::to_string(data.rows->rows_per_epoch()) +
+              " of the " + std::to_string(data.rows->file_rows()) + " rows of " + cfg.train_file +
+              " per epoch" + (cfg.shuffle ? " (the next epoch's while one trains)" : " (once: shuffle = false)"));
   std::unique_ptr<Trainer> trainer;
   if (int rc = stage(world, [&] {
         watchdog::Phase phase("setting up the model", 0);
-        const Dataset* tst = cfg.test_file.empty() ? nullptr : &test;
-        if (rows) trainer = std::make_unique<Trainer>(cfg, *rt.backend, *rt.comm, rows.get(), tst);
-        else trainer = std::make_unique<Trainer>(cfg, *rt.backend, *rt.comm, inv.eval_only ? nullptr : &train, tst);
+        trainer = make_trainer(cfg, *rt.backend, *rt.comm, data);
       }))
     return rc;
   try {
     if (inv.eval_only) {
-      EvalResult e = trainer->evaluate(test);
+      EvalResult e = trainer->evaluate(data.test);
       char buf[256];
       std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.4f, accuracy %.4f", cfg.test_file.c_str(),
                     static_cast<long long>(e.n), e.loss, e.accuracy);

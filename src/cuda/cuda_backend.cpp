@@ -285,9 +285,7 @@ class BatchStream {
                       static_cast<const int64_t*>(iota_.get()), count, ds.dim, ds.scale, ds.offset,
                       x, y, compute);
     DPT_CHECK_CUDA(cudaEventRecord(sl.consumed.get(), compute));
-    ++batches_;
   }
-  int64_t batches() const { return batches_; }
 
  private:
   struct Slot {
@@ -309,7 +307,6 @@ class BatchStream {
   DevPtr iota_;  // 0, 1, 2, ...: the rows of a slot
   size_t iota_n_ = 0;
   int next_ = 0;
-  int64_t batches_ = 0;
 };
 
 // A dataset kept in device memory, features in their stored type.
