@@ -15,7 +15,7 @@ what=${1:-all}  # all, or a comma-separated list of the sections below
 want() { [[ $what == all || ,$what, == *,$1,* ]]; }
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
-  nvidia-smi topo -m; ldd $B/dptrain | grep -E "not found|openblas|nccl|cublas" ; nproc
+  nvidia-smi topo -m; command -v nsys ncu; ldd $B/dptrain | grep -E "not found|openblas|nccl|cublas" ; nproc
 } > "$OUT/machine.txt" 2>&1
 if want tests; then
   { mpirun -np 1 $B/test_gpu; echo "rc=$?"; mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
@@ -78,6 +78,10 @@ if want bench; then
   for t in 0 2; do
     DPT_TF32_TRANSPOSE=$t mpirun -x DPT_TF32_TRANSPOSE -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --warmup 20 --steps 200 > "$OUT/ours-wide-tf32-t$t.log" 2>&1
   done
+  # The per-layer path (ReLU not fused into cuBLASLt's epilogues), as before the fusion.
+  for p in bf16 tf32; do
+    DPT_LT_FUSE=0 mpirun -x DPT_LT_FUSE -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision $p --warmup 20 --steps 200 > "$OUT/ours-wide-nofuse-$p.log" 2>&1
+  done
   # The same bf16 step with the GEMMs on cublasGemmEx instead of cuBLASLt (bias in a kernel).
   DPT_CUBLASLT=0 mpirun -x DPT_CUBLASLT -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide-gemmex.log" 2>&1
   if [[ ${SKIP_TORCH:-0} != 1 ]]; then
@@ -85,6 +89,20 @@ if want bench; then
     python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --modes eager --steps 100 >> "$OUT/torch-wide.jsonl" 2>&1
   fi
   grep -h "^{" "$OUT"/ours-*.log "$OUT"/torch-*.jsonl
+fi
+if want profile; then
+  # Where the wide bf16 / tf32 step's time goes, kernel by kernel (Nsight Systems, where installed).
+  if command -v nsys > /dev/null; then
+    for p in bf16 tf32; do
+      nsys profile -o "$OUT/wide-$p" --force-overwrite true -t cuda mpirun -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 \
+        --batch 4096 --precision $p --warmup 10 --steps 50 --repeat 1 > "$OUT/profile-$p.log" 2>&1
+      nsys stats -r cuda_gpu_kern_sum -f csv -o "$OUT/wide-$p" "$OUT/wide-$p.nsys-rep" > /dev/null 2>&1
+      head -25 "$OUT"/wide-$p*kern_sum*.csv | cut -c1-220
+      rm -f "$OUT/wide-$p.nsys-rep" "$OUT/wide-$p.sqlite"
+    done
+  else
+    echo "profile: nsys not installed here"
+  fi
 fi
 if want scaling; then
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null

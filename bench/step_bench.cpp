@@ -18,6 +18,9 @@
 #include "dpt/log.hpp"
 #include "dpt/nn.hpp"
 #include "dpt/train.hpp"
+#ifdef DPT_HAVE_CUDA
+#include "dpt/cuda_backend.hpp"
+#endif
 
 using namespace dpt;
 
@@ -99,6 +102,10 @@ int main(int argc, char** argv) {
       ms.push_back((t1 - t0) / a.steps * 1e3);
     }
     std::sort(ms.begin(), ms.end());
+    int fused = -1;  // hidden layers through cuBLASLt's ReLU epilogues (-1: not the cuda backend)
+#ifdef DPT_HAVE_CUDA
+    if (CudaBackend* cb = as_cuda(*rt.backend)) fused = cb->fused_layers();
+#endif
     const double med = ms[ms.size() / 2];
     const double samples = double(a.batch) * mpi.size() / (med * 1e-3);
     const double tflops = 6.0 * double(params) * samples / 1e12;
@@ -106,19 +113,19 @@ int main(int argc, char** argv) {
     std::snprintf(buf, sizeof buf,
                   "bench-step layers=%s batch/rank=%d ranks=%d precision=%s optimizer=%s backend=%s "
                   "transport=%s: %.4f ms/step (min %.4f, max %.4f over %d), %.0f samples/s, "
-                  "%.1f model TFLOP/s",
+                  "%.1f model TFLOP/s, %d hidden layers fused",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
                   rt.backend->name().c_str(), rt.comm->name().c_str(), med, ms.front(), ms.back(),
-                  a.repeat, samples, tflops);
+                  a.repeat, samples, tflops, fused);
     log::info(buf);
     std::snprintf(buf, sizeof buf,
                   "{\"bench\": \"step\", \"layers\": \"%s\", \"batch_per_rank\": %d, \"ranks\": %d, "
                   "\"precision\": \"%s\", \"optimizer\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", "
                   "\"ms_per_step\": %.5f, \"ms_min\": %.5f, \"ms_max\": %.5f, \"samples_per_s\": %.1f, "
-                  "\"model_tflops\": %.2f}",
+                  "\"model_tflops\": %.2f, \"fused_layers\": %d}",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
                   rt.backend->name().c_str(), rt.comm->name().c_str(), med, ms.front(), ms.back(),
-                  samples, tflops);
+                  samples, tflops, fused);
     log::info(buf);
     return 0;
   } catch (const std::exception& e) {

@@ -54,6 +54,21 @@ MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch)
     a_.emplace_back(&s == &slices_.back() ? Buffer<float>() : Buffer<float>(be, size_t(max_batch) * size_t(s.out)));
   }
   for (auto& d : dbuf_) d = Buffer<float>(be, size_t(max_batch) * size_t(widest));
+  for (size_t i = 0; i < slices_.size(); ++i) {
+    const LayerSlice& s = slices_[i];
+    const bool last = i + 1 == slices_.size();
+    LinearArgs l;
+    l.w = params_.data() + s.w_off;
+    l.b = params_.data() + s.b_off;
+    l.dw = grads_.data() + s.w_off;
+    l.db = grads_.data() + s.b_off;
+    l.z = z_[i].data();
+    l.a = last ? l.z : a_[i].data();
+    l.in = s.in;
+    l.out = s.out;
+    l.act = last ? Act::none : act_;
+    args_.push_back(l);
+  }
 }
 
 void MLP::init_params(uint64_t seed) {
@@ -70,16 +85,7 @@ void MLP::init_params(uint64_t seed) {
 
 const float* MLP::forward(const float* x, int batch) {
   if (batch > max_batch_) throw Error("batch " + std::to_string(batch) + " exceeds the model's max batch");
-  const float* in = x;
-  for (size_t i = 0; i < slices_.size(); ++i) {
-    const LayerSlice& s = slices_[i];
-    const bool last = i + 1 == slices_.size();
-    float* z = z_[i].data();
-    float* a = last ? z : a_[i].data();
-    be_.linear_forward(in, params_.data() + s.w_off, params_.data() + s.b_off, z, a, batch, s.in,
-                       s.out, last ? Act::none : act_);
-    in = a;
-  }
+  be_.mlp_forward(x, batch, args_);
   last_batch_ = batch;
   return z_.back().data();
 }
@@ -91,22 +97,8 @@ void MLP::loss(const int32_t* labels, int batch, float grad_scale, float* stats,
 
 void MLP::backward(const float* x, int batch, bool accumulate,
                    const std::function<void(int)>& layer_done) {
-  // dbuf_[0] holds dLoss/dlogits from loss(); each layer turns its d(output) into d(input) in
-  // the other scratch buffer.
-  int cur = 0;
-  for (int i = num_layers() - 1; i >= 0; --i) {
-    const LayerSlice& s = slices_[size_t(i)];
-    const bool last = i == num_layers() - 1;
-    const float* in = i == 0 ? x : a_[size_t(i) - 1].data();
-    const float* z = z_[size_t(i)].data();
-    const float* a = last ? z : a_[size_t(i)].data();
-    float* dx = i == 0 ? nullptr : dbuf_[1 - cur].data();
-    be_.linear_backward(in, params_.data() + s.w_off, z, a, dbuf_[cur].data(), batch, s.in, s.out,
-                        last ? Act::none : act_, grads_.data() + s.w_off,
-                        grads_.data() + s.b_off, dx, accumulate);
-    if (layer_done) layer_done(i);
-    cur = 1 - cur;
-  }
+  // dbuf_[0] holds dLoss/dlogits from loss().
+  be_.mlp_backward(x, batch, args_, dbuf_[0].data(), dbuf_[1].data(), accumulate, layer_done);
 }
 
 }  // namespace dpt

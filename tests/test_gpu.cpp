@@ -30,6 +30,7 @@
 #include "dpt/cuda_backend.hpp"  // note_device_write; a build without CUDA skips every test here
 #endif
 #include "dpt/data.hpp"
+#include "dpt/nn.hpp"
 
 namespace {
 using namespace dpt;
@@ -675,6 +676,69 @@ TEST(CudaBackend, Bf16ShadowAcrossGraphReplays) {
   }
   EXPECT_TRUE(runner->captured());
 }
+
+// ---- the whole MLP through cuBLASLt's fused ReLU epilogues ----
+// The fused path (RELU_AUX_BIAS forward, DRELU_BGRAD on the layer above's input-gradient GEMM)
+// against the per-layer path of the same backend (DPT_LT_FUSE=0), which the tests above check
+// against the CPU backend: the same numbers up to summation order. Hidden widths of 128·k, a
+// 10-wide output (the wide benchmark's), a batch that is no multiple of 8, and a second backward
+// that accumulates, so the bias gradient's add kernel runs both ways.
+#ifdef DPT_HAVE_CUDA
+TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int> widths = {72, 256, 384, 128, 10};
+  const int batch = 203, hidden = int(widths.size()) - 2;
+  const std::vector<float> x = uniform(size_t(batch) * size_t(widths[0]), 1600);
+  std::vector<int32_t> y(static_cast<size_t>(batch));
+  for (int i = 0; i < batch; ++i) y[size_t(i)] = (i * 7) % widths.back();
+  for (Precision p : kPrecisions) {
+    struct Run {
+      std::vector<float> logits, grads, grads_acc;
+      int fused = -1;
+    };
+    auto run = [&](const char* fuse) {
+      setenv("DPT_LT_FUSE", fuse, 1);
+      auto g = gpu(p);
+      unsetenv("DPT_LT_FUSE");
+      MLP m(*g, widths, Act::relu, batch);
+      m.init_params(17);
+      auto gx = put(*g, x);
+      auto gy = put(*g, y);
+      Buffer<float> st(*g, 2);
+      g->fill(st.data(), 2, 0.f);
+      Run r;
+      m.forward(gx.data(), batch);
+      r.fused = as_cuda(*g)->fused_layers();
+      m.loss(gy.data(), batch, 1.f / float(batch), st.data(), true);
+      m.backward(gx.data(), batch, false);
+      r.logits.resize(size_t(batch) * size_t(widths.back()));
+      g->download(r.logits.data(), m.forward(gx.data(), batch), r.logits.size() * sizeof(float));
+      r.grads.resize(m.num_params());
+      g->download(r.grads.data(), m.grads(), r.grads.size() * sizeof(float));
+      m.loss(gy.data(), batch, 1.f / float(batch), st.data(), true);
+      m.backward(gx.data(), batch, true);  // the same gradient again, added
+      r.grads_acc.resize(m.num_params());
+      g->download(r.grads_acc.data(), m.grads(), r.grads_acc.size() * sizeof(float));
+      return r;
+    };
+    const Run per_layer = run("0"), fused = run("1");
+    const std::string what = label(p, Act::relu, {batch, widths[0], widths.back()});
+    EXPECT_EQ(per_layer.fused, 0) << what;
+    // Every hidden layer, or all but the last when cuBLASLt has no DRELU_BGRAD plan for the
+    // 10-wide output layer's input gradient; printed so the log says which.
+    EXPECT_GE(fused.fused, hidden - 1) << what;
+    std::printf("[ fused    ] %s: %d of %d hidden layers through the ReLU epilogues\n", what.c_str(),
+                fused.fused, hidden);
+    EXPECT_LE(rel_err(fused.logits, per_layer.logits), tolerance(p)) << what;
+    EXPECT_LE(rel_err(fused.grads, per_layer.grads), tolerance(p)) << what;
+    EXPECT_LE(rel_err(fused.grads_acc, per_layer.grads_acc), tolerance(p)) << what;
+    // Accumulating the same gradient doubles it (up to one rounding per element).
+    std::vector<float> twice(fused.grads.size());
+    for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2.f * fused.grads[i];
+    EXPECT_LE(rel_err(fused.grads_acc, twice), 1e-6) << what;
+  }
+}
+#endif
 
 // One rank: allreduce and broadcast over NCCL leave the data as it is.
 TEST(NcclComm, OneRankSanity) {

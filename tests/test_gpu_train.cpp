@@ -16,6 +16,9 @@
 #include "dpt/comm.hpp"
 #include "dpt/data.hpp"
 #include "dpt/train.hpp"
+#ifdef DPT_HAVE_CUDA
+#include "dpt/cuda_backend.hpp"
+#endif
 
 using namespace dpt;
 
@@ -93,6 +96,34 @@ TEST(GpuTraining, SameCurveAsTheCpuBackend) {
     EXPECT_TRUE(gpu.graph) << "the step was not captured as a graph";
   }
 }
+
+#ifdef DPT_HAVE_CUDA
+// ReLU layers go through cuBLASLt's fused epilogues (forward RELU_AUX_BIAS, backward
+// DRELU_BGRAD): the same curve as the CPU backend in fp32, with gradient accumulation so the
+// bias gradient is added as well as written.
+TEST(GpuTraining, FusedReluEpiloguesTrainTheCpuCurve) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  if (world_size() > cuda_device_count()) GTEST_SKIP() << "one GPU per rank needed";
+  Config c = config("cuda", "nccl");
+  c.layers = {24, 128, 256, 6};
+  c.activation = "relu";
+  c.optimizer = "nesterov";
+  c.lr = 0.05;
+  c.accumulate = 2;
+  Runtime rt;
+  make_backend_for(c, MPI_COMM_WORLD, rt);
+  make_comm_for(c, MPI_COMM_WORLD, rt);
+  static Dataset ds = synth_blobs(1024, 24, 6, 0.7f, 5);
+  Trainer t(c, *rt.backend, *rt.comm, &ds, nullptr);
+  TrainResult r = t.run();
+  const Outcome gpu{r.losses, t.params_host(), r.graph, {}};
+  EXPECT_GE(as_cuda(*rt.backend)->fused_layers(), 1) << "no layer went through the fused epilogues";
+  Config cc = c;
+  cc.device_type = "cpu";
+  cc.comm_backend = "mpi";
+  expect_same(gpu, train(cc));
+}
+#endif
 
 namespace {
 

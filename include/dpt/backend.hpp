@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dpt {
 
@@ -22,6 +23,19 @@ Act parse_act(const std::string& s);
 const char* act_name(Act a);
 Precision parse_precision(const std::string& s);
 OptKind parse_optimizer(const std::string& s);
+
+// One Linear layer of an MLP, pointers into backend memory: weight (out,in), bias (out), their
+// gradients, and the layer's pre- and post-activation buffers (max_batch, out), a == z for none.
+struct LinearArgs {
+  const float* w = nullptr;
+  const float* b = nullptr;
+  float* dw = nullptr;
+  float* db = nullptr;
+  float* z = nullptr;
+  float* a = nullptr;
+  int in = 0, out = 0;
+  Act act = Act::none;
+};
 
 // Hyper-parameters of one optimizer step, torch.optim semantics.
 struct OptimStep;
@@ -98,6 +112,20 @@ class Backend {
   virtual void linear_backward(const float* x, const float* w, const float* z, const float* a,
                                float* da, int batch, int in, int out, Act act, float* dw,
                                float* db, float* dx, bool accumulate) = 0;
+  // ---- the whole MLP (MLP::forward / MLP::backward) ----
+  // Layers in order; hidden layers share one activation, the last has none (its a is its z).
+  // Default: linear_forward / linear_backward per layer. A backend may fuse across layers (cuda:
+  // cuBLASLt's ReLU epilogues) and keep hidden activations in its own memory; then z and a of the
+  // hidden layers are not written, and mlp_backward must follow an mlp_forward of the same
+  // layers at the same batch. The logits, layers.back().z, are always written.
+  virtual void mlp_forward(const float* x, int batch, const std::vector<LinearArgs>& layers);
+  // Backward from dLoss/dlogits in d0 (batch, classes), with d0 and d1 (batch, widest) as
+  // scratch; dw and db of every layer overwritten (accumulate=false) or added to;
+  // layer_done(i) once layer i's gradients are final, last layer first.
+  virtual void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& layers,
+                            float* d0, float* d1, bool accumulate,
+                            const std::function<void(int)>& layer_done);
+
   // Softmax cross-entropy over logits (batch,classes) against labels (batch):
   // dlogits = (softmax − onehot)·grad_scale unless dlogits is nullptr;
   // stats[0] += Σ −log softmax[label], stats[1] += number of rows whose argmax == label.

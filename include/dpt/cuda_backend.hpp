@@ -25,6 +25,9 @@ class CudaBackend : public Backend {
   // transport's collectives), so that copies it derived from that memory are dropped.
   // Host-side bookkeeping only: enqueues nothing, allowed during graph capture.
   virtual void note_device_write(const void* p, size_t bytes) = 0;
+  // How many hidden layers the last mlp_forward ran through cuBLASLt's fused ReLU epilogues
+  // (0: the per-layer path), for tests and benchmarks.
+  virtual int fused_layers() const = 0;
 };
 
 // The CudaBackend behind `be`, or nullptr when `be` is another backend.

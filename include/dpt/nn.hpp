@@ -63,6 +63,7 @@ class MLP {
   Buffer<float> params_, grads_;
   std::vector<Buffer<float>> z_, a_;  // per layer: pre- and post-activation (batch, out)
   Buffer<float> dbuf_[2];             // backward scratch (batch, max width)
+  std::vector<LinearArgs> args_;      // the layers as the backend's mlp_forward/backward take them
   int last_batch_ = 0;
 };
 

@@ -54,6 +54,30 @@ AdamScalars adam_scalars(double lr, double beta1, double beta2, int64_t t) {
   return a;
 }
 
+void Backend::mlp_forward(const float* x, int batch, const std::vector<LinearArgs>& layers) {
+  const float* in = x;
+  for (const LinearArgs& l : layers) {
+    linear_forward(in, l.w, l.b, l.z, l.a, batch, l.in, l.out, l.act);
+    in = l.a;
+  }
+}
+
+void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& layers,
+                           float* d0, float* d1, bool accumulate,
+                           const std::function<void(int)>& layer_done) {
+  // d0 holds dLoss/dlogits; each layer turns its d(output) into d(input) in the other buffer.
+  float* d[2] = {d0, d1};
+  int cur = 0;
+  for (int i = int(layers.size()) - 1; i >= 0; --i) {
+    const LinearArgs& l = layers[size_t(i)];
+    const float* in = i == 0 ? x : layers[size_t(i) - 1].a;
+    linear_backward(in, l.w, l.z, l.a, d[cur], batch, l.in, l.out, l.act, l.dw, l.db,
+                    i == 0 ? nullptr : d[1 - cur], accumulate);
+    if (layer_done) layer_done(i);
+    cur = 1 - cur;
+  }
+}
+
 void Backend::load_batch(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y) {
   if (host_addressable()) {
     ds.gather(rows, count, x, y);

@@ -188,6 +188,14 @@ __global__ void bias_grad_finish(const float* partial, int chunks, int out, floa
   db[col] = accumulate ? db[col] + t : t;
 }
 
+__global__ void bias_grad_add_kernel(float* db, const void* g, bool g16, int n, bool accumulate) {
+  const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+  if (i >= n) return;
+  const float v = g16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i])
+                      : static_cast<const float*>(g)[i];
+  db[i] = accumulate ? db[i] + v : v;
+}
+
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
@@ -545,6 +553,13 @@ void act_backward_bgrad(float* da, const float* z, const float* a, int batch, in
   bias_grad_finish<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, s>>>(
       partial, chunks, out, db, accumulate);
   DPT_CHECK_LAUNCH("bias_grad_finish");
+}
+
+void bias_grad_add(float* db, const void* g, bool g_bf16, int n, bool accumulate, cudaStream_t s) {
+  if (n <= 0) return;
+  bias_grad_add_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(db, g, g_bf16, n,
+                                                                                   accumulate);
+  DPT_CHECK_LAUNCH("bias_grad_add_kernel");
 }
 
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s) {
