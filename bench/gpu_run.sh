@@ -90,6 +90,18 @@ if want bench; then
   fi
   grep -h "^{" "$OUT"/ours-*.log "$OUT"/torch-*.jsonl
 fi
+if want epilogues; then
+  # cuBLASLt's epilogues per GEMM of a 4096-wide layer at batch 4096, every heuristic candidate
+  # timed, and DRELU_BGRAD checked against the host; k=10: the output layer's input gradient.
+  for p in bf16 tf32; do
+    $B/bench-lt-epilogues --precision $p --m 4096 --n 4096 --k 4096 > "$OUT/lt-epilogues-$p.jsonl" 2>&1
+  done
+  $B/bench-lt-epilogues --precision bf16 --m 4096 --n 4096 --k 10 > "$OUT/lt-epilogues-bf16-k10.jsonl" 2>&1
+  $B/bench-lt-epilogues --precision bf16 --m 4096 --n 4096 --k 784 > "$OUT/lt-epilogues-bf16-k784.jsonl" 2>&1
+  mpirun -np 1 $B/test_gpu --gtest_filter='*Fused*' > "$OUT/fused-test.log" 2>&1; echo "fused test rc=$?"
+  grep "fused  " "$OUT/fused-test.log"
+  grep -h check "$OUT"/lt-epilogues-*.jsonl
+fi
 if want profile; then
   # Where the wide bf16 / tf32 step's time goes, kernel by kernel (Nsight Systems, where installed).
   if command -v nsys > /dev/null; then

@@ -729,6 +729,19 @@ TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
     EXPECT_GE(fused.fused, hidden - 1) << what;
     std::printf("[ fused    ] %s: %d of %d hidden layers through the ReLU epilogues\n", what.c_str(),
                 fused.fused, hidden);
+    // Each layer's weight and bias gradient apart, printed, so a failure says where.
+    {
+      auto cpu = make_cpu_backend({});
+      MLP shape(*cpu, widths, Act::relu, 1);
+      for (int i = 0; i < shape.num_layers(); ++i) {
+        const LayerSlice& sl = shape.layer(i);
+        const size_t nw = size_t(sl.in) * size_t(sl.out);
+        std::printf("[ fused    ] %s layer %d: dw rel err %.3g, db rel err %.3g\n", what.c_str(), i,
+                    rel_err(slice(fused.grads, sl.w_off, nw), slice(per_layer.grads, sl.w_off, nw)),
+                    rel_err(slice(fused.grads, sl.b_off, size_t(sl.out)),
+                            slice(per_layer.grads, sl.b_off, size_t(sl.out))));
+      }
+    }
     EXPECT_LE(rel_err(fused.logits, per_layer.logits), tolerance(p)) << what;
     EXPECT_LE(rel_err(fused.grads, per_layer.grads), tolerance(p)) << what;
     EXPECT_LE(rel_err(fused.grads_acc, per_layer.grads_acc), tolerance(p)) << what;
