@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
   upload(dz, hdz, bf16);
   const Gemm fwd{"forward", true, false, M, N, K, K, K};
   const Gemm dgrad{"input_gradient", false, false, M, N, K, M, K};
-  const Gemm wgrad{"weight_gradient", false, true, M, K, N, M, K};
+  const Gemm wgrad{"weight_gradient", false, true, M, K, N, M, K};  // D (M×K) = Xm·dZᵀ
   const double flop = 2.0 * M * N * K;
   auto report = [&](const Gemm& g, const Epi& e, const std::vector<double>& ms) {
     if (ms.empty()) {
@@ -275,9 +275,12 @@ int main(int argc, char** argv) {
     report(dgrad, e, lt.go(dgrad, e, w.p, dz.p, d.p, bg ? bgrad.p : nullptr, aux ? mask.p : nullptr,
                            a.candidates, a.reps));
   }
-  report(wgrad, {"default", CUBLASLT_EPILOGUE_DEFAULT, false},
-         lt.go(wgrad, {"default", CUBLASLT_EPILOGUE_DEFAULT, false}, x.p, dz.p, d.p, nullptr, nullptr,
-               a.candidates, a.reps));
+  {  // the weight gradient's A is a layer input of M features: (M×N)
+    Dev xm(size_t(M) * N * esz), dw(size_t(M) * K * 4);
+    upload(xm, random(size_t(M) * N, 7, 1.f), bf16);
+    const Epi plain{"default", CUBLASLT_EPILOGUE_DEFAULT, false};
+    report(wgrad, plain, lt.go(wgrad, plain, xm.p, dz.p, dw.p, nullptr, nullptr, a.candidates, a.reps));
+  }
 
   // ---- the fused backward against the host ----
   // A mask from a forward product of the input gradient's shape: z = Wᵀ·X2 + b (M×N) with

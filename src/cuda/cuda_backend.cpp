@@ -31,13 +31,11 @@
 // real alignments) are made on first use and cached, so the captured step only looks them up.
 // DPT_LT_ALGO=k takes the k-th heuristic candidate (0..7; default 0) for a sweep on the GPU.
 // Falls back per GEMM to the plan without bias (bias not 16-byte aligned) or to cublasGemmEx
-// (no candidate for the shape/alignment). Not used, and why:
-//   - RELU/GELU_BIAS(_AUX) writing a: the interface needs fp32 z AND fp32 a AND (bf16) bf16(a);
-//     one Lt call writes D plus one AUX (z, or a relu bit mask), so the kernel pass stays, and
-//     it costs the same bytes whether it reads z (from BIAS) or z from AUX.
-//   - DRELU/DGELU_BGRAD on the dx GEMM of the layer above: that GEMM runs in linear_backward of
-//     layer i+1, which knows neither layer i's activation, z nor db; and dz must still be
-//     written in fp32 over da. Does not fit the per-layer interface.
+// (no candidate for the shape/alignment).
+// The whole MLP (mlp_forward / mlp_backward): in bf16, hidden ReLU layers take the RELU_BIAS
+// epilogue with a bf16 output and keep their activations in bf16 only; the input gradient GEMM
+// writes bf16 too (see "the whole MLP" below, with the epilogues measured and not used: DRELU,
+// DRELU_BGRAD, RELU_AUX_BIAS, and every epilogue in TF32). Not used either:
 //   - timing the heuristic candidates in the warm-up: not deterministic across runs/ranks.
 //
 // ---- performance notes (wide MLP 784-4096x4-10, batch 4096, nesterov, one H200) ----
@@ -533,22 +531,27 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
-  // ---- the whole MLP: ReLU fused into cuBLASLt's epilogues ----
-  // A hidden ReLU layer i is "fused" when cuBLASLt plans both of its GEMMs with epilogues:
-  //   forward   RELU_AUX_BIAS: the GEMM writes a = relu(x·Wᵀ + b) and a ReLU bit mask; no z.
-  //             bf16: a is written in bf16 only, into the twin of a (the fp32 a is not written:
-  //             the twin is the activation's only copy, used by the next layer's forward GEMM and
-  //             that layer's weight-gradient GEMM); fp32/tf32: a in fp32.
-  //   backward  DRELU_BGRAD on layer i+1's input-gradient GEMM: it writes dz_i = (dz_{i+1}·W_{i+1})
-  //             ⊙ mask directly (bf16: in bf16 only) and the bias gradient Σ_rows dz_i into a
-  //             scratch vector, added into db_i by a small kernel.
-  // Same numbers as the per-layer path up to summation order: bf16(relu(fp32(acc + b))) and the
-  // mask (acc + b > 0) are what bias_act_forward and act_backward_bgrad compute; the bias
-  // gradient is summed by cuBLASLt instead of our fixed-order kernel. Other layers (the output
-  // layer, other activations, shapes cuBLASLt has no epilogue plan for) take the per-layer path.
-  // Bytes saved per fused 4096-wide layer at batch 4096 (bf16): the fp32 z write and read, the
-  // fp32 a write, the fp32 da write and read and the dz rewrite, ~0.45 GB per step for the wide
-  // MLP's four layers. DPT_LT_FUSE=0 turns it off.
+  // ---- the whole MLP: bf16 hidden ReLU activations that never exist in fp32 ----
+  // With precision bf16, a hidden ReLU layer i is "fused" (when cuBLASLt plans both GEMMs below):
+  //   forward   the GEMM's RELU_BIAS epilogue writes a = bf16(relu(x·Wᵀ + b)) straight into the
+  //             twin of a; neither z nor the fp32 a is written (the twin is the activation's only
+  //             copy: the next layer's forward GEMM and this layer's weight gradient read it).
+  //   backward  layer i+1's input-gradient GEMM writes bf16(da) (bf16 output, not fp32), and one
+  //             kernel pass turns it into bf16(dz) = bf16(da)·[a > 0] in place and sums the bias
+  //             gradient (relu_backward_bgrad_bf16).
+  // Numbers: a and dz are the bits of the per-layer path (bf16 of the same fp32 values; a > 0
+  // exactly where z > 0), except that cuBLASLt takes the bias in bf16 when its output is bf16
+  // (no fp32 bias is offered with a bf16 D: the bias enters rounded like the weights, as under
+  // torch.autocast) and the bias gradient is summed over bf16(dz) instead of the fp32 dz.
+  // Per fused 4096-wide layer at batch 4096 this drops 22 of the 32 bytes per activation element
+  // that the per-layer path moves outside the GEMMs (fp32 z written and read, fp32 a written,
+  // fp32 da written and read, dz rewritten) and the GEMMs write half the bytes.
+  // Not used, measured (bench-lt-epilogues, H200, cuBLAS 13.1, 4096³): RELU_AUX_BIAS (+5% on the
+  // forward GEMM) with DRELU_BGRAD on the input gradient, which would also drop the kernel pass:
+  // DRELU(_BGRAD) GEMMs run at 0.28 ms against 0.17 ms plain, more than the pass they save, and
+  // DRELU_BGRAD's bias gradient with a bf16 output is bf16-summed (2.3% off the fp32 sum). In
+  // TF32 every epilogue but BIAS costs more than it saves (RELU_BIAS 0.37 ms against 0.33 ms), so
+  // fp32 and tf32 keep the per-layer path. DPT_LT_FUSE=0 turns the bf16 path off.
   void mlp_forward(const float* x, int batch, const std::vector<LinearArgs>& L) override {
     Fusion& f = fusion_for(x, batch, L);
     last_fused_ = 0;
@@ -560,12 +563,11 @@ class CudaBackendImpl final : public CudaBackend {
         in = l.a;
         continue;
       }
-      const void* B = bf16() ? as_bf16(in, size_t(batch) * size_t(l.in), bf16_b_) : static_cast<const void*>(in);
-      FusedGemms g = fused_forward_gemm(f, L, i, B, batch, f.d->bias16[i] != 0);
-      if (!bf16()) note_write(l.a, size_t(batch) * size_t(l.out) * sizeof(float));
-      if (!lt_matmul(g.sp, g.A, g.B, g.D, 0.f, g.bias, g.aux))
+      const void* B = as_bf16(in, size_t(batch) * size_t(l.in), bf16_b_);
+      const FusedGemm g = fused_forward_gemm(L, i, B, batch, f.d->bias16[i] != 0);
+      if (!g.D || !lt_matmul(g.sp, g.A, g.B, g.D, 0.f, g.bias, nullptr))
         throw Error("cuBLASLt refused a GEMM it had planned (fused forward, layer " + std::to_string(i) + ")");
-      if (bf16()) twins_[l.a].valid = size_t(batch) * size_t(l.out);
+      twins_[l.a].valid = size_t(batch) * size_t(l.out);
       ++last_fused_;
       in = l.a;
     }
@@ -575,45 +577,49 @@ class CudaBackendImpl final : public CudaBackend {
   void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& L, float* d0, float* d1,
                     bool accumulate, const std::function<void(int)>& layer_done) override {
     Fusion& f = fusion_for(x, batch, L);
-    if (f.fwd_batch != batch && std::find(f.on.begin(), f.on.end(), 1) != f.on.end())
+    const bool any = std::find(f.on.begin(), f.on.end(), 1) != f.on.end();
+    if (!any) {
+      Backend::mlp_backward(x, batch, L, d0, d1, accumulate, layer_done);
+      return;
+    }
+    if (f.fwd_batch != batch)
       throw Error("mlp_backward: the last mlp_forward of these layers ran another batch size");
+    // bf16 (only bf16 fuses). d0 holds dLoss/dlogits; each layer's bf16 dz is in dz16[cur].
     cudaStream_t s = stream_.get();
     const float beta = accumulate ? 1.f : 0.f;
     float* d[2] = {d0, d1};
     int cur = 0;
+    const size_t dzb = std::max<size_t>(1, size_t(batch) * f.widest) * 2;
     for (int i = int(L.size()) - 1; i >= 0; --i) {
       const LinearArgs& l = L[size_t(i)];
       const size_t n = size_t(batch) * size_t(l.out);
       const float* xin = i == 0 ? x : L[size_t(i) - 1].a;
-      const void* x16 = bf16() ? as_bf16(xin, size_t(batch) * size_t(l.in), bf16_b_) : nullptr;
-      const void* w16 = bf16() && i > 0 ? as_bf16(l.w, size_t(l.out) * size_t(l.in), bf16_a_) : nullptr;
-      void* dz16 = bf16() ? f.dz16[cur].get(std::max<size_t>(1, size_t(batch) * f.widest) * 2, s) : nullptr;
+      const void* x16 = as_bf16(xin, size_t(batch) * size_t(l.in), bf16_b_);
+      const void* w16 = i > 0 ? as_bf16(l.w, size_t(l.out) * size_t(l.in), bf16_a_) : nullptr;
+      void* dz16 = f.dz16[cur].get(dzb, s);
       note_write(l.dw, size_t(l.out) * size_t(l.in) * sizeof(float));
       note_write(l.db, size_t(l.out) * sizeof(float));
+      auto* partial = static_cast<float*>(
+          partial_.get(std::max<size_t>(1, cuda::act_bgrad_partial_floats(batch, l.out)) * sizeof(float), s));
       if (!f.on[size_t(i)]) {
-        // d[cur] holds dLoss/da of this layer: dz (and bf16 dz), db in one pass.
+        // d[cur] holds dLoss/da in fp32 (the logits' gradient, or the per-layer input gradient
+        // below a layer that is not fused): dz, bf16 dz and db in one pass.
         note_write(d[cur], n * sizeof(float));
-        auto* partial = static_cast<float*>(
-            partial_.get(std::max<size_t>(1, cuda::act_bgrad_partial_floats(batch, l.out)) * sizeof(float), s));
         cuda::act_backward_bgrad(d[cur], l.z, l.a, batch, l.out, l.act, l.db, accumulate, partial, dz16, s);
-      }  // else the layer above's input-gradient GEMM wrote dz (d[cur] or dz16) and db
-      weight_grad(xin, x16, d[cur], dz16, batch, l.in, l.out, l.dw, beta);
+      } else {
+        // dz16 holds bf16(da) from the layer above's input-gradient GEMM.
+        cuda::relu_backward_bgrad_bf16(dz16, twin_of(l.a), batch, l.out, l.db, accumulate, partial, s);
+      }
+      gemm(false, true, l.in, l.out, batch, x16, l.in, dz16, l.out, l.dw, l.in, beta);
       if (i > 0) {
-        const LinearArgs& below = L[size_t(i) - 1];
-        float* dx = d[1 - cur];
-        void* dx16 = bf16() ? f.dz16[1 - cur].get(std::max<size_t>(1, size_t(batch) * f.widest) * 2, s) : nullptr;
-        const void* wop = bf16() ? w16 : static_cast<const void*>(l.w);
-        const void* dzop = bf16() ? dz16 : static_cast<const void*>(d[cur]);
         if (f.on[size_t(i) - 1]) {
-          FusedGemms g = fused_backward_gemm(f, L, size_t(i), wop, dzop, bf16() ? dx16 : dx, batch,
-                                             f.bgrad16[size_t(i) - 1] != 0);
-          if (!bf16()) note_write(dx, size_t(batch) * size_t(l.in) * sizeof(float));
-          if (!lt_matmul(g.sp, g.A, g.B, g.D, 0.f, g.bias, g.aux))
-            throw Error("cuBLASLt refused a GEMM it had planned (fused backward, layer " + std::to_string(i) + ")");
-          cuda::bias_grad_add(below.db, g.bias, f.bgrad16[size_t(i) - 1], below.out, accumulate, s);
+          const FusedGemm g = fused_backward_gemm(L, size_t(i), w16, dz16, f.dz16[1 - cur].get(dzb, s), batch);
+          if (!lt_matmul(g.sp, g.A, g.B, g.D, 0.f, nullptr, nullptr))
+            throw Error("cuBLASLt refused a GEMM it had planned (bf16 input gradient, layer " + std::to_string(i) + ")");
         } else {
+          float* dx = d[1 - cur];
           note_write(dx, size_t(batch) * size_t(l.in) * sizeof(float));
-          gemm(false, false, l.in, batch, l.out, wop, l.in, dzop, l.out, dx, l.in, 0.f);
+          gemm(false, false, l.in, batch, l.out, w16, l.in, dz16, l.out, dx, l.in, 0.f);
         }
       }
       if (layer_done) layer_done(i);
@@ -883,7 +889,8 @@ class CudaBackendImpl final : public CudaBackend {
        << version_string(drv, 1000) << ", cuBLAS " << version_string(blas, 10000)
        << "; GEMMs: "
        << (!use_lt_ ? "cublasGemmEx (DPT_CUBLASLT=0)"
-           : fuse_ ? "cuBLASLt (bias epilogue; ReLU layers fused: RELU_AUX_BIAS forward, DRELU_BGRAD backward)"
+           : !bf16() ? "cuBLASLt (bias epilogue)"
+           : fuse_ ? "cuBLASLt (bias epilogue; hidden ReLU layers: RELU_BIAS epilogue, bf16 activations only)"
                    : "cuBLASLt (bias epilogue; DPT_LT_FUSE=0)")
        << "; math: " << math_mode(precision_);
     return os.str();
@@ -1044,71 +1051,62 @@ class CudaBackendImpl final : public CudaBackend {
 
   // ---- the fused path's state and GEMMs (see mlp_forward) ----
   struct Decision {
-    std::vector<char> on, bias16, bgrad16;  // per layer: fused; bias / bias gradient in bf16
+    std::vector<char> on, bias16;  // per layer: fused; its bias taken in bf16
   };
   struct Fusion {
-    std::map<int, Decision> by_batch;  // decided on the first (eager) call with a batch size
     std::vector<LinearArgs> layers;    // the model it was made for
+    std::map<int, Decision> by_batch;  // decided on the first (eager) call with a batch size
     const Decision* d = nullptr;       // the current batch's
-    std::vector<char> on, bgrad16;     // copies of d's, for the loops
-    std::vector<Scratch> mask;         // per hidden layer: the ReLU bit mask (aux_ld bits × batch)
-    Scratch bgrad;                     // DRELU_BGRAD's bias gradient, before it is added into db
+    std::vector<char> on;              // a copy of d->on, for the loops
     Scratch dz16[2];                   // bf16 dz of the current layer and of the one below
     size_t widest = 0;
-    int fwd_batch = -1;                // batch of the last mlp_forward (masks and twins hold it)
+    int fwd_batch = -1;                // batch of the last mlp_forward (the twins hold it)
   };
-  struct FusedGemms {
+  struct FusedGemm {
     LtSpec sp;
     const void* A = nullptr;
     const void* B = nullptr;
     void* D = nullptr;
     const void* bias = nullptr;
-    void* aux = nullptr;
   };
-  static int mask_ld(int rows) { return (rows + 127) / 128 * 128; }
 
-  // Layer i's forward GEMM with RELU_AUX_BIAS, input operand B (bf16: its bf16 copy).
-  FusedGemms fused_forward_gemm(Fusion& f, const std::vector<LinearArgs>& L, size_t i,
-                                const void* B, int batch, bool bias16) {
-    cudaStream_t s = stream_.get();
+  // Layer i's forward GEMM with RELU_BIAS into the twin of a, input operand B (bf16).
+  FusedGemm fused_forward_gemm(const std::vector<LinearArgs>& L, size_t i, const void* B, int batch,
+                               bool bias16) {
     const LinearArgs& l = L[i];
-    FusedGemms g;
-    const int ld = mask_ld(l.out);
-    g.A = bf16() ? as_bf16(l.w, size_t(l.out) * size_t(l.in), bf16_a_) : static_cast<const void*>(l.w);
+    FusedGemm g;
+    g.A = as_bf16(l.w, size_t(l.out) * size_t(l.in), bf16_a_);
     g.B = B;
-    g.D = bf16() ? twin_slot(l.a, size_t(batch) * size_t(l.out)) : static_cast<void*>(l.a);
-    g.aux = f.mask[i].get(std::max<size_t>(1, size_t(ld / 8) * size_t(batch)), s);
+    g.D = twin_slot(l.a, size_t(batch) * size_t(l.out));
     g.bias = bias16 ? as_bf16(l.b, size_t(l.out), bf16_c_) : static_cast<const void*>(l.b);
-    g.sp = spec(true, false, l.out, batch, l.in, g.A, l.in, g.B, l.in, g.D, l.out, 0.f,
-                bf16() ? CUDA_R_16BF : CUDA_R_32F);
-    g.sp.epi = CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    g.sp = spec(true, false, l.out, batch, l.in, g.A, l.in, g.B, l.in, g.D, l.out, 0.f, CUDA_R_16BF);
+    g.sp.epi = CUBLASLT_EPILOGUE_RELU_BIAS;
     g.sp.bias_type = bias16 ? CUDA_R_16BF : CUDA_R_32F;
-    g.sp.aux_ld = ld;
     return g;
   }
 
-  // Layer i's input-gradient GEMM with DRELU_BGRAD over layer i−1's mask: D = dz of layer i−1.
-  FusedGemms fused_backward_gemm(Fusion& f, const std::vector<LinearArgs>& L, size_t i,
-                                 const void* w, const void* dz, void* D, int batch, bool bgrad16) {
-    cudaStream_t s = stream_.get();
+  // Layer i's input-gradient GEMM with a bf16 output D = bf16(dz_i·W_i), the da of layer i−1.
+  FusedGemm fused_backward_gemm(const std::vector<LinearArgs>& L, size_t i, const void* w16,
+                                const void* dz16, void* D, int batch) {
     const LinearArgs& l = L[i];
-    FusedGemms g;
-    const int ld = mask_ld(l.in);
-    g.A = w;
-    g.B = dz;
+    FusedGemm g;
+    g.A = w16;
+    g.B = dz16;
     g.D = D;
-    g.aux = f.mask[i - 1].get(std::max<size_t>(1, size_t(ld / 8) * size_t(batch)), s);
-    g.bias = f.bgrad.get(std::max<size_t>(1, size_t(l.in)) * sizeof(float), s);
-    g.sp = spec(false, false, l.in, batch, l.out, w, l.in, dz, l.out, D, l.in, 0.f,
-                bf16() ? CUDA_R_16BF : CUDA_R_32F);
-    g.sp.epi = CUBLASLT_EPILOGUE_DRELU_BGRAD;
-    g.sp.bias_type = bgrad16 ? CUDA_R_16BF : CUDA_R_32F;
-    g.sp.aux_ld = ld;
+    g.sp = spec(false, false, l.in, batch, l.out, w16, l.in, dz16, l.out, D, l.in, 0.f, CUDA_R_16BF);
     return g;
   }
 
-  // The model's fusion state with this batch's decision (taken on first use: which hidden ReLU
-  // layers cuBLASLt plans both epilogue GEMMs for, fp32 bias types preferred).
+  // The bf16 copy of a fused layer's activation (its twin), which the forward pass wrote.
+  const void* twin_of(const float* a) const {
+    auto it = twins_.find(a);
+    if (it == twins_.end() || it->second.valid == 0)
+      throw Error("fused bf16 layer: its activation's bf16 copy is missing");
+    return it->second.buf.get();
+  }
+
+  // The model's fusion state with this batch's decision, taken on first use: which hidden ReLU
+  // layers cuBLASLt plans both GEMMs for (bf16 only; an fp32 bias preferred where offered).
   Fusion& fusion_for(const float* x, int batch, const std::vector<LinearArgs>& L) {
     Fusion& f = fusions_[L.back().z];
     auto same = [](const LinearArgs& a, const LinearArgs& b) {
@@ -1118,7 +1116,6 @@ class CudaBackendImpl final : public CudaBackend {
     if (!std::equal(L.begin(), L.end(), f.layers.begin(), f.layers.end(), same)) {
       f = Fusion{};
       f.layers = L;
-      f.mask.resize(L.size());
       for (const LinearArgs& l : L) f.widest = std::max({f.widest, size_t(l.in), size_t(l.out)});
     }
     auto it = f.by_batch.find(batch);
@@ -1126,61 +1123,44 @@ class CudaBackendImpl final : public CudaBackend {
       Decision d;
       d.on.assign(L.size(), 0);
       d.bias16.assign(L.size(), 0);
-      d.bgrad16.assign(L.size(), 0);
-      // A stand-in for buffers only known later (the model's fp32 gradient scratch): planning
-      // reads pointers only for their alignment, and the backend's allocations are 256-aligned.
-      void* const aligned = reinterpret_cast<void*>(uintptr_t(1) << 20);
-      for (size_t i = 0; fuse_ && use_lt_ && batch > 0 && i + 1 < L.size(); ++i) {
+      const bool eligible = bf16() && fuse_ && use_lt_ && batch > 0 && L.back().act == Act::none;
+      const size_t dzb = std::max<size_t>(1, size_t(batch) * f.widest) * 2;
+      for (size_t i = 0; eligible && i + 1 < L.size(); ++i) {
         const LinearArgs& l = L[i];
-        if (l.act != Act::relu || L.back().act != Act::none) continue;
-        const float* in = i == 0 ? x : L[i - 1].a;
-        const void* B = !bf16() ? static_cast<const void*>(in)
-                        : i == 0 ? as_bf16(x, size_t(batch) * size_t(l.in), bf16_b_)
-                                 : twin_slot(in, size_t(batch) * size_t(l.in));
+        if (l.act != Act::relu) continue;
+        const void* B = i == 0 ? as_bf16(x, size_t(batch) * size_t(l.in), bf16_b_)
+                               : twin_slot(L[i - 1].a, size_t(batch) * size_t(l.in));
         if (!B) continue;
         bool fwd_ok = false;
-        for (int b16 = 0; b16 < (bf16() ? 2 : 1) && !fwd_ok; ++b16) {
-          FusedGemms g = fused_forward_gemm(f, L, i, B, batch, b16 != 0);
-          if (g.D && lt_available(g.sp, g.bias, g.aux)) {
+        for (int b16 = 0; b16 < 2 && !fwd_ok; ++b16) {
+          const FusedGemm g = fused_forward_gemm(L, i, B, batch, b16 != 0);
+          if (g.D && lt_available(g.sp, g.bias, nullptr)) {
             fwd_ok = true;
             d.bias16[i] = char(b16);
           }
         }
-        if (!fwd_ok) continue;
         const LinearArgs& up = L[i + 1];
-        const void* w = bf16() ? as_bf16(up.w, size_t(up.out) * size_t(up.in), bf16_a_)
-                               : static_cast<const void*>(up.w);
-        const size_t dzb = std::max<size_t>(1, size_t(batch) * f.widest) * 2;
-        const void* dz = bf16() ? f.dz16[0].get(dzb, stream_.get()) : aligned;
-        void* D = bf16() ? f.dz16[1].get(dzb, stream_.get()) : aligned;
-        for (int b16 = 0; b16 < (bf16() ? 2 : 1) && !d.on[i]; ++b16) {
-          FusedGemms g = fused_backward_gemm(f, L, i + 1, w, dz, D, batch, b16 != 0);
-          if (lt_available(g.sp, g.bias, g.aux)) {
-            d.on[i] = 1;
-            d.bgrad16[i] = char(b16);
-          }
-        }
+        const void* w = as_bf16(up.w, size_t(up.out) * size_t(up.in), bf16_a_);
+        const FusedGemm g = fused_backward_gemm(L, i + 1, w, f.dz16[0].get(dzb, stream_.get()),
+                                                f.dz16[1].get(dzb, stream_.get()), batch);
+        d.on[i] = fwd_ok && lt_available(g.sp, nullptr, nullptr);
       }
-      if (f.by_batch.empty() && fuse_ && use_lt_) {  // said once per model, for its first batch size
-        int on = 0, b16 = 0, g16 = 0, relu = 0;
+      if (f.by_batch.empty() && eligible) {  // said once per model, for its first batch size
+        int on = 0, b16 = 0, relu = 0;
         for (size_t i = 0; i + 1 < L.size(); ++i) {
           relu += L[i].act == Act::relu;
           on += d.on[i];
           b16 += d.on[i] && d.bias16[i];
-          g16 += d.on[i] && d.bgrad16[i];
         }
         if (relu)
           log::info("cuda: " + std::to_string(on) + " of " + std::to_string(relu) +
-                    " hidden ReLU layers fused into cuBLASLt epilogues at batch " + std::to_string(batch) +
-                    (on ? std::string(" (bias ") + (b16 ? "bf16" : "fp32") + ", bias gradient " +
-                              (g16 ? "bf16" : "fp32") + ")"
-                        : std::string()));
+                    " hidden ReLU layers keep bf16 activations only (ReLU in the GEMM's epilogue, bias " +
+                    (b16 ? "bf16" : "fp32") + ") at batch " + std::to_string(batch));
       }
       it = f.by_batch.emplace(batch, std::move(d)).first;
     }
     f.d = &it->second;
     f.on = it->second.on;
-    f.bgrad16 = it->second.bgrad16;
     return f;
   }
 

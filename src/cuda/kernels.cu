@@ -188,12 +188,61 @@ __global__ void bias_grad_finish(const float* partial, int chunks, int out, floa
   db[col] = accumulate ? db[col] + t : t;
 }
 
-__global__ void bias_grad_add_kernel(float* db, const void* g, bool g16, int n, bool accumulate) {
-  const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
-  if (i >= n) return;
-  const float v = g16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(g)[i])
-                      : static_cast<const float*>(g)[i];
-  db[i] = accumulate ? db[i] + v : v;
+// The bf16 path's ReLU backward, one pass over bf16 data: d16 holds bf16(da) (the input-gradient
+// GEMM's bf16 output) and becomes dz = da·relu'(z), with relu'(z) = [a > 0] read from the bf16
+// activation a16 (a = relu(z) > 0 exactly where z > 0); masked elements become da·0 (±0, or NaN
+// from a non-finite da, as in act_bgrad_kernel). Column sums of dz into partial as act_bgrad's,
+// fixed order; V = 8: 16-byte loads of 8 columns.
+template <int V>
+__global__ void relu_bgrad_bf16_kernel(__nv_bfloat16* d16, const __nv_bfloat16* __restrict__ a16,
+                                       float* partial, int batch, int out, int rpc) {
+  __shared__ float part[8][32 * V + 1];
+  const int vcols = out / V;
+  const int vc = blockIdx.x * 32 + threadIdx.x;
+  const int r0 = blockIdx.y * rpc, r1 = min(batch, r0 + rpc);
+  float s[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) s[k] = 0.f;
+  if (vc < vcols) {
+#pragma unroll 4
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+      const size_t i = size_t(r) * size_t(out) + size_t(vc) * V;
+      if constexpr (V == 8) {
+        uint4 d = *reinterpret_cast<const uint4*>(d16 + i);
+        const uint4 av = *reinterpret_cast<const uint4*>(a16 + i);
+        auto* dh = reinterpret_cast<__nv_bfloat16*>(&d);
+        const auto* ah = reinterpret_cast<const __nv_bfloat16*>(&av);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          float v = __bfloat162float(dh[k]);
+          if (!(__bfloat162float(ah[k]) > 0.f)) {
+            v *= 0.f;
+            dh[k] = __float2bfloat16_rn(v);
+          }
+          s[k] += v;
+        }
+        *reinterpret_cast<uint4*>(d16 + i) = d;
+      } else {
+        float v = __bfloat162float(d16[i]);
+        if (!(__bfloat162float(a16[i]) > 0.f)) {
+          v *= 0.f;
+          d16[i] = __float2bfloat16_rn(v);
+        }
+        s[0] += v;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) part[threadIdx.y][threadIdx.x * V + k] = s[k];
+  __syncthreads();
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
+    const int col = blockIdx.x * 32 * V + c;
+    if (col >= out) continue;
+    float t = 0.f;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) t += part[y][c];
+    partial[size_t(blockIdx.y) * out + col] = t;
+  }
 }
 
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, size_t n) {
@@ -555,11 +604,28 @@ void act_backward_bgrad(float* da, const float* z, const float* a, int batch, in
   DPT_CHECK_LAUNCH("bias_grad_finish");
 }
 
-void bias_grad_add(float* db, const void* g, bool g_bf16, int n, bool accumulate, cudaStream_t s) {
-  if (n <= 0) return;
-  bias_grad_add_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(db, g, g_bf16, n,
-                                                                                   accumulate);
-  DPT_CHECK_LAUNCH("bias_grad_add_kernel");
+void relu_backward_bgrad_bf16(void* d16, const void* a16, int batch, int out, float* db,
+                              bool accumulate, float* partial, cudaStream_t s) {
+  if (out == 0) return;
+  if (batch == 0) {
+    if (!accumulate) fill(db, size_t(out), 0.f, s);
+    return;
+  }
+  const int rpc = bgrad_rpc(batch, out);
+  const int chunks = (batch + rpc - 1) / rpc;
+  auto* d = static_cast<__nv_bfloat16*>(d16);
+  const auto* a = static_cast<const __nv_bfloat16*>(a16);
+  if (out % 8 == 0 && aligned(d16, 16) && aligned(a16, 16)) {
+    const dim3 grid(unsigned((out / 8 + 31) / 32), unsigned(chunks)), block(32, 8);
+    relu_bgrad_bf16_kernel<8><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+  } else {
+    const dim3 grid(unsigned((out + 31) / 32), unsigned(chunks)), block(32, 8);
+    relu_bgrad_bf16_kernel<1><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+  }
+  DPT_CHECK_LAUNCH("relu_bgrad_bf16_kernel");
+  bias_grad_finish<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      partial, chunks, out, db, accumulate);
+  DPT_CHECK_LAUNCH("bias_grad_finish");
 }
 
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s) {

@@ -23,9 +23,11 @@ void bias_act_forward(float* z, float* a, const float* b, int batch, int out, Ac
 void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
                         float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s);
 size_t act_bgrad_partial_floats(int batch, int out);
-// db (n) = (accumulate ? db : 0) + g, g fp32 or (g_bf16) bf16: a bias gradient that cuBLASLt's
-// DRELU_BGRAD epilogue wrote elsewhere.
-void bias_grad_add(float* db, const void* g, bool g_bf16, int n, bool accumulate, cudaStream_t s);
+// The bf16 path's ReLU backward: d16 (batch,out, bf16) holds bf16(da) and becomes bf16(dz),
+// dz = da·[a16 > 0] (a16 the layer's bf16 activation); db = (accumulate ? db : 0) + Σ_rows dz
+// through `partial` (act_bgrad_partial_floats(batch, out) floats), fixed order as above.
+void relu_backward_bgrad_bf16(void* d16, const void* a16, int batch, int out, float* db,
+                              bool accumulate, float* partial, cudaStream_t s);
 // dst (n, bf16, round to nearest even) = src (n, fp32).
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s);
 // dst (cols, rows) = src (rows, cols)ᵀ, both row-major fp32: a copy, no arithmetic.
