@@ -682,8 +682,9 @@ TEST(CudaBackend, Bf16ShadowAcrossGraphReplays) {
 // ReLU derivative and bias gradient in one pass over bf16) against the per-layer path of the same
 // backend (DPT_LT_FUSE=0), which the tests above check against the CPU backend. The fused path
 // differs only in the bias's rounding to bf16 inside the GEMM and in summing the bias gradient
-// over bf16 dz: 5e-3 relative, where a wrong mask or a missing bias gradient is far above it
-// (a first version on DRELU_BGRAD, whose bf16 bias gradient is bf16-summed, was 5e-2 off).
+// over bf16 dz: with biases that are bf16 numbers already, the weight gradients agree to 1e-3
+// (bit for bit on the H200) and the bias gradients to 5e-3; the CPU backend in fp32 is run too
+// and the errors against it printed.
 // fp32 and tf32 do not fuse (the epilogues cost more than they save there). Hidden widths of
 // 128·k, a 10-wide output (the wide benchmark's), a batch that is no multiple of 8, and a second
 // backward that accumulates.
@@ -700,19 +701,38 @@ TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
       std::vector<float> logits, grads, grads_acc;
       int fused = -1;
     };
-    auto run = [&](const char* fuse) {
-      setenv("DPT_LT_FUSE", fuse, 1);
-      auto g = gpu(p);
-      unsetenv("DPT_LT_FUSE");
+    // fuse: "0" the per-layer path, "1" fused, nullptr the CPU backend (fp32, the oracle).
+    // bias16: biases rounded to bf16 first, so that the fused path's bf16 bias changes nothing.
+    auto run = [&](const char* fuse, bool bias16) {
+      std::unique_ptr<Backend> g;
+      if (fuse) {
+        setenv("DPT_LT_FUSE", fuse, 1);
+        g = gpu(p);
+        unsetenv("DPT_LT_FUSE");
+      } else {
+        g = make_cpu_backend({});
+      }
       MLP m(*g, widths, Act::relu, batch);
       m.init_params(17);
+      if (bias16) {
+        std::vector<float> prm(m.num_params());
+        g->download(prm.data(), m.params(), prm.size() * sizeof(float));
+        for (int i = 0; i < m.num_layers(); ++i) {
+          const LayerSlice& sl = m.layer(i);
+          const auto r = bf16_round(slice(prm, sl.b_off, size_t(sl.out)));
+          std::copy(r.begin(), r.end(), prm.begin() + long(sl.b_off));
+        }
+        g->upload(m.params(), prm.data(), prm.size() * sizeof(float));
+      }
       auto gx = put(*g, x);
       auto gy = put(*g, y);
       Buffer<float> st(*g, 2);
       g->fill(st.data(), 2, 0.f);
       Run r;
       m.forward(gx.data(), batch);
-      r.fused = as_cuda(*g)->fused_layers();
+#ifdef DPT_HAVE_CUDA
+      if (CudaBackend* cb = as_cuda(*g)) r.fused = cb->fused_layers();
+#endif
       m.loss(gy.data(), batch, 1.f / float(batch), st.data(), true);
       m.backward(gx.data(), batch, false);
       r.logits.resize(size_t(batch) * size_t(widths.back()));
@@ -725,33 +745,56 @@ TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
       g->download(r.grads_acc.data(), m.grads(), r.grads_acc.size() * sizeof(float));
       return r;
     };
-    const Run per_layer = run("0"), fused = run("1");
+    auto cpu = make_cpu_backend({});
+    MLP shape(*cpu, widths, Act::relu, 1);
     const std::string what = label(p, Act::relu, {batch, widths[0], widths.back()});
-    EXPECT_EQ(per_layer.fused, 0) << what;
-    EXPECT_EQ(fused.fused, p == Precision::bf16 ? hidden : 0) << what;
-    std::printf("[ fused    ] %s: %d of %d hidden layers through the ReLU epilogues\n", what.c_str(),
-                fused.fused, hidden);
     // Each layer's weight and bias gradient apart, printed, so a failure says where.
-    {
-      auto cpu = make_cpu_backend({});
-      MLP shape(*cpu, widths, Act::relu, 1);
+    auto report = [&](const char* name, const Run& got, const Run& want) {
+      std::printf("[ fused    ] %s %s: logits %.3g", what.c_str(), name, rel_err(got.logits, want.logits));
       for (int i = 0; i < shape.num_layers(); ++i) {
         const LayerSlice& sl = shape.layer(i);
         const size_t nw = size_t(sl.in) * size_t(sl.out);
-        std::printf("[ fused    ] %s layer %d: dw rel err %.3g, db rel err %.3g\n", what.c_str(), i,
-                    rel_err(slice(fused.grads, sl.w_off, nw), slice(per_layer.grads, sl.w_off, nw)),
-                    rel_err(slice(fused.grads, sl.b_off, size_t(sl.out)),
-                            slice(per_layer.grads, sl.b_off, size_t(sl.out))));
+        std::printf("; layer %d dw %.3g db %.3g", i,
+                    rel_err(slice(got.grads, sl.w_off, nw), slice(want.grads, sl.w_off, nw)),
+                    rel_err(slice(got.grads, sl.b_off, size_t(sl.out)), slice(want.grads, sl.b_off, size_t(sl.out))));
       }
+      std::printf("\n");
+    };
+    for (bool bias16 : {false, true}) {
+      const Run per_layer = run("0", bias16), fused = run("1", bias16), oracle = run(nullptr, bias16);
+      const std::string how = what + (bias16 ? " (bf16 biases)" : "");
+      EXPECT_EQ(per_layer.fused, 0) << how;
+      EXPECT_EQ(fused.fused, p == Precision::bf16 ? hidden : 0) << how;
+      report(bias16 ? "bf16 biases: fused vs per-layer" : "fused vs per-layer", fused, per_layer);
+      report(bias16 ? "bf16 biases: per-layer vs cpu" : "per-layer vs cpu", per_layer, oracle);
+      report(bias16 ? "bf16 biases: fused vs cpu" : "fused vs cpu", fused, oracle);
+      // fp32/tf32: the same path, bit for bit. bf16 with bf16 biases: the same logits and
+      // weight gradients (bit for bit on the H200), the bias gradients up to their summation
+      // over bf16 dz. With fp32 biases the bf16 path's rounding of the bias moves the hidden
+      // layers' gradients by ~5% here: this test's gradients (random labels, a mean over 203
+      // rows) cancel heavily, so that TF32 against fp32 is 2–3% off and bf16 7% (printed above);
+      // the training test checks the consequence on a loss curve.
+      if (p != Precision::bf16 || bias16) {
+        const bool b = p == Precision::bf16;
+        EXPECT_LE(rel_err(fused.logits, per_layer.logits), b ? 1e-3 : 0.0) << how;
+        for (int i = 0; i < shape.num_layers(); ++i) {
+          const LayerSlice& sl = shape.layer(i);
+          const size_t nw = size_t(sl.in) * size_t(sl.out);
+          for (const auto* g : {&fused.grads, &fused.grads_acc}) {
+            const auto& w = g == &fused.grads ? per_layer.grads : per_layer.grads_acc;
+            EXPECT_LE(rel_err(slice(*g, sl.w_off, nw), slice(w, sl.w_off, nw)), b ? 1e-3 : 0.0) << how << " layer " << i;
+            EXPECT_LE(rel_err(slice(*g, sl.b_off, size_t(sl.out)), slice(w, sl.b_off, size_t(sl.out))), b ? 5e-3 : 0.0)
+                << how << " layer " << i;
+          }
+        }
+      }
+      // fp32 against the CPU backend, as the op tests (3e-7 seen).
+      if (p == Precision::fp32) EXPECT_LE(rel_err(fused.grads, oracle.grads), tolerance(p)) << how;
+      // Accumulating the same gradient doubles it (up to one rounding per element).
+      std::vector<float> twice(fused.grads.size());
+      for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2.f * fused.grads[i];
+      EXPECT_LE(rel_err(fused.grads_acc, twice), 1e-6) << how;
     }
-    const double tol = p == Precision::bf16 ? 5e-3 : 0.0;  // fp32/tf32: the same path, bit for bit
-    EXPECT_LE(rel_err(fused.logits, per_layer.logits), tol) << what;
-    EXPECT_LE(rel_err(fused.grads, per_layer.grads), tol) << what;
-    EXPECT_LE(rel_err(fused.grads_acc, per_layer.grads_acc), tol) << what;
-    // Accumulating the same gradient doubles it (up to one rounding per element).
-    std::vector<float> twice(fused.grads.size());
-    for (size_t i = 0; i < twice.size(); ++i) twice[i] = 2.f * fused.grads[i];
-    EXPECT_LE(rel_err(fused.grads_acc, twice), 1e-6) << what;
   }
 }
 #endif
