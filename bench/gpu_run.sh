@@ -78,6 +78,8 @@ if want bench; then
   for t in 0 2; do
     DPT_TF32_TRANSPOSE=$t mpirun -x DPT_TF32_TRANSPOSE -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --warmup 20 --steps 200 > "$OUT/ours-wide-tf32-t$t.log" 2>&1
   done
+  # The step's memory-bound passes alone against a device copy of the same bytes.
+  for p in bf16 tf32; do $B/bench-kernels --precision $p --reps 50 > "$OUT/ours-kernels-$p.log" 2>&1; done
   # The per-layer path (ReLU not fused into cuBLASLt's epilogues), as before the fusion.
   for p in bf16 tf32; do
     DPT_LT_FUSE=0 mpirun -x DPT_LT_FUSE -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision $p --warmup 20 --steps 200 > "$OUT/ours-wide-nofuse-$p.log" 2>&1
