@@ -54,13 +54,21 @@ Config config(const std::string& device, const std::string& transport) {
   return c;
 }
 
-Outcome train(const Config& c) {
+// fused (CUDA builds): set to the hidden layers the backend ran through the fused bf16 path in
+// its last forward (-1 for another backend).
+Outcome train(const Config& c, int* fused = nullptr) {
   static Dataset ds = synth_blobs(1024, 24, 6, 0.7f, 5);
   Runtime rt;
   make_backend_for(c, MPI_COMM_WORLD, rt);
   make_comm_for(c, MPI_COMM_WORLD, rt);
   Trainer t(c, *rt.backend, *rt.comm, &ds, nullptr);
   TrainResult r = t.run();
+  if (fused) {
+    *fused = -1;
+#ifdef DPT_HAVE_CUDA
+    if (CudaBackend* cb = as_cuda(*rt.backend)) *fused = cb->fused_layers();
+#endif
+  }
   return {r.losses, t.params_host(), r.graph};
 }
 
@@ -186,16 +194,9 @@ TEST(GpuTraining, FusedBf16ReluTrainsThePerLayerCurve) {
   c.lr = 0.05;
   c.accumulate = 2;
   c.precision = "bf16";
-  static Dataset ds = synth_blobs(1024, 24, 6, 0.7f, 5);
   auto run = [&](const Config& cfg, const char* fuse, int* fused) {
     ScopedEnv env("DPT_LT_FUSE", fuse);
-    Runtime rt;
-    make_backend_for(cfg, MPI_COMM_WORLD, rt);
-    make_comm_for(cfg, MPI_COMM_WORLD, rt);
-    Trainer t(cfg, *rt.backend, *rt.comm, &ds, nullptr);
-    TrainResult r = t.run();
-    if (fused) *fused = as_cuda(*rt.backend) ? as_cuda(*rt.backend)->fused_layers() : -1;
-    return Outcome{r.losses, t.params_host(), r.graph, {}};
+    return train(cfg, fused);
   };
   int fused = -1, per_layer_fused = -1;
   const Outcome f = run(c, "1", &fused), p = run(c, "0", &per_layer_fused);

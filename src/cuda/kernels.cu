@@ -128,6 +128,25 @@ __global__ void bias_act_kernel(float* z, float* a, const float* __restrict__ b,
   }
 }
 
+// The end of a column-sum block (32, 8) over 32·V columns: each thread's V row-group sums s go
+// through shared memory `part`, and the 8 row groups are added in a fixed order into
+// partial[blockIdx.y][column]. 256 threads finish (32·V)/256 columns each (V = 4: t < 128).
+template <int V>
+__device__ __forceinline__ void column_partials(const float (&s)[V], float (*part)[32 * V + 1],
+                                                float* partial, int out) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) part[threadIdx.y][threadIdx.x * V + k] = s[k];
+  __syncthreads();
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
+    const int col = blockIdx.x * 32 * V + c;
+    if (col >= out) continue;
+    float t = 0.f;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) t += part[y][c];
+    partial[size_t(blockIdx.y) * out + col] = t;
+  }
+}
+
 // Backward epilogue, one pass: dz = da·act'(z) written over da (not rewritten for Act::none,
 // where dz = da), dz16 = bf16(dz) when set, and per-chunk column sums of dz into
 // partial (chunks, out): block (32, 8) covers 32·V columns of rows [chunk·rpc, (chunk+1)·rpc),
@@ -165,18 +184,7 @@ __global__ void act_bgrad_kernel(float* da, const float* __restrict__ z,
       for (int k = 0; k < V; ++k) s[k] += at(d, k);
     }
   }
-#pragma unroll
-  for (int k = 0; k < V; ++k) part[threadIdx.y][threadIdx.x * V + k] = s[k];
-  __syncthreads();
-  // 32·V columns, 256 threads: each thread finishes (32·V)/256 columns (V = 4: thread t < 128).
-  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
-    const int col = blockIdx.x * 32 * V + c;
-    if (col >= out) continue;
-    float t = 0.f;
-#pragma unroll
-    for (int y = 0; y < 8; ++y) t += part[y][c];
-    partial[size_t(blockIdx.y) * out + col] = t;
-  }
+  column_partials<V>(s, part, partial, out);
 }
 
 __global__ void bias_grad_finish(const float* partial, int chunks, int out, float* db,
@@ -232,17 +240,7 @@ __global__ void relu_bgrad_bf16_kernel(__nv_bfloat16* d16, const __nv_bfloat16* 
       }
     }
   }
-#pragma unroll
-  for (int k = 0; k < V; ++k) part[threadIdx.y][threadIdx.x * V + k] = s[k];
-  __syncthreads();
-  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
-    const int col = blockIdx.x * 32 * V + c;
-    if (col >= out) continue;
-    float t = 0.f;
-#pragma unroll
-    for (int y = 0; y < 8; ++y) t += part[y][c];
-    partial[size_t(blockIdx.y) * out + col] = t;
-  }
+  column_partials<V>(s, part, partial, out);
 }
 
 __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, size_t n) {
