@@ -186,8 +186,9 @@ TEST(GpuTraining, ShardedAndStreamedDataGiveTheResidentBits) {
 // written. The worst deviations are printed.
 TEST(GpuTraining, FusedBf16ReluTrainsThePerLayerCurve) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  if (world_size() > cuda_device_count()) GTEST_SKIP() << "one GPU per rank needed";
-  Config c = config("cuda", "nccl");
+  // More ranks than GPUs: they share GPUs over the MPI transport, as in the test above.
+  const bool shared = cuda_device_count() < world_size();
+  Config c = config("cuda", shared ? "mpi" : "nccl");
   c.layers = {24, 128, 256, 6};
   c.activation = "relu";
   c.optimizer = "nesterov";
@@ -207,7 +208,7 @@ TEST(GpuTraining, FusedBf16ReluTrainsThePerLayerCurve) {
   const Outcome cpu = run(cc, "1", nullptr);
   EXPECT_EQ(fused, 2);
   EXPECT_EQ(per_layer_fused, 0);
-  EXPECT_TRUE(f.graph);
+  if (!shared || world_size() == 1) EXPECT_TRUE(f.graph);
   ASSERT_EQ(f.losses.size(), p.losses.size());
   ASSERT_EQ(f.losses.size(), cpu.losses.size());
   double worst_p = 0, worst_cpu = 0, worst_w = 0, scale = 1e-12;
