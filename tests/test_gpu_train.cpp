@@ -144,9 +144,13 @@ void expect_bitwise(const Outcome& a, const Outcome& b, const std::string& what)
 TEST(GpuTraining, ShardedAndStreamedDataGiveTheResidentBits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   if (world_size() > cuda_device_count()) GTEST_SKIP() << "one GPU per rank needed";
-  const std::string dir = (std::filesystem::temp_directory_path() / ("dpt-gpu-data-" + std::to_string(::getpid()))).string();
+  // One folder for all ranks: named by rank 0's process id (each rank's own would differ, and
+  // the other ranks would not find rank 0's files).
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  long pid = long(::getpid());
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  const std::string dir = (std::filesystem::temp_directory_path() / ("dpt-gpu-data-" + std::to_string(pid))).string();
   if (rank == 0) {
     std::filesystem::create_directories(dir);
     write_dataset(dir + "/train.h5", synth_blobs(1000, 24, 6, 0.7f, 5));
