@@ -48,27 +48,24 @@ MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch)
   be.register_parameters(params_.data(), n_params_);
   grads_ = Buffer<float>(be, n_params_);
   be.fill(grads_.data(), n_params_, 0.f);
-  for (auto& s : slices_) {
+  for (const LayerSlice& s : slices_) {
+    const bool last = &s == &slices_.back();
     z_.emplace_back(be, size_t(max_batch) * size_t(s.out));
     // The last layer has no activation: its a is its z.
-    a_.emplace_back(&s == &slices_.back() ? Buffer<float>() : Buffer<float>(be, size_t(max_batch) * size_t(s.out)));
-  }
-  for (auto& d : dbuf_) d = Buffer<float>(be, size_t(max_batch) * size_t(widest));
-  for (size_t i = 0; i < slices_.size(); ++i) {
-    const LayerSlice& s = slices_[i];
-    const bool last = i + 1 == slices_.size();
+    a_.emplace_back(last ? Buffer<float>() : Buffer<float>(be, size_t(max_batch) * size_t(s.out)));
     LinearArgs l;
     l.w = params_.data() + s.w_off;
     l.b = params_.data() + s.b_off;
     l.dw = grads_.data() + s.w_off;
     l.db = grads_.data() + s.b_off;
-    l.z = z_[i].data();
-    l.a = last ? l.z : a_[i].data();
+    l.z = z_.back().data();
+    l.a = last ? l.z : a_.back().data();
     l.in = s.in;
     l.out = s.out;
     l.act = last ? Act::none : act_;
     args_.push_back(l);
   }
+  for (auto& d : dbuf_) d = Buffer<float>(be, size_t(max_batch) * size_t(widest));
 }
 
 void MLP::init_params(uint64_t seed) {
@@ -86,7 +83,6 @@ void MLP::init_params(uint64_t seed) {
 const float* MLP::forward(const float* x, int batch) {
   if (batch > max_batch_) throw Error("batch " + std::to_string(batch) + " exceeds the model's max batch");
   be_.mlp_forward(x, batch, args_);
-  last_batch_ = batch;
   return z_.back().data();
 }
 

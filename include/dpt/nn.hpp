@@ -64,7 +64,6 @@ class MLP {
   std::vector<Buffer<float>> z_, a_;  // per layer: pre- and post-activation (batch, out)
   Buffer<float> dbuf_[2];             // backward scratch (batch, max width)
   std::vector<LinearArgs> args_;      // the layers as the backend's mlp_forward/backward take them
-  int last_batch_ = 0;
 };
 
 }  // namespace dpt

@@ -499,13 +499,18 @@ class CudaBackendImpl final : public CudaBackend {
     note_write(dw, size_t(out) * size_t(in) * sizeof(float));
     note_write(db, size_t(out) * sizeof(float));
     if (dx) note_write(dx, size_t(batch) * size_t(in) * sizeof(float));
-    auto* partial = static_cast<float*>(
-        partial_.get(std::max<size_t>(1, cuda::act_bgrad_partial_floats(batch, out)) * sizeof(float), s));
+    float* partial = bgrad_partial(batch, out);
     void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, n) * 2, s) : nullptr;
     cuda::act_backward_bgrad(da, z, a, batch, out, act, db, accumulate, partial, dz16, s);
     weight_grad(x, x16, da, dz16, batch, in, out, dw, beta);
     if (dx) gemm(false, false, in, batch, out, bf16() ? w16 : static_cast<const void*>(w), in,
                  bf16() ? dz16 : static_cast<const void*>(da), out, dx, in, 0.f);
+  }
+
+  // Scratch for the per-chunk column sums of a backward pass over (batch, out).
+  float* bgrad_partial(int batch, int out) {
+    const size_t n = std::max<size_t>(1, cuda::act_bgrad_partial_floats(batch, out));
+    return static_cast<float*>(partial_.get(n * sizeof(float), stream_.get()));
   }
 
   // dw (out,in) = dzᵀ·x (+ dw when beta == 1): bf16 from x16 and dz16, else from x and dz.
@@ -558,14 +563,14 @@ class CudaBackendImpl final : public CudaBackend {
     const float* in = x;
     for (size_t i = 0; i < L.size(); ++i) {
       const LinearArgs& l = L[i];
-      if (!f.on[i]) {
+      if (!f.d->on[i]) {
         linear_forward(in, l.w, l.b, l.z, l.a, batch, l.in, l.out, l.act);
         in = l.a;
         continue;
       }
       const void* B = as_bf16(in, size_t(batch) * size_t(l.in), bf16_b_);
       const FusedGemm g = fused_forward_gemm(L, i, B, batch, f.d->bias16[i] != 0);
-      if (!g.D || !lt_matmul(g.sp, g.A, g.B, g.D, 0.f, g.bias, nullptr))
+      if (!g.D || !lt_matmul(g.sp, g.A, g.B, g.D, 0.f, g.bias))
         throw Error("cuBLASLt refused a GEMM it had planned (fused forward, layer " + std::to_string(i) + ")");
       twins_[l.a].valid = size_t(batch) * size_t(l.out);
       ++last_fused_;
@@ -577,7 +582,8 @@ class CudaBackendImpl final : public CudaBackend {
   void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& L, float* d0, float* d1,
                     bool accumulate, const std::function<void(int)>& layer_done) override {
     Fusion& f = fusion_for(x, batch, L);
-    const bool any = std::find(f.on.begin(), f.on.end(), 1) != f.on.end();
+    const std::vector<char>& on = f.d->on;
+    const bool any = std::find(on.begin(), on.end(), 1) != on.end();
     if (!any) {
       Backend::mlp_backward(x, batch, L, d0, d1, accumulate, layer_done);
       return;
@@ -599,9 +605,8 @@ class CudaBackendImpl final : public CudaBackend {
       void* dz16 = f.dz16[cur].get(dzb, s);
       note_write(l.dw, size_t(l.out) * size_t(l.in) * sizeof(float));
       note_write(l.db, size_t(l.out) * sizeof(float));
-      auto* partial = static_cast<float*>(
-          partial_.get(std::max<size_t>(1, cuda::act_bgrad_partial_floats(batch, l.out)) * sizeof(float), s));
-      if (!f.on[size_t(i)]) {
+      float* partial = bgrad_partial(batch, l.out);
+      if (!on[size_t(i)]) {
         // d[cur] holds dLoss/da in fp32 (the logits' gradient, or the per-layer input gradient
         // below a layer that is not fused): dz, bf16 dz and db in one pass.
         note_write(d[cur], n * sizeof(float));
@@ -610,11 +615,11 @@ class CudaBackendImpl final : public CudaBackend {
         // dz16 holds bf16(da) from the layer above's input-gradient GEMM.
         cuda::relu_backward_bgrad_bf16(dz16, twin_of(l.a), batch, l.out, l.db, accumulate, partial, s);
       }
-      gemm(false, true, l.in, l.out, batch, x16, l.in, dz16, l.out, l.dw, l.in, beta);
+      weight_grad(xin, x16, nullptr, dz16, batch, l.in, l.out, l.dw, beta);
       if (i > 0) {
-        if (f.on[size_t(i) - 1]) {
+        if (on[size_t(i) - 1]) {
           const FusedGemm g = fused_backward_gemm(L, size_t(i), w16, dz16, f.dz16[1 - cur].get(dzb, s), batch);
-          if (!lt_matmul(g.sp, g.A, g.B, g.D, 0.f, nullptr, nullptr))
+          if (!lt_matmul(g.sp, g.A, g.B, g.D, 0.f, nullptr))
             throw Error("cuBLASLt refused a GEMM it had planned (bf16 input gradient, layer " + std::to_string(i) + ")");
         } else {
           float* dx = d[1 - cur];
@@ -913,7 +918,7 @@ class CudaBackendImpl final : public CudaBackend {
       for (int pass = with_bias ? 0 : 1; pass < 2; ++pass) {
         LtSpec sp = spec(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, beta);
         if (pass == 0) sp.epi = CUBLASLT_EPILOGUE_BIAS;
-        if (lt_matmul(sp, A, B, C, beta, pass == 0 ? bias : nullptr, nullptr)) return pass == 0;
+        if (lt_matmul(sp, A, B, C, beta, pass == 0 ? bias : nullptr)) return pass == 0;
       }
     }
     const cudaDataType_t ab = bf16() ? CUDA_R_16BF : CUDA_R_32F;
@@ -931,14 +936,13 @@ class CudaBackendImpl final : public CudaBackend {
   struct LtSpec {
     int ta = 0, tb = 0, m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     int beta_nonzero = 0;
-    int epi = CUBLASLT_EPILOGUE_DEFAULT;  // DEFAULT, BIAS, RELU_AUX_BIAS, DRELU_BGRAD
+    int epi = CUBLASLT_EPILOGUE_DEFAULT;  // DEFAULT, BIAS or RELU_BIAS
     int d_type = CUDA_R_32F;              // fp32, or bf16 (the fused path's activations)
-    int bias_type = CUDA_R_32F;           // bias (forward) or bias gradient (DRELU_BGRAD)
-    int aux_ld = 0;                       // ReLU bit mask's leading dimension, in bits
-    int alA = 256, alB = 256, alC = 256, alBias = 0, alAux = 0;
+    int bias_type = CUDA_R_32F;           // the bias's type (fp32, or bf16 where cuBLASLt wants it)
+    int alA = 256, alB = 256, alC = 256, alBias = 0;
     auto key() const {
       return std::make_tuple(ta, tb, m, n, k, lda, ldb, ldc, beta_nonzero, epi, d_type, bias_type,
-                             aux_ld, alA, alB, alC, alBias, alAux);
+                             alA, alB, alC, alBias);
     }
     bool operator<(const LtSpec& o) const { return key() < o.key(); }
   };
@@ -957,20 +961,15 @@ class CudaBackendImpl final : public CudaBackend {
     return sp;
   }
 
-  // D = op(A)·op(B) (+ beta·D) through the plan of sp with its epilogue's pointers (bias or
-  // bias gradient, ReLU mask); false, and nothing enqueued, when cuBLASLt offers no algorithm.
-  bool lt_matmul(LtSpec sp, const void* A, const void* B, void* D, float beta, const void* bias,
-                 void* aux) {
-    sp.alBias = bias ? ptr_alignment(bias) : 0;
-    sp.alAux = aux ? ptr_alignment(aux) : 0;
-    const LtPlan& pl = lt_plan(sp, bias, aux);
+  // D = op(A)·op(B) (+ beta·D) through the plan of sp with its bias (for a bias epilogue);
+  // false, and nothing enqueued, when cuBLASLt offers no algorithm.
+  bool lt_matmul(const LtSpec& sp, const void* A, const void* B, void* D, float beta,
+                 const void* bias) {
+    const LtPlan& pl = lt_plan(sp, bias);
     if (!pl.ok) return false;
     if (bias)
       DPT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                       &bias, sizeof bias));
-    if (aux)
-      DPT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                      &aux, sizeof aux));
     const float alpha = 1.f;
     DPT_CHECK_CUBLAS(cublasLtMatmul(lt_.get(), pl.op, &alpha, A, pl.a, B, pl.b, &beta, D, pl.c, D,
                                     pl.c, &pl.algo, workspace_.get(), kWorkspaceBytes,
@@ -978,25 +977,20 @@ class CudaBackendImpl final : public CudaBackend {
     return true;
   }
 
-  // True when lt_matmul(sp, ...) with these epilogue pointers would run (plans the GEMM).
-  bool lt_available(LtSpec sp, const void* bias, const void* aux) {
+  // The cuBLASLt plan of one configuration with this bias (its alignment is part of the key),
+  // made on first use and cached (the eager warm-up step meets every configuration of the
+  // captured step, so capture only looks up). pl.ok: lt_matmul would run.
+  const LtPlan& lt_plan(LtSpec sp, const void* bias) {
     sp.alBias = bias ? ptr_alignment(bias) : 0;
-    sp.alAux = aux ? ptr_alignment(aux) : 0;
-    return lt_plan(sp, bias, aux).ok;
-  }
-
-  // The cuBLASLt plan of one configuration, made on first use and cached (the eager warm-up
-  // step meets every configuration of the captured step, so capture only looks up).
-  const LtPlan& lt_plan(const LtSpec& sp, const void* bias, const void* aux) {
     auto it = lt_plans_.find(sp);
     if (it != lt_plans_.end()) return *it->second;
     auto pl = std::make_unique<LtPlan>();
-    make_lt_plan(*pl, sp, bias, aux);
+    make_lt_plan(*pl, sp, bias);
     return *lt_plans_.emplace(sp, std::move(pl)).first->second;
   }
 
   // Fills pl (pl.ok stays false when any step fails or no algorithm fits: the caller's fallback).
-  void make_lt_plan(LtPlan& pl, const LtSpec& sp, const void* bias, const void* aux) {
+  void make_lt_plan(LtPlan& pl, const LtSpec& sp, const void* bias) {
     const cudaDataType_t ab = bf16() ? CUDA_R_16BF : CUDA_R_32F;
     const auto dt = cudaDataType_t(sp.d_type);
     const cublasComputeType_t compute =
@@ -1012,13 +1006,9 @@ class CudaBackendImpl final : public CudaBackend {
       const auto bt = cudaDataType_t(sp.bias_type);
       if (!good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)))
         return;
-      // The heuristic reads the pointers' values for their alignment.
+      // The heuristic reads the pointer's value for its alignment.
       if (bias && (!good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)) ||
                    !good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))))
-        return;
-      const int64_t ld = sp.aux_ld;
-      if (aux && (!good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux)) ||
-                  !good(cublasLtMatmulDescSetAttribute(pl.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld))))
         return;
     }
     if (!good(cublasLtMatrixLayoutCreate(&pl.a, ab, sp.ta ? sp.k : sp.m, sp.ta ? sp.m : sp.k, sp.lda)) ||
@@ -1057,7 +1047,6 @@ class CudaBackendImpl final : public CudaBackend {
     std::vector<LinearArgs> layers;    // the model it was made for
     std::map<int, Decision> by_batch;  // decided on the first (eager) call with a batch size
     const Decision* d = nullptr;       // the current batch's
-    std::vector<char> on;              // a copy of d->on, for the loops
     Scratch dz16[2];                   // bf16 dz of the current layer and of the one below
     size_t widest = 0;
     int fwd_batch = -1;                // batch of the last mlp_forward (the twins hold it)
@@ -1134,7 +1123,7 @@ class CudaBackendImpl final : public CudaBackend {
         bool fwd_ok = false;
         for (int b16 = 0; b16 < 2 && !fwd_ok; ++b16) {
           const FusedGemm g = fused_forward_gemm(L, i, B, batch, b16 != 0);
-          if (g.D && lt_available(g.sp, g.bias, nullptr)) {
+          if (g.D && lt_plan(g.sp, g.bias).ok) {
             fwd_ok = true;
             d.bias16[i] = char(b16);
           }
@@ -1143,7 +1132,7 @@ class CudaBackendImpl final : public CudaBackend {
         const void* w = as_bf16(up.w, size_t(up.out) * size_t(up.in), bf16_a_);
         const FusedGemm g = fused_backward_gemm(L, i + 1, w, f.dz16[0].get(dzb, stream_.get()),
                                                 f.dz16[1].get(dzb, stream_.get()), batch);
-        d.on[i] = fwd_ok && lt_available(g.sp, nullptr, nullptr);
+        d.on[i] = fwd_ok && lt_plan(g.sp, nullptr).ok;
       }
       if (!fusion_said_ && eligible) {  // said once per backend (a benchmark makes many models)
         int on = 0, b16 = 0, relu = 0;
@@ -1161,7 +1150,6 @@ class CudaBackendImpl final : public CudaBackend {
       it = f.by_batch.emplace(batch, std::move(d)).first;
     }
     f.d = &it->second;
-    f.on = it->second.on;
     return f;
   }
 

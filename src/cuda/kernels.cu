@@ -584,8 +584,13 @@ size_t act_bgrad_partial_floats(int batch, int out) {
   return size_t((batch + rpc - 1) / rpc) * size_t(out);
 }
 
-void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
-                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s) {
+namespace {
+// The frame both backward passes share: db = Σ_rows dz for a (batch, out) pass that writes
+// per-chunk column sums into `partial` — launch(rpc, chunks) enqueues it — then
+// bias_grad_finish adds the chunks in order. No rows: db is 0 (or left as it is).
+template <class Launch>
+void bgrad_pass(int batch, int out, float* db, bool accumulate, float* partial, cudaStream_t s,
+                Launch launch) {
   if (out == 0) return;
   if (batch == 0) {  // Σ over no rows
     if (!accumulate) fill(db, size_t(out), 0.f, s);
@@ -593,37 +598,37 @@ void act_backward_bgrad(float* da, const float* z, const float* a, int batch, in
   }
   const int rpc = bgrad_rpc(batch, out);
   const int chunks = (batch + rpc - 1) / rpc;
-  if (out % 4 == 0 && aligned(da, 16) && aligned(z, 16) && aligned(a, 16) && aligned(dz16, 8))
-    act_bgrad_launch<4>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
-  else
-    act_bgrad_launch<1>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
+  launch(rpc, chunks);
   bias_grad_finish<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, s>>>(
       partial, chunks, out, db, accumulate);
   DPT_CHECK_LAUNCH("bias_grad_finish");
 }
+}  // namespace
+
+void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
+                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s) {
+  bgrad_pass(batch, out, db, accumulate, partial, s, [&](int rpc, int chunks) {
+    if (out % 4 == 0 && aligned(da, 16) && aligned(z, 16) && aligned(a, 16) && aligned(dz16, 8))
+      act_bgrad_launch<4>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
+    else
+      act_bgrad_launch<1>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
+  });
+}
 
 void relu_backward_bgrad_bf16(void* d16, const void* a16, int batch, int out, float* db,
                               bool accumulate, float* partial, cudaStream_t s) {
-  if (out == 0) return;
-  if (batch == 0) {
-    if (!accumulate) fill(db, size_t(out), 0.f, s);
-    return;
-  }
-  const int rpc = bgrad_rpc(batch, out);
-  const int chunks = (batch + rpc - 1) / rpc;
-  auto* d = static_cast<__nv_bfloat16*>(d16);
-  const auto* a = static_cast<const __nv_bfloat16*>(a16);
-  if (out % 8 == 0 && aligned(d16, 16) && aligned(a16, 16)) {
-    const dim3 grid(unsigned((out / 8 + 31) / 32), unsigned(chunks)), block(32, 8);
-    relu_bgrad_bf16_kernel<8><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
-  } else {
-    const dim3 grid(unsigned((out + 31) / 32), unsigned(chunks)), block(32, 8);
-    relu_bgrad_bf16_kernel<1><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
-  }
-  DPT_CHECK_LAUNCH("relu_bgrad_bf16_kernel");
-  bias_grad_finish<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-      partial, chunks, out, db, accumulate);
-  DPT_CHECK_LAUNCH("bias_grad_finish");
+  bgrad_pass(batch, out, db, accumulate, partial, s, [&](int rpc, int chunks) {
+    auto* d = static_cast<__nv_bfloat16*>(d16);
+    const auto* a = static_cast<const __nv_bfloat16*>(a16);
+    if (out % 8 == 0 && aligned(d16, 16) && aligned(a16, 16)) {
+      const dim3 grid(unsigned((out / 8 + 31) / 32), unsigned(chunks)), block(32, 8);
+      relu_bgrad_bf16_kernel<8><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+    } else {
+      const dim3 grid(unsigned((out + 31) / 32), unsigned(chunks)), block(32, 8);
+      relu_bgrad_bf16_kernel<1><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+    }
+    DPT_CHECK_LAUNCH("relu_bgrad_bf16_kernel");
+  });
 }
 
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s) {
