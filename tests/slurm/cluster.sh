@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A throw-away single-node Slurm for the tests (see /work/shared/SLURM-LOCAL.md): its own munged
-# (own key and socket), slurmctld and slurmd on free loopback ports, every file under one folder.
+# A throw-away single-node Slurm for the tests (Debian's slurmctld, slurmd and munge): its own
+# munged (own key and socket), slurmctld and slurmd on free loopback ports, every file under one
+# folder.
 #   cluster.sh up DIR [PID]  starts it; prints `export SLURM_CONF=DIR/slurm.conf` when it is ready.
 #                            With PID, a watcher tears it down and removes DIR once PID is gone,
 #                            so a test killed by its timeout leaves no daemons behind.
