@@ -74,9 +74,13 @@ void build_table(Table& t, Config& c, std::string& layers) {
   t.add("train.accumulate", &c.accumulate, "micro-batches per optimizer step");
   t.add("train.eval_every", &c.eval_every, "steps between evaluations (0 = each epoch)");
   t.add("train.on_nonfinite", &c.on_nonfinite, "stop | skip a step whose loss is NaN/Inf");
+  t.add("train.shard_optimizer", &c.shard_optimizer,
+        "ZeRO stage 1: each rank updates its shard (sync = gradients)");
   t.add("comm.backend", &c.comm_backend, "auto | nccl | mpi");
   t.add("comm.bucket_mb", &c.bucket_mb, "gradient bucket size in MB");
   t.add("comm.timeout_s", &c.timeout_s, "deadline of any blocking phase, seconds (exit 4 past it)");
+  t.add("comm.grad_dtype", &c.grad_dtype, "fp32 | bf16: gradients on the wire (bf16 changes numerics)");
+  t.add("comm.nccl_max_ctas", &c.nccl_max_ctas, "NCCL: most CTAs (SMs) per collective (0 = NCCL's choice)");
   t.add("device.type", &c.device_type, "auto | cuda | cpu");
   t.add("device.threads", &c.threads, "cpu: BLAS threads per rank (0 = cores / ranks)");
   t.add("checkpoint.dir", &c.ckpt_dir, "folder for checkpoints (empty = none)");
@@ -199,6 +203,7 @@ void validate(const Config& c) {
   one_of("train.precision", c.precision, {"fp32", "tf32", "bf16"}, c);
   one_of("train.on_nonfinite", c.on_nonfinite, {"stop", "skip"}, c);
   one_of("comm.backend", c.comm_backend, {"auto", "nccl", "mpi"}, c);
+  one_of("comm.grad_dtype", c.grad_dtype, {"fp32", "bf16"}, c);
   one_of("device.type", c.device_type, {"auto", "cuda", "cpu"}, c);
   at_least("train.epochs", c.epochs, 1, c);
   at_least<int64_t>("train.steps", c.steps, 0, c);
@@ -225,6 +230,14 @@ void validate(const Config& c) {
   if (!(c.bucket_mb > 0 && c.bucket_mb <= 4096)) bad("comm.bucket_mb", show(c.bucket_mb), c, "must be in (0, 4096]");
   if (!(c.timeout_s > 0 && c.timeout_s <= 1e6)) bad("comm.timeout_s", show(c.timeout_s), c, "must be in (0, 1e6]");
   at_least("device.threads", c.threads, 0, c);
+  at_least("comm.nccl_max_ctas", c.nccl_max_ctas, 0, c);
+  if (c.nccl_max_ctas > 1024) bad("comm.nccl_max_ctas", show(c.nccl_max_ctas), c, "too large");
+  if (c.shard_optimizer && c.sync == "parameters")
+    bad("train.shard_optimizer", "true", c,
+        "sharding the optimizer needs train.sync = gradients (with sync = parameters every rank "
+        "keeps its own optimizer state)");
+  if (c.grad_dtype == "bf16" && c.sync == "parameters")
+    bad("comm.grad_dtype", c.grad_dtype, c, "gradients go on the wire only with train.sync = gradients");
   if (c.threads > 4096) bad("device.threads", show(c.threads), c, "too large");
   at_least<int64_t>("checkpoint.every_steps", c.ckpt_every, 0, c);
   at_least("checkpoint.keep", c.ckpt_keep, 0, c);

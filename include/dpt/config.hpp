@@ -41,10 +41,13 @@ struct Config {
   int accumulate = 1;
   int64_t eval_every = 0;                 // steps between evaluations (0 = end of each epoch)
   std::string on_nonfinite = "stop";      // stop|skip
+  bool shard_optimizer = false;           // ZeRO stage 1: optimizer state sharded over ranks
   // [comm]
   std::string comm_backend = "auto";  // auto|nccl|mpi
   double bucket_mb = 25.0;
   double timeout_s = 300.0;
+  std::string grad_dtype = "fp32";  // fp32|bf16: gradients on the wire
+  int nccl_max_ctas = 0;            // NCCL's CTA (SM) limit per collective (0 = NCCL's default)
   // [device]
   std::string device_type = "auto";  // auto|cuda|cpu
   int threads = 0;                   // BLAS threads per rank on the CPU (0 = cores / local ranks)
