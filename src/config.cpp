@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "dpt/check.hpp"
+#include "dpt/layer_spec.hpp"
 #include "dpt/nn.hpp"
 
 namespace po = boost::program_options;
@@ -42,14 +43,27 @@ class Table {
   }
 };
 
-void build_table(Table& t, Config& c, std::string& layers) {
-  t.add("model.layers", &layers, "layer widths, input first: 784,256,128,10");
-  t.add("model.activation", &c.activation, "relu | tanh | sigmoid | gelu");
+// Keys whose text is parsed after Boost has read it (model.layers, model.input_shape).
+struct TextKeys {
+  std::string layers, input_shape;
+  explicit TextKeys(const Config& c)
+      : layers(c.layer_list.empty() ? show(c.layers) : c.layer_list), input_shape(show(c.input_shape)) {}
+};
+
+void build_table(Table& t, Config& c, TextKeys& k) {
+  t.add("model.layers", &k.layers,
+        "MLP widths, input first (784,256,128,10), or a layer list: conv(C,K[,stride=S][,pad=P]) "
+        "maxpool(K[,stride=S]) avgpool(K[,stride=S]) relu tanh sigmoid gelu flatten linear(N) "
+        "dropout(p), separated by spaces");
+  t.add("model.activation", &c.activation, "relu | tanh | sigmoid | gelu (MLP widths only)");
+  t.add("model.input_shape", &k.input_shape, "C,H,W of a flat dataset's samples (layer lists, augmentation)");
   t.add("model.init", &c.init, "checkpoint to start from (its model weights)");
   t.add("data.train", &c.train_file, "training set (HDF5, see README)");
   t.add("data.test", &c.test_file, "test set (HDF5), evaluated across all ranks");
   t.add("data.shuffle", &c.shuffle, "one permutation per epoch seeded by (seed, epoch)");
   t.add("data.read", &c.data_read, "all (every rank loads the files) | shard (only its rows, per epoch)");
+  t.add("data.augment", &c.augment, "none | flip | crop | crop,flip: per training sample, from (seed, epoch, row)");
+  t.add("data.crop_padding", &c.crop_padding, "zero padding before a random crop (data.augment crop)");
   t.add("train.epochs", &c.epochs, "passes over the training set");
   t.add("train.steps", &c.steps, "cap on optimizer steps (0 = none)");
   t.add("train.batch_per_rank", &c.batch_per_rank, "samples per rank per micro-batch");
@@ -126,6 +140,33 @@ void refuse_placeholders(const std::string& text, const std::string& where) {
   }
 }
 
+// model.layers (either form) and model.input_shape from their text.
+void parse_model_keys(Config& c, const TextKeys& k, const po::variables_map& vm) {
+  // Messages quote at most the start of a long value (a 1 MiB list is refused, not echoed).
+  const std::string shown = k.layers.size() > 200 ? k.layers.substr(0, 200) + "..." : k.layers;
+  try {
+    if (is_layer_list(k.layers)) {
+      c.layer_list = layer_list_text(parse_layer_list(k.layers));
+      c.layers.clear();
+    } else {
+      c.layers = parse_layers(k.layers);
+      c.layer_list.clear();
+    }
+  } catch (const InputError& e) {
+    bad("model.layers", shown, c, e.what());
+  }
+  try {
+    c.input_shape = parse_input_shape(k.input_shape);
+  } catch (const InputError& e) {
+    bad("model.input_shape", k.input_shape, c, e.what());
+  }
+  const auto act = vm.find("model.activation");
+  if (!c.layer_list.empty() && act != vm.end() && !act->second.defaulted())
+    bad("model.activation", c.activation, c,
+        "model.activation belongs to the MLP widths form of model.layers; model.layers is a layer "
+        "list here, where activations are layers of their own (e.g. 'linear(128) relu')");
+}
+
 }  // namespace
 
 std::string find_config_path(int argc, const char* const* argv) {
@@ -148,9 +189,9 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   Invocation inv;
   Config& c = inv.cfg;
   c.source = ini_path.empty() ? "(command line)" : ini_path;
-  std::string layers = show(c.layers);
+  TextKeys keys(c);
   Table t;
-  build_table(t, c, layers);
+  build_table(t, c, keys);
   po::options_description generic("Usage: dptrain --config FILE [--section.key value ...]");
   std::string cfg_path;
   generic.add_options()("help,h", "print this help")("config", po::value<std::string>(&cfg_path),
@@ -183,11 +224,7 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   inv.help = vm.count("help") > 0;
   inv.eval_only = vm.count("eval") > 0;
   if (inv.help) return inv;
-  try {
-    c.layers = parse_layers(layers);
-  } catch (const InputError& e) {
-    bad("model.layers", layers, c, e.what());
-  }
+  parse_model_keys(c, keys, vm);
   if (check) validate(c);
   c.resolved = to_ini(c);
   return inv;
@@ -195,6 +232,9 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
 
 void validate(const Config& c) {
   one_of("data.read", c.data_read, {"all", "shard"}, c);
+  one_of("data.augment", c.augment, {"none", "flip", "crop", "crop,flip"}, c);
+  if (c.crop_padding < 0 || c.crop_padding > 64)
+    bad("data.crop_padding", show(c.crop_padding), c, "must be in [0, 64]");
   one_of("model.activation", c.activation, {"relu", "tanh", "sigmoid", "gelu"}, c);
   one_of("train.optimizer", c.optimizer, {"sgd", "momentum", "nesterov", "adam", "adamw"}, c);
   one_of("train.lr_scaling", c.lr_scaling, {"none", "linear", "sqrt"}, c);
@@ -255,12 +295,14 @@ void validate(const Config& c) {
 
 std::string to_ini(const Config& cfg) {
   Config c = cfg;  // the table binds to fields; work on a copy
-  std::string layers = show(c.layers);
+  TextKeys keys(c);
   Table t;
-  build_table(t, c, layers);
+  build_table(t, c, keys);
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> sections;
   std::vector<std::string> order;
   for (auto& [name, value] : t.shown) {
+    // With a layer list the activation is not a key of the model: writing it would set it.
+    if (name == "model.activation" && !c.layer_list.empty()) continue;
     auto dot = name.find('.');
     std::string sec = name.substr(0, dot);
     if (!sections.count(sec)) order.push_back(sec);

@@ -152,6 +152,8 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
                  TrainRows* rows, const Dataset* test)
     : cfg_(cfg), be_(be), comm_(comm), own_rows_(std::move(own)),
       rows_(own_rows_ ? own_rows_.get() : rows), test_(test) {
+  if (!cfg.layer_list.empty())
+    throw InputError("model.layers = '" + cfg.layer_list + "': this build trains the MLP widths form only", true);
   if (rows_) check_shape(cfg, rows_->path(), rows_->info().dim, rows_->info().num_classes);
   if (test) check_shape(cfg, test->path, test->dim, test->num_classes);
   const int max_batch = std::max(cfg.batch_per_rank, 1024);

@@ -37,6 +37,39 @@ struct LinearArgs {
   Act act = Act::none;
 };
 
+// ---- convolutional layers ----
+// Image activations are NHWC inside the backends: (batch, h, w, c) row-major, so that a
+// convolution is one GEMM over all output pixels. A conv weight is held (out, k, k, c): row o
+// lines up with a row of im2col's columns, (kh, kw, c) in that order, and the convolution is
+// im2col followed by the Linear layer's GEMMs on (batch·oh·ow) rows. Checkpoints keep PyTorch's
+// (out, c, k, k); the model converts at that boundary.
+struct ConvGeom {
+  int batch = 0, c = 0, h = 0, w = 0;      // input (batch, h, w, c)
+  int out = 0, k = 1, stride = 1, pad = 0;  // output channels, square kernel, zero padding
+  int oh() const { return (h + 2 * pad - k) / stride + 1; }
+  int ow() const { return (w + 2 * pad - k) / stride + 1; }
+  int rows() const { return batch * oh() * ow(); }  // output pixels: the GEMMs' rows
+  int cols() const { return k * k * c; }            // the weight's row: (kh, kw, c)
+};
+// Pooling without padding, output size rounded down (PyTorch's ceil_mode = False).
+struct PoolGeom {
+  int batch = 0, c = 0, h = 0, w = 0, k = 1, stride = 1;  // input (batch, h, w, c)
+  int oh() const { return (h - k) / stride + 1; }
+  int ow() const { return (w - k) / stride + 1; }
+};
+// Inverted dropout of one micro-batch. Sample i's element e (its index in the sample's NCHW
+// order) is kept when dropout_keep(dropout_key(seed, layer, step, first + i), e, threshold)
+// (dropout.hpp), step being ctl->step, read where the op runs: the mask depends on nothing else,
+// so not on the rank count, the micro-batch split or a resume. Kept elements are scaled by
+// float(1 / (1 − p)).
+struct DropoutArgs {
+  double p = 0;
+  uint64_t seed = 0;
+  int layer = 0;        // the layer's position in the model's list (distinct masks per layer)
+  int64_t first = 0;    // position of this micro-batch's first sample in the global batch
+  int c = 0, h = 1, w = 1;  // a sample's shape; an image is stored NHWC
+};
+
 // Hyper-parameters of one optimizer step, torch.optim semantics.
 struct OptimStep;
 // Adam's per-step scalars as torch.optim forms them: in double from the Python floats, then
@@ -125,6 +158,53 @@ class Backend {
   virtual void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& layers,
                             float* d0, float* d1, bool accumulate,
                             const std::function<void(int)>& layer_done);
+
+  // ---- convolutional networks (NHWC, see ConvGeom) ----
+  // cols (g.rows(), g.cols()) = the input patches of every output pixel, row (n, oh, ow),
+  // column (kh, kw, c); zero where the patch reaches into the padding.
+  virtual void im2col(const float* x, const ConvGeom& g, float* cols) = 0;
+  // dx (batch, h, w, c) = for every input element, the sum of the entries of dcols that im2col
+  // copied it to (overwritten, not added to).
+  virtual void col2im(const float* dcols, const ConvGeom& g, float* dx) = 0;
+  // z (rows, out) = im2col(x)·Wᵀ + b and a = act(z), w (out, k, k, c); cols (rows, cols) is
+  // kept for conv_backward (a backend may keep it in its own form). Default: im2col +
+  // linear_forward.
+  virtual void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z,
+                            float* a, const ConvGeom& g, Act act);
+  // da (rows, out) holds dLoss/da and becomes dz; dw, db as linear_backward's (added to when
+  // accumulate); dx (batch, h, w, c) unless nullptr. cols is the last conv_forward's, and is
+  // overwritten (it holds the input gradient's columns before col2im). Default:
+  // linear_backward on cols + col2im.
+  virtual void conv_backward(const float* w, const float* z, const float* a, float* da, float* cols,
+                             const ConvGeom& g, Act act, float* dw, float* db, float* dx,
+                             bool accumulate);
+  // y (batch, oh, ow, c) = max or mean of each k×k window. Max: argmax (same shape) = the
+  // window index kh·k + kw of the first maximum in row-major order (a NaN wins), as PyTorch;
+  // argmax is nullptr for avg.
+  virtual void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
+                            bool max) = 0;
+  // dx (batch, h, w, c) overwritten: max — dy goes to each window's argmax; avg — dy / k² to
+  // every element of the window (summed where windows overlap).
+  virtual void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+                             bool max) = 0;
+  // a = act(z) elementwise over n values; a may equal z.
+  virtual void act_forward(const float* z, float* a, size_t n, Act act) = 0;
+  // da (n) becomes dz = da·act'(z), from z and a = act(z) as linear_backward.
+  virtual void act_backward(float* da, const float* z, const float* a, size_t n, Act act) = 0;
+  // Per sample, dst (c, hw) = src (hw, c)ᵀ: NHWC to flatten's NCHW order, and back.
+  virtual void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) = 0;
+  virtual void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) = 0;
+  // y = x·mask·float(1/(1−p)) for a micro-batch (batch samples, DropoutArgs), step = ctl->step
+  // (ctl in backend memory; nullptr: step 0). The backward pass applies the same op to dy.
+  // y may equal x.
+  virtual void dropout(const float* x, float* y, int batch, const DropoutArgs& d,
+                       const StepCtl* ctl) = 0;
+  // Training-time augmentation of a batch of NCHW images x (batch, c, h, w) into y (not x):
+  // sample i takes the draw draws[ctl->cursor + offset + i] (draws and ctl in backend memory;
+  // ctl nullptr: draws[offset + i]), packed by augment.hpp: a crop window of the image padded
+  // by `pad` zeros on every side, then a horizontal flip.
+  virtual void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
+                       const int32_t* draws, const StepCtl* ctl, int64_t offset) = 0;
 
   // Softmax cross-entropy over logits (batch,classes) against labels (batch):
   // dlogits = (softmax − onehot)·grad_scale unless dlogits is nullptr;

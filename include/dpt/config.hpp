@@ -10,14 +10,21 @@ namespace dpt {
 
 struct Config {
   // [model]
+  // model.layers is either the MLP shorthand (widths, input first, with `activation` between
+  // the Linear layers) or a layer list (layer_spec.hpp), held normalised in layer_list; exactly
+  // one of `layers` and `layer_list` is non-empty after parsing.
   std::vector<int> layers{784, 256, 128, 10};
-  std::string activation = "relu";  // relu|tanh|sigmoid|gelu
+  std::string layer_list;           // "" = the MLP shorthand in `layers`
+  std::string activation = "relu";  // relu|tanh|sigmoid|gelu (MLP shorthand only)
+  std::vector<int> input_shape;     // model.input_shape C,H,W of a flat dataset ({} = from the data)
   std::string init;                 // checkpoint to start from ("" = random init)
   // [data]
   std::string train_file;
   std::string test_file;
   bool shuffle = true;
   std::string data_read = "all";  // all | shard
+  std::string augment = "none";   // none | flip | crop | crop,flip (images; training only)
+  int crop_padding = 4;           // zero padding around the image before a random crop
   // [train]
   int epochs = 1;
   int64_t steps = 0;  // optional cap on optimizer steps (0 = none)

@@ -78,6 +78,22 @@ void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearAr
   }
 }
 
+void Backend::conv_forward(const float* x, const float* w, const float* b, float* cols, float* z,
+                           float* a, const ConvGeom& g, Act act) {
+  im2col(x, g, cols);
+  linear_forward(cols, w, b, z, a, g.rows(), g.cols(), g.out, act);
+}
+
+// The input gradient's columns go into cols once the weight gradient has read it (both in
+// linear_backward, in that order on one stream).
+void Backend::conv_backward(const float* w, const float* z, const float* a, float* da, float* cols,
+                            const ConvGeom& g, Act act, float* dw, float* db, float* dx,
+                            bool accumulate) {
+  linear_backward(cols, w, z, a, da, g.rows(), g.cols(), g.out, act, dw, db, dx ? cols : nullptr,
+                  accumulate);
+  if (dx) col2im(cols, g, dx);
+}
+
 void Backend::load_batch(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y) {
   if (host_addressable()) {
     ds.gather(rows, count, x, y);

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "cpu_conv.hpp"
 #include "dpt/backend.hpp"
 #include "dpt/check.hpp"
 
@@ -182,6 +183,46 @@ class CpuBackend final : public Backend {
     if (dx)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, out, 1.f, dz, out, w, in,
                   0.f, dx, in);
+  }
+
+  // ---- convolutional networks (cpu_conv.cpp) ----
+  void im2col(const float* x, const ConvGeom& g, float* cols) override { cpu::im2col(x, g, cols); }
+  void col2im(const float* dcols, const ConvGeom& g, float* dx) override { cpu::col2im(dcols, g, dx); }
+  void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) override {
+    cpu::pool_forward(x, y, argmax, g, max);
+  }
+  void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+                     bool max) override {
+    cpu::pool_backward(dy, argmax, dx, g, max);
+  }
+  void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) override {
+    cpu::nhwc_to_nchw(src, dst, batch, c, hw);
+  }
+  void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) override {
+    cpu::nchw_to_nhwc(src, dst, batch, c, hw);
+  }
+  void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl) override {
+    cpu::dropout(x, y, batch, d, ctl ? ctl->step : 0);
+  }
+  void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
+               const int32_t* draws, const StepCtl* ctl, int64_t offset) override {
+    cpu::augment(x, y, batch, c, h, w, pad, draws, (ctl ? ctl->cursor : 0) + offset);
+  }
+
+  void act_forward(const float* z, float* a, size_t n, Act act) override {
+    if (act == Act::relu) {
+      relu_forward(z, a, n);
+    } else if (act == Act::none) {
+      if (a != z) std::memcpy(a, z, n * sizeof(float));
+    } else {
+      for (size_t i = 0; i < n; ++i) a[i] = act_fwd(act, z[i]);
+    }
+  }
+  void act_backward(float* da, const float* z, const float* a, size_t n, Act act) override {
+    if (act == Act::relu)
+      relu_backward(da, z, n);
+    else if (act != Act::none)
+      for (size_t i = 0; i < n; ++i) da[i] *= act_grad(act, z[i], a[i]);
   }
 
   void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,

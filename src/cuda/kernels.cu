@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "act.cuh"
 #include "dpt/cuda_check.hpp"
 #include "kernels.cuh"
 
@@ -19,8 +20,6 @@ namespace dpt::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 // ============================== kernels ==============================
 
@@ -50,35 +49,6 @@ __global__ void scale4_kernel(float4* p, size_t n4, float a) {
     float4 v = p[i];
     v.x *= a; v.y *= a; v.z *= a; v.w *= a;
     p[i] = v;
-  }
-}
-
-__device__ __forceinline__ float tanh_accurate(float z) {
-  const float az = fabsf(z);
-  if (az > 9.f) return copysignf(1.f, z);  // tanh(9) rounds to 1 in fp32
-  const float e = expm1f(2.f * az);         // accurate near 0, where 1 − 2/(e^2z + 1) cancels
-  return copysignf(e / (e + 2.f), z);
-}
-
-__device__ __forceinline__ float act_fwd(float z, Act act) {
-  switch (act) {
-    case Act::relu: return z > 0.f ? z : 0.f;
-    case Act::tanh: return tanh_accurate(z);
-    case Act::sigmoid: return 1.f / (1.f + expf(-z));
-    case Act::gelu: return 0.5f * z * (1.f + erff(z * kInvSqrt2));  // exact GELU (torch default)
-    default: return z;
-  }
-}
-
-// d act / d z, from z and a = act(z) (the same choices as the CPU backend).
-__device__ __forceinline__ float act_grad(float z, float a, Act act) {
-  switch (act) {
-    case Act::relu: return z > 0.f ? 1.f : 0.f;
-    case Act::tanh: return 1.f - a * a;
-    case Act::sigmoid: return a * (1.f - a);
-    case Act::gelu:
-      return 0.5f * (1.f + erff(z * kInvSqrt2)) + z * kInvSqrt2Pi * expf(-0.5f * z * z);
-    default: return 1.f;
   }
 }
 

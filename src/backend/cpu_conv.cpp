@@ -1,0 +1,156 @@
+// The CPU backend's convolution, pooling, layout, dropout and augmentation loops. Every loop
+// runs the channel dimension innermost: it is contiguous in NHWC, so the compiler vectorises it.
+#include "cpu_conv.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "dpt/augment.hpp"
+#include "dpt/dropout.hpp"
+
+namespace dpt::cpu {
+
+// For one output pixel and kernel row kh the k·c values of the patch are contiguous in NHWC
+// (k neighbouring pixels of one input row): one copy where the row lies inside the image,
+// pixel by pixel with zeros where it crosses the padding.
+void im2col(const float* x, const ConvGeom& g, float* cols) {
+  const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
+  const size_t run = size_t(K) * C;
+  float* dst = cols;
+  for (int n = 0; n < g.batch; ++n)
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        const int iw0 = ow * g.stride - g.pad;
+        for (int kh = 0; kh < K; ++kh, dst += run) {
+          const int ih = oh * g.stride - g.pad + kh;
+          if (ih < 0 || ih >= g.h) {
+            std::memset(dst, 0, run * sizeof(float));
+            continue;
+          }
+          const float* src = x + ((size_t(n) * g.h + ih) * g.w) * C;
+          if (iw0 >= 0 && iw0 + K <= g.w) {
+            std::memcpy(dst, src + size_t(iw0) * C, run * sizeof(float));
+            continue;
+          }
+          for (int kw = 0; kw < K; ++kw) {
+            const int iw = iw0 + kw;
+            if (iw >= 0 && iw < g.w) std::memcpy(dst + size_t(kw) * C, src + size_t(iw) * C, size_t(C) * sizeof(float));
+            else std::memset(dst + size_t(kw) * C, 0, size_t(C) * sizeof(float));
+          }
+        }
+      }
+}
+
+// Scatter-add in im2col's order (rows, then kh, kw): deterministic.
+void col2im(const float* dcols, const ConvGeom& g, float* dx) {
+  const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
+  std::memset(dx, 0, size_t(g.batch) * g.h * g.w * C * sizeof(float));
+  const float* src = dcols;
+  for (int n = 0; n < g.batch; ++n)
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow)
+        for (int kh = 0; kh < K; ++kh) {
+          const int ih = oh * g.stride - g.pad + kh;
+          for (int kw = 0; kw < K; ++kw, src += C) {
+            const int iw = ow * g.stride - g.pad + kw;
+            if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+            float* d = dx + ((size_t(n) * g.h + ih) * g.w + iw) * C;
+            for (int c = 0; c < C; ++c) d[c] += src[c];
+          }
+        }
+}
+
+// Max: the first maximum of the window in row-major order wins, and a NaN replaces it
+// (PyTorch's `val > maxval || isnan(val)`). Avg: the window summed in row-major order, then
+// divided by k² (PyTorch's order).
+void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
+  const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
+  const float area = float(K * K);
+  for (int n = 0; n < g.batch; ++n)
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
+        float* yo = y + o;
+        int32_t* ao = max ? argmax + o : nullptr;
+        for (int j = 0; j < K * K; ++j) {
+          const int ih = oh * g.stride + j / K, iw = ow * g.stride + j % K;
+          const float* xi = x + ((size_t(n) * g.h + ih) * g.w + iw) * C;
+          if (j == 0) {
+            std::memcpy(yo, xi, size_t(C) * sizeof(float));
+            if (max) std::memset(ao, 0, size_t(C) * sizeof(int32_t));
+          } else if (max) {
+            for (int c = 0; c < C; ++c)
+              if (xi[c] > yo[c] || std::isnan(xi[c])) {
+                yo[c] = xi[c];
+                ao[c] = j;
+              }
+          } else {
+            for (int c = 0; c < C; ++c) yo[c] += xi[c];
+          }
+        }
+        if (!max)
+          for (int c = 0; c < C; ++c) yo[c] /= area;
+      }
+}
+
+void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max) {
+  const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
+  const float area = float(K * K);
+  std::memset(dx, 0, size_t(g.batch) * g.h * g.w * C * sizeof(float));
+  for (int n = 0; n < g.batch; ++n)
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
+        auto at = [&](int j) { return dx + ((size_t(n) * g.h + oh * g.stride + j / K) * g.w + ow * g.stride + j % K) * C; };
+        if (max) {
+          for (int c = 0; c < C; ++c) at(argmax[o + c])[c] += dy[o + c];
+        } else {
+          for (int j = 0; j < K * K; ++j) {
+            float* d = at(j);
+            for (int c = 0; c < C; ++c) d[c] += dy[o + c] / area;
+          }
+        }
+      }
+}
+
+void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) {
+  const size_t per = size_t(c) * hw;
+  for (int n = 0; n < batch; ++n)
+    for (int p = 0; p < hw; ++p)
+      for (int ch = 0; ch < c; ++ch) dst[n * per + size_t(ch) * hw + p] = src[n * per + size_t(p) * c + ch];
+}
+
+void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) {
+  const size_t per = size_t(c) * hw;
+  for (int n = 0; n < batch; ++n)
+    for (int p = 0; p < hw; ++p)
+      for (int ch = 0; ch < c; ++ch) dst[n * per + size_t(p) * c + ch] = src[n * per + size_t(ch) * hw + p];
+}
+
+// x·0 for a dropped element (±0, NaN for ±Inf), x·scale for a kept one: PyTorch's x·mask·scale.
+void dropout(const float* x, float* y, int batch, const DropoutArgs& d, int64_t step) {
+  const uint32_t thr = dropout_threshold(d.p);
+  const float scale = float(1.0 / (1.0 - d.p));
+  const int hw = d.h * d.w;
+  const size_t per = size_t(d.c) * hw;
+  for (int i = 0; i < batch; ++i) {
+    const uint64_t key = dropout_key(d.seed, d.layer, step, d.first + i);
+    const float* xi = x + size_t(i) * per;
+    float* yi = y + size_t(i) * per;
+    for (int p = 0; p < hw; ++p)
+      for (int ch = 0; ch < d.c; ++ch) {
+        const size_t m = size_t(p) * d.c + ch;  // memory (NHWC) index
+        const int64_t e = int64_t(ch) * hw + p;  // NCHW index: the mask's element
+        yi[m] = xi[m] * (dropout_keep(key, e, thr) ? scale : 0.f);
+      }
+  }
+}
+
+void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
+             const int32_t* draws, int64_t first) {
+  const size_t per = size_t(c) * h * w;
+  for (int i = 0; i < batch; ++i)
+    augment_image(x + i * per, y + i * per, c, h, w, pad, draws[first + i]);
+}
+
+}  // namespace dpt::cpu

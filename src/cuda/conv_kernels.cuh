@@ -1,0 +1,35 @@
+// Launchers for the CUDA backend's kernels of convolutional networks (defined in conv.cu):
+// im2col / col2im, pooling, elementwise activations, the NHWC <-> NCHW transposes, dropout and
+// augmentation. Layouts and semantics are Backend's (backend.hpp); each launcher takes the
+// stream it enqueues on, returns at once and checks the launch; pointers are device memory.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dpt/backend.hpp"
+
+namespace dpt::cuda {
+
+// cols (g.rows(), g.cols()) from x (NHWC); in bf16 (round to nearest even) when bf16_out, so a
+// bf16 GEMM reads it with no conversion pass.
+void im2col(const float* x, const ConvGeom& g, void* cols, bool bf16_out, cudaStream_t s);
+// dx (NHWC) = per input element the sum of its columns, gathered (no atomics) in the order of
+// increasing output pixel, the CPU backend's scatter order: the same sums, bit for bit.
+void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s);
+void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max, cudaStream_t s);
+// Gathered per input element over the windows holding it, in increasing output order (the CPU's).
+void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max,
+                   cudaStream_t s);
+void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s);
+void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
+// Per sample, dst (c, hw) = src (hw, c)ᵀ (to_nchw) or dst (hw, c) = src (c, hw)ᵀ.
+void batched_transpose(const float* src, float* dst, int batch, int rows, int cols, cudaStream_t s);
+// Backend::dropout with the step read from ctl on the device (ctl nullptr: step 0).
+void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl, cudaStream_t s);
+// Backend::augment: sample i's draw is draws[(ctl ? ctl->cursor : 0) + offset + i].
+void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
+             const int32_t* draws, const StepCtl* ctl, int64_t offset, cudaStream_t s);
+
+}  // namespace dpt::cuda
