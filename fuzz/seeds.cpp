@@ -40,5 +40,20 @@ int main(int argc, char** argv) {
   std::ofstream(dir / "config" / "small.ini")
       << "[model]\nlayers = 4,8,2\n[data]\ntrain = t.h5\n[train]\nepochs = 2\nlr = 0.1\n"
          "optimizer = adam\nsync = parameters\naverage_every = 2\n[checkpoint]\nevery_steps = 4\n";
+  // Layer lists: a valid CNN, and the kinds of bad list the parser and shape inference reject.
+  const char* lists[][2] = {
+      {"cnn.ini", "conv(8,3,pad=1) relu maxpool(2) conv(16,3,stride=2,pad=1) gelu avgpool(2,stride=1) "
+                  "flatten linear(32) tanh dropout(0.25) sigmoid linear(10)\ninput_shape = 1,28,28"},
+      {"unknown_layer.ini", "conv(8,3) relu softmax flatten linear(10)"},
+      {"bad_argument.ini", "conv(8,3,pad=-1) flatten linear(10)"},
+      {"bad_keyword.ini", "conv(8,3,dilation=2) flatten linear(10)"},
+      {"unclosed.ini", "conv(8,3 relu flatten linear(10)"},
+      {"kernel_too_large.ini", "conv(8,31) flatten linear(10)\ninput_shape = 1,28,28"},
+      {"conv_after_flatten.ini", "flatten conv(8,3) linear(10)\ninput_shape = 1,28,28"},
+      {"activation_with_list.ini", "flatten linear(10)\nactivation = tanh"},
+  };
+  for (auto& l : lists)
+    std::ofstream(dir / "config" / l[0])
+        << "[model]\nlayers = " << l[1] << "\n[data]\ntrain = t.h5\naugment = crop,flip\ncrop_padding = 2\n";
   return 0;
 }

@@ -1,0 +1,353 @@
+// The CUDA backend's convolutional-network ops against the CPU backend (the oracle), op by op,
+// on random data, in fp32, TF32 and bf16. Every test skips where no CUDA device is visible.
+//
+// Tolerances (relative error ‖gpu − cpu‖₂ / ‖cpu‖₂ of a whole output):
+//   exact      im2col, the layout transposes, dropout, augmentation and max pooling copy or
+//              select values; col2im, pooling's backward and avg pooling add the same terms in
+//              the same order as the CPU (a gather in increasing output order, the CPU's scatter
+//              order) with IEEE adds and __fdiv_rn, so they must agree bit for bit. (The inputs
+//              are O(1): no denormals, which --use_fast_math would flush.)
+//   1e-5       elementwise activations: fast-math expf/erff differ from glibc by a few ulp.
+//   fp32 1e-5, tf32 5e-3, bf16 2e-2   convolutions: the GEMMs of test_gpu.cpp's Linear layers
+//              (summation order; TF32's 10 and bf16's 7 mantissa bits), on im2col's columns.
+//   bf16 1e-4  against the CPU fed with the same inputs rounded to bf16: bf16 products are exact
+//              in fp32, so only the summation order differs; a stale or wrong bf16 copy of the
+//              columns or the weights shows as an error near 1e-2.
+// Outputs are poisoned with NaN on the GPU first, so an element the GPU forgets fails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpt/augment.hpp"
+#include "dpt/backend.hpp"
+#include "dpt/data.hpp"
+
+namespace {
+using namespace dpt;
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const Precision kPrecisions[] = {Precision::fp32, Precision::tf32, Precision::bf16};
+
+const char* pname(Precision p) {
+  return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
+}
+double tolerance(Precision p) {
+  return p == Precision::fp32 ? 1e-5 : p == Precision::tf32 ? 5e-3 : 2e-2;
+}
+
+std::vector<float> uniform(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  SplitMix64 g(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = lo + float(g.uniform()) * (hi - lo);
+  return v;
+}
+
+// Round to nearest even bf16, kept in a float (finite inputs).
+float bf16_round(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+std::vector<float> bf16_round(std::vector<float> v) {
+  for (auto& x : v) x = bf16_round(x);
+  return v;
+}
+
+template <class T> Buffer<T> put(Backend& be, const std::vector<T>& v) {
+  Buffer<T> b(be, v.size());
+  if (!v.empty()) be.upload(b.data(), v.data(), v.size() * sizeof(T));
+  return b;
+}
+template <class T> std::vector<T> get(Backend& be, const Buffer<T>& b) {
+  std::vector<T> v(b.size());
+  if (!v.empty()) be.download(v.data(), b.data(), v.size() * sizeof(T));
+  return v;
+}
+Buffer<float> poisoned(Backend& be, size_t n) {
+  Buffer<float> b(be, n);
+  be.fill(b.data(), n, kNaN);
+  return b;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += double(want[i]) * want[i];
+  }
+  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
+}
+
+std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
+  BackendOptions o;
+  o.type = "cuda";
+  o.precision = p;
+  return make_cuda_backend(o);
+}
+
+ConvGeom geom(int batch, int c, int h, int w, int out, int k, int stride, int pad) {
+  ConvGeom g;
+  g.batch = batch; g.c = c; g.h = h; g.w = w; g.out = out; g.k = k; g.stride = stride; g.pad = pad;
+  return g;
+}
+
+// inputs/cnn.ini's two convolutions, the large CNN's (3x64x64 input, 128/256 channels) at a
+// small batch, odd sizes and channel counts (the scalar kernel paths), stride 2, k = 1 and 5, and
+// more than 65535 output rows (the grid-stride loops).
+const ConvGeom kConvs[] = {
+    geom(16, 1, 28, 28, 32, 3, 1, 1),  geom(16, 32, 14, 14, 64, 3, 1, 1),
+    geom(2, 3, 64, 64, 128, 3, 1, 1),  geom(2, 128, 32, 32, 256, 3, 1, 1),
+    geom(3, 5, 9, 11, 7, 3, 2, 0),     geom(2, 4, 8, 8, 6, 1, 1, 0),
+    geom(2, 6, 10, 9, 8, 5, 2, 2),     geom(96, 1, 28, 28, 8, 3, 1, 1),
+};
+
+std::string what(const ConvGeom& g) {
+  return "batch " + std::to_string(g.batch) + " " + std::to_string(g.c) + "x" + std::to_string(g.h) +
+         "x" + std::to_string(g.w) + " -> " + std::to_string(g.out) + " k" + std::to_string(g.k) +
+         " s" + std::to_string(g.stride) + " p" + std::to_string(g.pad);
+}
+
+struct ConvData {
+  std::vector<float> x, w, b;
+  ConvData(const ConvGeom& g, uint64_t seed)
+      : x(uniform(size_t(g.batch) * g.h * g.w * g.c, seed)),
+        w(uniform(size_t(g.out) * g.cols(), seed + 1, -1.f / std::sqrt(float(g.cols())),
+                  1.f / std::sqrt(float(g.cols())))),
+        b(uniform(size_t(g.out), seed + 2, -0.5f, 0.5f)) {}
+};
+
+}  // namespace
+
+TEST(CudaConv, Im2colAndCol2imAreExact) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  for (const ConvGeom& c : kConvs) {
+    const ConvData d(c, 10);
+    const size_t nc = size_t(c.rows()) * c.cols();
+    std::vector<float> cols(nc), dx(d.x.size());
+    cpu->im2col(d.x.data(), c, cols.data());
+    auto gx = put(*g, d.x);
+    auto gcols = poisoned(*g, nc);
+    g->im2col(gx.data(), c, gcols.data());
+    EXPECT_EQ(get(*g, gcols), cols) << "im2col " << what(c);
+
+    const std::vector<float> dcols = uniform(nc, 11);
+    cpu->col2im(dcols.data(), c, dx.data());
+    auto gd = put(*g, dcols);
+    auto gdx = poisoned(*g, d.x.size());
+    g->col2im(gd.data(), c, gdx.data());
+    EXPECT_EQ(get(*g, gdx), dx) << "col2im " << what(c);
+  }
+}
+
+TEST(CudaConv, ForwardAndBackward) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  for (Precision p : kPrecisions) {
+    auto g = gpu(p);
+    for (const ConvGeom& c : kConvs)
+      for (Act act : {Act::none, Act::relu, Act::tanh})
+        for (bool acc : {false, true}) {
+          const std::string label = std::string(pname(p)) + " " + act_name(act) + " " + what(c) +
+                                    (acc ? " accumulate" : "");
+          const ConvData d(c, 20 + uint64_t(c.out));
+          const size_t n = size_t(c.rows()) * c.out, nc = size_t(c.rows()) * c.cols();
+          std::vector<float> cols(nc), z(n), a(n);
+          cpu->conv_forward(d.x.data(), d.w.data(), d.b.data(), cols.data(), z.data(), a.data(), c, act);
+          auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
+          auto gcols = poisoned(*g, nc), gz = poisoned(*g, n), ga = poisoned(*g, n);
+          g->conv_forward(gx.data(), gw.data(), gb.data(), gcols.data(), gz.data(), ga.data(), c, act);
+          EXPECT_LE(rel_err(get(*g, gz), z), tolerance(p)) << "z " << label;
+          EXPECT_LE(rel_err(get(*g, ga), a), tolerance(p)) << "a " << label;
+
+          // Backward from the GPU's own forward (its columns), against the CPU's from its own.
+          const std::vector<float> da = uniform(n, 30);
+          const std::vector<float> dw0 = uniform(d.w.size(), 31), db0 = uniform(d.b.size(), 32);
+          std::vector<float> cda = da, cdw = acc ? dw0 : std::vector<float>(dw0.size(), 0.f);
+          std::vector<float> cdb = acc ? db0 : std::vector<float>(db0.size(), 0.f), cdx(d.x.size());
+          cpu->conv_backward(d.w.data(), z.data(), a.data(), cda.data(), cols.data(), c, act,
+                             cdw.data(), cdb.data(), cdx.data(), acc);
+          auto gda = put(*g, da);
+          Buffer<float> gdw = acc ? put(*g, dw0) : poisoned(*g, dw0.size());
+          Buffer<float> gdb = acc ? put(*g, db0) : poisoned(*g, db0.size());
+          auto gdx = poisoned(*g, d.x.size());
+          g->conv_backward(gw.data(), gz.data(), ga.data(), gda.data(), gcols.data(), c, act,
+                           gdw.data(), gdb.data(), gdx.data(), acc);
+          // dz and db: elementwise and a column sum of the GPU's z, which is within the
+          // forward's tolerance of the CPU's (relu's mask may flip where z is near 0 in bf16).
+          EXPECT_LE(rel_err(get(*g, gdb), cdb), tolerance(p)) << "db " << label;
+          EXPECT_LE(rel_err(get(*g, gdw), cdw), tolerance(p)) << "dw " << label;
+          EXPECT_LE(rel_err(get(*g, gdx), cdx), tolerance(p)) << "dx " << label;
+        }
+  }
+}
+
+// bf16 against the CPU on bf16-rounded inputs: the GEMMs must read bf16 copies of this forward's
+// columns and these weights. A second forward with other data through the same buffers checks
+// that the columns' bf16 copy follows it; im2col (fp32 columns) and then a plain Linear GEMM on
+// them checks that an fp32 write drops the bf16 copy.
+TEST(CudaConv, Bf16ColumnsFollowEveryWrite) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu(Precision::bf16);
+  for (const ConvGeom& c : {kConvs[1], kConvs[4], kConvs[6]}) {
+    const size_t n = size_t(c.rows()) * c.out, nc = size_t(c.rows()) * c.cols();
+    auto gcols = poisoned(*g, nc), gz = poisoned(*g, n), ga = poisoned(*g, n);
+    auto gw = poisoned(*g, size_t(c.out) * c.cols()), gb = poisoned(*g, size_t(c.out));
+    auto gx = poisoned(*g, size_t(c.batch) * c.h * c.w * c.c);
+    for (uint64_t round = 0; round < 2; ++round) {
+      const std::string label = what(c) + " round " + std::to_string(round);
+      const ConvData d(c, 40 + 10 * round);
+      const auto xr = bf16_round(d.x), wr = bf16_round(d.w);
+      std::vector<float> cols(nc), z(n), a(n);
+      cpu->conv_forward(xr.data(), wr.data(), d.b.data(), cols.data(), z.data(), a.data(), c, Act::none);
+      g->upload(gx.data(), d.x.data(), d.x.size() * 4);
+      g->upload(gw.data(), d.w.data(), d.w.size() * 4);
+      g->upload(gb.data(), d.b.data(), d.b.size() * 4);
+      g->conv_forward(gx.data(), gw.data(), gb.data(), gcols.data(), gz.data(), ga.data(), c, Act::none);
+      EXPECT_LE(rel_err(get(*g, gz), z), 1e-4) << "z " << label;
+
+      const auto da = bf16_round(uniform(n, 50 + round));  // act none: dz = da, rounded alike
+      std::vector<float> cda = da, cdw(d.w.size()), cdb(d.b.size()), cdx(d.x.size());
+      cpu->conv_backward(wr.data(), z.data(), a.data(), cda.data(), cols.data(), c, Act::none,
+                         cdw.data(), cdb.data(), cdx.data(), false);
+      auto gda = put(*g, da);
+      auto gdw = poisoned(*g, cdw.size()), gdb = poisoned(*g, cdb.size()), gdx = poisoned(*g, cdx.size());
+      g->conv_backward(gw.data(), gz.data(), ga.data(), gda.data(), gcols.data(), c, Act::none,
+                       gdw.data(), gdb.data(), gdx.data(), false);
+      EXPECT_LE(rel_err(get(*g, gdw), cdw), 1e-4) << "dw " << label;
+      EXPECT_LE(rel_err(get(*g, gdb), cdb), 1e-5) << "db " << label;
+      EXPECT_LE(rel_err(get(*g, gdx), cdx), 1e-4) << "dx " << label;
+    }
+    // fp32 columns written by im2col, then a Linear GEMM on them: bf16 of these columns.
+    const ConvData d(c, 70);
+    auto gx2 = put(*g, d.x);
+    g->im2col(gx2.data(), c, gcols.data());
+    std::vector<float> cols(nc), z(n), a(n);
+    cpu->im2col(d.x.data(), c, cols.data());
+    const auto colsr = bf16_round(cols), wr = bf16_round(d.w);
+    g->upload(gw.data(), d.w.data(), d.w.size() * 4);
+    g->upload(gb.data(), d.b.data(), d.b.size() * 4);
+    cpu->linear_forward(colsr.data(), wr.data(), d.b.data(), z.data(), a.data(), c.rows(), c.cols(), c.out, Act::none);
+    g->linear_forward(gcols.data(), gw.data(), gb.data(), gz.data(), ga.data(), c.rows(), c.cols(), c.out, Act::none);
+    EXPECT_LE(rel_err(get(*g, gz), z), 1e-4) << "im2col then linear_forward " << what(c);
+  }
+}
+
+TEST(CudaConv, PoolingIsExact) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  auto pg = [](int batch, int c, int h, int w, int k, int s) {
+    PoolGeom p;
+    p.batch = batch; p.c = c; p.h = h; p.w = w; p.k = k; p.stride = s;
+    return p;
+  };
+  for (const PoolGeom& p : {pg(16, 32, 28, 28, 2, 2), pg(16, 64, 14, 14, 2, 2), pg(3, 5, 9, 11, 3, 2),
+                            pg(2, 4, 7, 7, 3, 1), pg(100, 1, 28, 28, 2, 2), pg(2, 8, 5, 5, 5, 5)})
+    for (bool max : {true, false}) {
+      const std::string label = std::string(max ? "max " : "avg ") + std::to_string(p.c) + "x" +
+                                std::to_string(p.h) + "x" + std::to_string(p.w) + " k" +
+                                std::to_string(p.k) + " s" + std::to_string(p.stride);
+      const size_t nin = size_t(p.batch) * p.h * p.w * p.c, nout = size_t(p.batch) * p.oh() * p.ow() * p.c;
+      // Coarse values: many ties, so the first-maximum rule is exercised.
+      std::vector<float> x = uniform(nin, 60);
+      for (auto& v : x) v = std::round(v * 4.f) / 4.f;
+      std::vector<float> y(nout), dx(nin);
+      std::vector<int32_t> arg(nout);
+      cpu->pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, p, max);
+      auto gx = put(*g, x);
+      auto gy = poisoned(*g, nout);
+      Buffer<int32_t> garg(*g, max ? nout : 0);
+      g->pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, p, max);
+      EXPECT_EQ(get(*g, gy), y) << label;
+      if (max) EXPECT_EQ(get(*g, garg), arg) << label;
+
+      const std::vector<float> dy = uniform(nout, 61);
+      cpu->pool_backward(dy.data(), max ? arg.data() : nullptr, dx.data(), p, max);
+      auto gdy = put(*g, dy);
+      auto gdx = poisoned(*g, nin);
+      g->pool_backward(gdy.data(), max ? garg.data() : nullptr, gdx.data(), p, max);
+      EXPECT_EQ(get(*g, gdx), dx) << label;
+    }
+}
+
+TEST(CudaConv, ActivationsLayoutDropoutAugment) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  const size_t n = 100003;  // not a multiple of anything
+  const std::vector<float> z = uniform(n, 70, -3.f, 3.f), r = uniform(n, 71);
+  for (Act act : {Act::none, Act::relu, Act::tanh, Act::sigmoid, Act::gelu}) {
+    std::vector<float> a(n), d = r;
+    cpu->act_forward(z.data(), a.data(), n, act);
+    cpu->act_backward(d.data(), z.data(), a.data(), n, act);
+    auto gz = put(*g, z), gr = put(*g, r);
+    auto ga = poisoned(*g, n);
+    g->act_forward(gz.data(), ga.data(), n, act);
+    auto gca = put(*g, a);  // the backward from the CPU's a, so only the backward is compared
+    g->act_backward(gr.data(), gz.data(), gca.data(), n, act);
+    EXPECT_LE(rel_err(get(*g, ga), a), 1e-5) << "forward " << act_name(act);
+    EXPECT_LE(rel_err(get(*g, gr), d), 1e-5) << "backward " << act_name(act);
+  }
+
+  const int batch = 37, c = 64, hw = 49;
+  const std::vector<float> x = uniform(size_t(batch) * c * hw, 72);
+  std::vector<float> t(x.size()), u(x.size());
+  cpu->nhwc_to_nchw(x.data(), t.data(), batch, c, hw);
+  cpu->nchw_to_nhwc(x.data(), u.data(), batch, c, hw);
+  auto gx = put(*g, x);
+  auto gt = poisoned(*g, x.size()), gu = poisoned(*g, x.size());
+  g->nhwc_to_nchw(gx.data(), gt.data(), batch, c, hw);
+  g->nchw_to_nhwc(gx.data(), gu.data(), batch, c, hw);
+  EXPECT_EQ(get(*g, gt), t);
+  EXPECT_EQ(get(*g, gu), u);
+
+  // Dropout: the mask from the step in device memory, an image (NHWC) and flat features.
+  StepCtl ctl;
+  ctl.step = 41;
+  ctl.cursor = 5;
+  auto gctl = put(*g, std::vector<StepCtl>{ctl});
+  for (int hwd : {1, 7}) {
+    DropoutArgs dr;
+    dr.p = 0.4;
+    dr.seed = 3;
+    dr.layer = 9;
+    dr.first = 128;
+    dr.c = int(x.size() / batch) / (hwd * hwd);
+    dr.h = dr.w = hwd;
+    std::vector<float> y(x.size());
+    cpu->dropout(x.data(), y.data(), batch, dr, &ctl);
+    auto gy = poisoned(*g, x.size());
+    g->dropout(gx.data(), gy.data(), batch, dr, gctl.data());
+    EXPECT_EQ(get(*g, gy), y) << "dropout h = w = " << hwd;
+  }
+
+  // Augmentation: draws at ctl->cursor + offset on the device.
+  const int ab = 9, ac = 3, ah = 12, aw = 10, pad = 4;
+  const std::vector<float> img = uniform(size_t(ab) * ac * ah * aw, 73);
+  std::vector<int32_t> draws(64);
+  const AugmentSpec spec = parse_augment("crop,flip", pad);
+  for (size_t i = 0; i < draws.size(); ++i) draws[i] = augment_draw(spec, 1, 2, int64_t(i) * 7);
+  std::vector<float> out(img.size());
+  cpu->augment(img.data(), out.data(), ab, ac, ah, aw, pad, draws.data(), &ctl, 3);
+  auto gimg = put(*g, img);
+  auto gdraws = put(*g, draws);
+  auto gout = poisoned(*g, img.size());
+  g->augment(gimg.data(), gout.data(), ab, ac, ah, aw, pad, gdraws.data(), gctl.data(), 3);
+  EXPECT_EQ(get(*g, gout), out);
+}
