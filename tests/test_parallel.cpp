@@ -92,7 +92,7 @@ Outcome train_on(int ranks, const Config& cfg) {
     Trainer t(cfg, be, comm, &blobs(), nullptr);
     TrainResult r = t.run();
     out.losses = r.losses;
-    out.params = t.params_host();
+    out.params = t.model().packed(t.params_host());  // comparable across arena layouts
     out.steps = r.steps;
   });
   bcast_vec(out.losses);
