@@ -290,6 +290,7 @@ void Trainer::load_initial_state() {
     step_ = counters[0], epoch_ = counters[1], step_in_epoch_ = counters[2], samples_seen_ = counters[3];
     updates_ = counters[4];
     auto st = opt_->state();
+    state.resize(st.size());  // rank 0 read them; the others receive them
     for (size_t i = 0; resuming && i < st.size(); ++i) {
       if (sharded()) {
         // Every rank takes its shard of rank 0's whole array.
