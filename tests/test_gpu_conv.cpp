@@ -17,7 +17,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -50,15 +49,8 @@ std::vector<float> uniform(size_t n, uint64_t seed, float lo = -1.f, float hi = 
   return v;
 }
 
-// Round to nearest even bf16, kept in a float (finite inputs).
-float bf16_round(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  u &= 0xFFFF0000u;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// Round to nearest even bf16, kept in a float: the CUDA kernels' conversion, bit for bit.
+float bf16_round(float f) { return bf16_value(bf16_bits(f)); }
 std::vector<float> bf16_round(std::vector<float> v) {
   for (auto& x : v) x = bf16_round(x);
   return v;

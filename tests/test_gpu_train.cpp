@@ -69,7 +69,7 @@ Outcome train(const Config& c, int* fused = nullptr) {
     if (CudaBackend* cb = as_cuda(*rt.backend)) *fused = cb->fused_layers();
 #endif
   }
-  return {r.losses, t.params_host(), r.graph};
+  return {r.losses, t.model().packed(t.params_host()), r.graph};
 }
 
 int world_size() { int s; MPI_Comm_size(MPI_COMM_WORLD, &s); return s; }
@@ -124,7 +124,7 @@ Outcome train_files(const Config& c) {
   RunData d = load_run_data(c, *rt.comm, true);
   auto t = make_trainer(c, *rt.backend, *rt.comm, d);
   TrainResult r = t->run();
-  return {r.losses, t->params_host(), r.graph, r.last_eval};
+  return {r.losses, t->model().packed(t->params_host()), r.graph, r.last_eval};
 }
 
 void expect_bitwise(const Outcome& a, const Outcome& b, const std::string& what) {
