@@ -17,10 +17,12 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <utility>
 
 #include "dpt/check.hpp"
+#include "dpt/layer_spec.hpp"
 #include "dpt/log.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -80,15 +82,16 @@ std::vector<std::string> split(const std::string& name) {
   }
 }
 
-// "fc12" -> 12; anything else -> -1.
-int64_t fc_index(const std::string& s) {
-  if (s.size() < 3 || s.compare(0, 2, "fc") != 0 || s.size() > 11) return -1;
-  int64_t i = 0;
-  for (size_t k = 2; k < s.size(); ++k) {
-    if (s[k] < '0' || s[k] > '9') return -1;
-    i = i * 10 + (s[k] - '0');
+// "fc12", "conv3": a layer's name (a prefix and digits); anything else is not one.
+bool is_layer_name(const std::string& s) {
+  for (const char* prefix : {"fc", "conv"}) {
+    const size_t n = std::char_traits<char>::length(prefix);
+    if (s.size() <= n || s.size() > n + 9 || s.compare(0, n, prefix) != 0) continue;
+    bool digits = true;
+    for (size_t k = n; k < s.size(); ++k) digits = digits && s[k] >= '0' && s[k] <= '9';
+    if (digits) return true;
   }
-  return i;
+  return false;
 }
 
 std::string name_problem(const std::string& name) {
@@ -101,24 +104,6 @@ std::string name_problem(const std::string& name) {
   return "";
 }
 
-// Shape a tensor named .../fc<i>/weight|bias must have. Returns false when the name does not
-// follow that pattern; sets *problem when it does but names a layer that does not exist.
-bool expected_shape(const std::vector<int>& layers, const std::vector<std::string>& parts,
-                    std::vector<int64_t>* shape, std::string* problem) {
-  if (parts.size() < 3) return false;
-  int64_t i = fc_index(parts[parts.size() - 2]);
-  const std::string& leaf = parts.back();
-  if (i < 0 || (leaf != "weight" && leaf != "bias")) return false;
-  if (i + 1 >= int64_t(layers.size())) {
-    *problem = "names layer fc" + std::to_string(i) + " but layers has only " +
-               std::to_string(layers.size() - 1) + " Linear layers";
-    return true;
-  }
-  int64_t out = layers[size_t(i) + 1], in = layers[size_t(i)];
-  *shape = leaf == "weight" ? std::vector<int64_t>{out, in} : std::vector<int64_t>{out};
-  return true;
-}
-
 std::string layers_problem(const std::vector<int>& layers) {
   if (layers.size() < 2 || layers.size() > kMaxLayers)
     return "layers has " + std::to_string(layers.size()) + " entries (need 2.." +
@@ -128,7 +113,52 @@ std::string layers_problem(const std::vector<int>& layers) {
   return "";
 }
 
-std::string tensor_problem(const std::vector<int>& layers, const Tensor& t) {
+// The weight and bias shapes of every layer of the checkpoint's model, by name.
+using Shapes = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+
+// From `layers` (fc<i>: (out, in) and (out)), or from the layer list in `model` planned for
+// `input_shape` (conv<i>: (out, c, k, k)). Sets *problem when the model attributes are unusable.
+Shapes expected_layers(const Checkpoint& ck, std::string* problem) {
+  Shapes s;
+  if (ck.model.empty()) {
+    *problem = layers_problem(ck.layers);
+    if (!problem->empty()) return s;
+    for (size_t i = 0; i + 1 < ck.layers.size(); ++i)
+      s["fc" + std::to_string(i)] = {{ck.layers[i + 1], ck.layers[i]}, {ck.layers[i + 1]}};
+    return s;
+  }
+  if (!ck.layers.empty()) {
+    *problem = "has both a layers and a model attribute";
+    return s;
+  }
+  const std::vector<int>& in = ck.input_shape;
+  if (in.size() != 1 && in.size() != 3) {
+    *problem = "input_shape has " + std::to_string(in.size()) + " entries (need 1 or 3)";
+    return s;
+  }
+  for (int v : in)
+    if (v < 1 || v > kMaxWidth) {
+      *problem = "input_shape entry " + std::to_string(v) + " is out of range";
+      return s;
+    }
+  try {
+    const TensorShape shape = in.size() == 3 ? TensorShape::image(in[0], in[1], in[2]) : TensorShape::features(in[0]);
+    for (const PlannedLayer& p : plan_model(parse_layer_list(ck.model), shape, 0).layers) {
+      if (p.name.empty()) continue;
+      const int64_t out = p.spec.out;
+      std::vector<int64_t> w = p.spec.kind == LayerKind::conv
+                                   ? std::vector<int64_t>{out, p.in.c, p.spec.k, p.spec.k}
+                                   : std::vector<int64_t>{out, p.weights / out};
+      s[p.name] = {w, {out}};
+    }
+  } catch (const InputError& e) {
+    *problem = "model attribute: " + std::string(e.what());
+  }
+  return s;
+}
+
+// who: what the shapes come from, for the message ("layers" or "the model").
+std::string tensor_problem(const Shapes& layers, const char* who, const Tensor& t) {
   std::string p = name_problem(t.name);
   if (!p.empty()) return p;
   uint64_t n = 1;
@@ -139,33 +169,37 @@ std::string tensor_problem(const std::vector<int>& layers, const Tensor& t) {
   if (n != t.data.size())
     return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " +
            std::to_string(t.data.size()) + " values";
-  std::vector<int64_t> want;
-  std::string why;
-  if (!expected_shape(layers, split(t.name), &want, &why)) {
+  const auto parts = split(t.name);
+  const std::string& leaf = parts.back();
+  if (parts.size() < 3 || (leaf != "weight" && leaf != "bias") || !is_layer_name(parts[parts.size() - 2])) {
     if (t.name.compare(0, 6, "model/") == 0) return "unexpected model tensor " + t.name;
     return "";  // free-form optimizer state (e.g. a scalar) is allowed
   }
-  if (!why.empty()) return "tensor " + t.name + " " + why;
+  const auto it = layers.find(parts[parts.size() - 2]);
+  if (it == layers.end())
+    return "tensor " + t.name + " names layer " + parts[parts.size() - 2] + ", which the model does not have";
+  const std::vector<int64_t>& want = leaf == "weight" ? it->second.first : it->second.second;
   if (t.shape != want)
-    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but layers " +
-           "require " + shape_str(want);
+    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " + who + " require " +
+           shape_str(want);
   return "";
 }
 
 // Everything the writer promises and the reader demands about names and shapes.
 std::string layout_problem(const Checkpoint& ck) {
-  std::string p = layers_problem(ck.layers);
+  std::string p;
+  const Shapes layers = expected_layers(ck, &p);
   if (!p.empty()) return p;
   if (ck.tensors.size() > kMaxTensors) return "too many tensors";
   std::set<std::string> names;
   for (const Tensor& t : ck.tensors) {
-    p = tensor_problem(ck.layers, t);
+    p = tensor_problem(layers, ck.model.empty() ? "layers" : "the model", t);
     if (!p.empty()) return p;
     if (!names.insert(t.name).second) return "tensor " + t.name + " appears twice";
   }
-  for (size_t i = 0; i + 1 < ck.layers.size(); ++i)
+  for (const auto& l : layers)
     for (const char* leaf : {"weight", "bias"}) {
-      std::string n = "model/fc" + std::to_string(i) + "/" + leaf;
+      std::string n = "model/" + l.first + "/" + leaf;
       if (!names.count(n)) return "tensor " + n + " is missing";
     }
   return "";
@@ -252,7 +286,12 @@ void write_root_attrs(hid_t file, const Checkpoint& ck) {
   write_attr(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &ck.seed);
   write_string_attr(file, "optimizer", ck.optimizer);
   write_string_attr(file, "config", ck.config);
-  write_ints_attr(file, "layers", ck.layers);
+  if (ck.model.empty()) {
+    write_ints_attr(file, "layers", ck.layers);
+  } else {
+    write_string_attr(file, "model", ck.model);
+    write_ints_attr(file, "input_shape", ck.input_shape);
+  }
   uint32_t crc = tensor_checksum(ck.tensors);
   write_attr(file, "checksum_crc32", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc);
 }
@@ -477,9 +516,18 @@ uint32_t read_header(const Reader& r, hid_t file, Checkpoint& ck) {
   ck.seed = read_scalar<uint64_t>(r, file, "seed", H5T_NATIVE_UINT64);
   ck.optimizer = read_string(r, file, "optimizer");
   ck.config = read_string(r, file, "config");
-  ck.layers = read_ints(r, file, "layers");
-  std::string p = layers_problem(ck.layers);
-  if (!p.empty()) r.fail(p);
+  // The MLP widths form, or a layer list with its input shape (checked with the tensors).
+  const htri_t list = H5Aexists(file, "model");
+  if (list < 0) r.ok(-1, "cannot look up attribute 'model'");
+  if (list > 0) {
+    ck.model = read_string(r, file, "model");
+    if (ck.model.size() > kMaxLayerListChars) r.fail("attribute 'model' is too long");
+    ck.input_shape = read_ints(r, file, "input_shape");
+  } else {
+    ck.layers = read_ints(r, file, "layers");
+    std::string p = layers_problem(ck.layers);
+    if (!p.empty()) r.fail(p);
+  }
   return read_scalar<uint32_t>(r, file, "checksum_crc32", H5T_NATIVE_UINT32);
 }
 

@@ -1,5 +1,6 @@
 #include "dpt/nn.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -29,70 +30,261 @@ std::vector<int> parse_layers(const std::string& s) {
   return out;
 }
 
-ArenaLayout packed_layout(const std::vector<int>& widths) {
+std::vector<int64_t> LayerSlice::weight_shape() const {
+  if (conv) return {out, c, k, k};
+  return {out, in};
+}
+
+void weight_to_checkpoint(const LayerSlice& s, const float* arena_w, float* out) {
+  if (!s.conv) {
+    std::copy(arena_w, arena_w + s.weights(), out);
+    return;
+  }
+  const size_t c = size_t(s.c), k = size_t(s.k);
+  for (size_t o = 0; o < size_t(s.out); ++o)
+    for (size_t ci = 0; ci < c; ++ci)
+      for (size_t kk = 0; kk < k * k; ++kk) out[(o * c + ci) * k * k + kk] = arena_w[(o * k * k + kk) * c + ci];
+}
+
+void weight_from_checkpoint(const LayerSlice& s, const float* in, float* arena_w) {
+  if (!s.conv) {
+    std::copy(in, in + s.weights(), arena_w);
+    return;
+  }
+  const size_t c = size_t(s.c), k = size_t(s.k);
+  for (size_t o = 0; o < size_t(s.out); ++o)
+    for (size_t ci = 0; ci < c; ++ci)
+      for (size_t kk = 0; kk < k * k; ++kk) arena_w[(o * k * k + kk) * c + ci] = in[(o * c + ci) * k * k + kk];
+}
+
+std::vector<ParamShape> mlp_param_shapes(const std::vector<int>& widths) {
+  std::vector<ParamShape> s;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) s.push_back({widths[i], widths[i + 1], true});
+  return s;
+}
+
+std::vector<ParamShape> param_shapes(const ModelPlan& plan) {
+  std::vector<ParamShape> s;
+  for (const PlannedLayer& p : plan.layers)
+    if (p.spec.has_params()) s.push_back({int(p.weights / p.spec.out), p.spec.out, p.spec.kind == LayerKind::linear});
+  return s;
+}
+
+ArenaLayout packed_layout(const std::vector<ParamShape>& layers) {
   ArenaLayout l;
   size_t off = 0;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+  for (const ParamShape& p : layers) {
     l.w_off.push_back(off);
-    off += size_t(widths[i]) * size_t(widths[i + 1]);
+    off += size_t(p.in) * size_t(p.out);
     l.b_off.push_back(off);
-    off += size_t(widths[i + 1]);
+    off += size_t(p.out);
     l.piece_rows.push_back(0);
   }
   l.total = off;
   return l;
 }
 
-MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch, ArenaLayout layout)
-    : be_(be), widths_(std::move(layers)), act_(act), max_batch_(max_batch) {
-  if (layout.w_off.empty()) layout = packed_layout(widths_);
-  const size_t L = widths_.size() - 1;
-  if (layout.w_off.size() != L || layout.b_off.size() != L || layout.piece_rows.size() != L)
-    throw Error("MLP: the arena layout has " + std::to_string(layout.w_off.size()) + " layers, the model " +
-                std::to_string(L));
-  int widest = 0;
-  for (size_t i = 0; i < L; ++i) {
+ArenaLayout packed_layout(const std::vector<int>& widths) { return packed_layout(mlp_param_shapes(widths)); }
+
+// ---- the ops a forward pass runs, in order ----
+// A conv or linear layer takes the activation that follows it (computed in its epilogue);
+// consecutive linear layers form one run (Backend::mlp_forward/mlp_backward); an image input
+// with several channels is made NHWC first, unless the model starts flat.
+enum class OpKind { to_nhwc, conv, pool, act, flatten, linear_run, dropout };
+
+struct Model::Op {
+  OpKind kind = OpKind::act;
+  int layer = 0;        // its (first) layer's position in the list
+  TensorShape in, out;  // per sample
+  int param = -1;       // conv: its LayerSlice
+  ConvGeom cg;          // conv (batch set per pass)
+  PoolGeom pg;          // pool
+  bool max = true;      // pool
+  Act act = Act::none;  // conv's epilogue, or the act op's
+  double p = 0;         // dropout
+  bool alias = false;   // flatten with nothing to move (one channel, or already flat)
+  std::vector<LinearArgs> run;  // linear_run
+  std::vector<int> run_params;  // its LayerSlices
+  std::vector<Buffer<float>> zs;  // linear_run: each layer's z and (with an activation) a
+  Buffer<float> z, a, cols;
+  Buffer<int32_t> argmax;
+  const float* y = nullptr;  // output of the last forward
+};
+
+Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout)
+    : be_(be), widths_(std::move(widths)), act_(act), max_batch_(max_batch) {
+  plan_ = plan_model(mlp_layer_list(widths_, act_), TensorShape::features(widths_.front()), 0);
+  build(max_batch, std::move(layout));
+}
+
+Model::Model(Backend& be, ModelPlan plan, int max_batch, ArenaLayout layout)
+    : be_(be), plan_(std::move(plan)), max_batch_(max_batch) {
+  build(max_batch, std::move(layout));
+}
+
+Model::~Model() = default;
+
+std::vector<ParamShape> Model::param_shapes() const {
+  std::vector<ParamShape> s;
+  for (const LayerSlice& l : slices_) s.push_back({l.in, l.out, !l.conv});
+  return s;
+}
+
+void Model::build(int max_batch, ArenaLayout layout) {
+  for (const PlannedLayer& p : plan_.layers) {
+    if (!p.spec.has_params()) continue;
     LayerSlice s;
-    s.in = widths_[i];
-    s.out = widths_[i + 1];
+    s.conv = p.spec.kind == LayerKind::conv;
+    s.out = p.spec.out;
+    s.in = int(p.weights / p.spec.out);
+    if (s.conv) {
+      s.c = int(p.in.c);
+      s.k = p.spec.k;
+    }
+    s.name = p.name;
+    slices_.push_back(s);
+  }
+  if (layout.w_off.empty()) layout = packed_layout(param_shapes());
+  const size_t L = slices_.size();
+  if (layout.w_off.size() != L || layout.b_off.size() != L || layout.piece_rows.size() != L)
+    throw Error("Model: the arena layout has " + std::to_string(layout.w_off.size()) + " layers, the model " +
+                std::to_string(L));
+  for (size_t i = 0; i < L; ++i) {
+    LayerSlice& s = slices_[i];
     s.w_off = layout.w_off[i];
     s.b_off = layout.b_off[i];
     if (s.w_off + s.weights() > layout.total || s.b_off + size_t(s.out) > layout.total)
-      throw Error("MLP: layer " + std::to_string(i) + " lies outside the arena layout");
-    slices_.push_back(s);
-    widest = std::max({widest, s.in, s.out});
+      throw Error("Model: layer " + std::to_string(i) + " lies outside the arena layout");
   }
+  piece_rows_ = layout.piece_rows;
   n_params_ = layout.total;
-  params_ = Buffer<float>(be, n_params_);
-  be.register_parameters(params_.data(), n_params_);
-  be.fill(params_.data(), n_params_, 0.f);  // padding stays zero
-  grads_ = Buffer<float>(be, n_params_);
-  be.fill(grads_.data(), n_params_, 0.f);
-  for (size_t i = 0; i < L; ++i) {
-    const LayerSlice& s = slices_[i];
-    const bool last = i + 1 == L;
-    z_.emplace_back(be, size_t(max_batch) * size_t(s.out));
-    // The last layer has no activation: its a is its z.
-    a_.emplace_back(last ? Buffer<float>() : Buffer<float>(be, size_t(max_batch) * size_t(s.out)));
-    LinearArgs l;
-    l.w = params_.data() + s.w_off;
-    l.b = params_.data() + s.b_off;
-    l.dw = grads_.data() + s.w_off;
-    l.db = grads_.data() + s.b_off;
-    l.z = z_.back().data();
-    l.a = last ? l.z : a_.back().data();
-    l.in = s.in;
-    l.out = s.out;
-    l.act = last ? Act::none : act_;
-    l.w_at = s.w_off;
-    l.b_at = s.b_off;
-    l.piece_rows = layout.piece_rows[i];
-    args_.push_back(l);
-  }
-  for (auto& d : dbuf_) d = Buffer<float>(be, size_t(max_batch) * size_t(widest));
+  params_ = Buffer<float>(be_, n_params_);
+  be_.register_parameters(params_.data(), n_params_);
+  be_.fill(params_.data(), n_params_, 0.f);  // padding stays zero
+  grads_ = Buffer<float>(be_, n_params_);
+  be_.fill(grads_.data(), n_params_, 0.f);
+  build_ops();
+  // Gradients between ops: the largest tensor any op reads or writes (Linear widths included).
+  int64_t widest = plan_.input.size();
+  for (const PlannedLayer& p : plan_.layers) widest = std::max({widest, p.in.size(), p.out.size()});
+  for (auto& g : grad_) g = Buffer<float>(be_, size_t(max_batch) * size_t(widest));
 }
 
-std::vector<float> MLP::packed(const std::vector<float>& arena) const {
+void Model::build_ops() {
+  const size_t B = size_t(max_batch_);
+  auto buf = [&](const TensorShape& t) { return Buffer<float>(be_, B * size_t(t.size())); };
+  const std::vector<PlannedLayer>& L = plan_.layers;
+  const bool starts_flat = L.front().spec.kind == LayerKind::flatten || L.front().spec.kind == LayerKind::linear;
+  if (!plan_.input.flat && plan_.input.c > 1 && !starts_flat) {
+    auto op = std::make_unique<Op>();
+    op->kind = OpKind::to_nhwc;
+    op->in = op->out = plan_.input;
+    op->a = buf(plan_.input);
+    ops_.push_back(std::move(op));
+  }
+  int param = 0;
+  for (size_t i = 0; i < L.size(); ++i) {
+    const PlannedLayer& p = L[i];
+    const LayerSpec& l = p.spec;
+    // An activation right after a conv or linear layer runs in its epilogue.
+    const bool fuse_act = l.has_params() && i + 1 < L.size() && L[i + 1].spec.kind == LayerKind::act;
+    const Act act = fuse_act ? L[i + 1].spec.act : Act::none;
+    const TensorShape out = fuse_act ? L[i + 1].out : p.out;
+    if (l.kind == LayerKind::linear) {
+      const bool extend = !ops_.empty() && ops_.back()->kind == OpKind::linear_run;
+      if (!extend) {
+        auto op = std::make_unique<Op>();
+        op->kind = OpKind::linear_run;
+        op->layer = int(i);
+        op->in = p.in;
+        ops_.push_back(std::move(op));
+      }
+      Op& op = *ops_.back();
+      const LayerSlice& s = slices_[size_t(param)];
+      LinearArgs la;  // z and a are placed once the run is complete (below)
+      la.w = params_.data() + s.w_off;
+      la.b = params_.data() + s.b_off;
+      la.dw = grads_.data() + s.w_off;
+      la.db = grads_.data() + s.b_off;
+      la.in = s.in;
+      la.out = s.out;
+      la.act = act;
+      la.w_at = s.w_off;
+      la.b_at = s.b_off;
+      la.piece_rows = piece_rows_[size_t(param)];
+      op.run.push_back(la);
+      op.run_params.push_back(param);
+      op.out = out;
+      ++param;
+      i += fuse_act;
+      continue;
+    }
+    auto op = std::make_unique<Op>();
+    op->layer = int(i);
+    op->in = p.in;
+    op->out = out;
+    switch (l.kind) {
+      case LayerKind::conv: {
+        op->kind = OpKind::conv;
+        op->param = param++;
+        op->act = act;
+        ConvGeom& g = op->cg;
+        g.c = int(p.in.c); g.h = int(p.in.h); g.w = int(p.in.w);
+        g.out = l.out; g.k = l.k; g.stride = l.stride; g.pad = l.pad;
+        g.batch = max_batch_;
+        op->cols = Buffer<float>(be_, size_t(g.rows()) * size_t(g.cols()));
+        op->z = buf(p.out);
+        if (act != Act::none) op->a = buf(p.out);
+        break;
+      }
+      case LayerKind::maxpool:
+      case LayerKind::avgpool: {
+        op->kind = OpKind::pool;
+        op->max = l.kind == LayerKind::maxpool;
+        PoolGeom& g = op->pg;
+        g.c = int(p.in.c); g.h = int(p.in.h); g.w = int(p.in.w);
+        g.k = l.k; g.stride = l.stride;
+        op->a = buf(p.out);
+        if (op->max) op->argmax = Buffer<int32_t>(be_, B * size_t(p.out.size()));
+        break;
+      }
+      case LayerKind::act:
+        op->kind = OpKind::act;
+        op->act = l.act;
+        op->a = buf(p.out);
+        break;
+      case LayerKind::flatten:
+        op->kind = OpKind::flatten;
+        // NHWC and NCHW are the same bytes with one channel or one pixel; the model's input
+        // is NCHW already.
+        op->alias = p.in.flat || p.in.c == 1 || p.in.h * p.in.w == 1 || i == 0;
+        if (!op->alias) op->a = buf(p.out);
+        break;
+      case LayerKind::dropout:
+        op->kind = OpKind::dropout;
+        op->p = l.p;
+        op->a = buf(p.out);
+        break;
+      default:
+        break;
+    }
+    ops_.push_back(std::move(op));
+    i += fuse_act;
+  }
+  // The runs' activations: every layer's z, and its a where it has an activation (else a is
+  // z), one allocation each, as the MLP always kept them.
+  for (auto& op : ops_)
+    for (LinearArgs& la : op->run) {
+      op->zs.emplace_back(be_, B * size_t(la.out));
+      la.z = op->zs.back().data();
+      la.a = la.z;
+      if (la.act == Act::none) continue;
+      op->zs.emplace_back(be_, B * size_t(la.out));
+      la.a = op->zs.back().data();
+    }
+}
+
+std::vector<float> Model::packed(const std::vector<float>& arena) const {
   std::vector<float> out;
   for (const LayerSlice& s : slices_) {
     out.insert(out.end(), arena.begin() + long(s.w_off), arena.begin() + long(s.w_off + s.weights()));
@@ -101,34 +293,164 @@ std::vector<float> MLP::packed(const std::vector<float>& arena) const {
   return out;
 }
 
-void MLP::init_params(uint64_t seed) {
-  // nn.Linear.reset_parameters: kaiming_uniform_(a=√5) gives U(−1/√in, 1/√in) for the weight,
-  // and the bias uses the same bound.
-  std::vector<float> host(n_params_);
+void Model::init_params(uint64_t seed) {
+  // nn.Linear.reset_parameters and nn.Conv2d's: kaiming_uniform_(a=√5) gives U(−1/√fan_in,
+  // 1/√fan_in) for the weight, and the bias uses the same bound.
+  std::vector<float> host(n_params_), w;
   SplitMix64 rng(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull);
-  // Weight then bias of each layer from one stream, as when they were packed in the arena.
-  for (auto& s : slices_) {
-    const double bound = 1.0 / std::sqrt(double(s.in));
-    for (size_t i = 0; i < s.weights(); ++i) host[s.w_off + i] = float((2.0 * rng.uniform() - 1.0) * bound);
+  // Weight then bias of each layer from one stream, as when they were packed in the arena; a
+  // conv weight drawn in the checkpoint's order.
+  for (const LayerSlice& s : slices_) {
+    const double bound = 1.0 / std::sqrt(double(s.in));  // s.in = c·k·k for a conv
+    w.resize(s.weights());
+    for (float& v : w) v = float((2.0 * rng.uniform() - 1.0) * bound);
+    weight_from_checkpoint(s, w.data(), host.data() + s.w_off);
     for (size_t i = 0; i < size_t(s.out); ++i) host[s.b_off + i] = float((2.0 * rng.uniform() - 1.0) * bound);
   }
   be_.upload(params_.data(), host.data(), n_params_ * sizeof(float));
 }
 
-const float* MLP::forward(const float* x, int batch) {
+const float* Model::forward(const float* x, int batch, const TrainPass* train) {
   if (batch > max_batch_) throw Error("batch " + std::to_string(batch) + " exceeds the model's max batch");
-  be_.mlp_forward(x, batch, args_);
-  return z_.back().data();
+  trained_ = train != nullptr;
+  if (train) train_ = *train;
+  const float* cur = x;
+  for (auto& o : ops_) {
+    Op& op = *o;
+    const size_t n = size_t(batch) * size_t(op.out.size());
+    switch (op.kind) {
+      case OpKind::to_nhwc:
+        be_.nchw_to_nhwc(cur, op.a.data(), batch, int(op.in.c), int(op.in.h * op.in.w));
+        cur = op.a.data();
+        break;
+      case OpKind::conv: {
+        ConvGeom g = op.cg;
+        g.batch = batch;
+        const LayerSlice& s = slices_[size_t(op.param)];
+        float* a = op.act == Act::none ? op.z.data() : op.a.data();
+        be_.conv_forward(cur, params_.data() + s.w_off, params_.data() + s.b_off, op.cols.data(), op.z.data(), a, g, op.act);
+        cur = a;
+        break;
+      }
+      case OpKind::pool: {
+        PoolGeom g = op.pg;
+        g.batch = batch;
+        be_.pool_forward(cur, op.a.data(), op.max ? op.argmax.data() : nullptr, g, op.max);
+        cur = op.a.data();
+        break;
+      }
+      case OpKind::act:
+        be_.act_forward(cur, op.a.data(), n, op.act);
+        cur = op.a.data();
+        break;
+      case OpKind::flatten:
+        if (!op.alias) {
+          be_.nhwc_to_nchw(cur, op.a.data(), batch, int(op.in.c), int(op.in.h * op.in.w));
+          cur = op.a.data();
+        }
+        break;
+      case OpKind::linear_run:
+        be_.mlp_forward(cur, batch, op.run);
+        cur = op.run.back().a;
+        break;
+      case OpKind::dropout:
+        if (train && op.p > 0) {
+          DropoutArgs d;
+          d.p = op.p;
+          d.seed = train->seed;
+          d.layer = op.layer;
+          d.first = train->first;
+          d.c = int(op.in.c), d.h = int(op.in.h), d.w = int(op.in.w);
+          be_.dropout(cur, op.a.data(), batch, d, train->ctl);
+          cur = op.a.data();
+        }
+        break;
+    }
+    op.y = cur;
+  }
+  logits_ = cur;
+  return cur;
 }
 
-void MLP::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad) {
-  be_.softmax_xent(z_.back().data(), labels, batch, classes(), grad_scale,
-                   need_grad ? dbuf_[0].data() : nullptr, stats);
+void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad) {
+  be_.softmax_xent(logits_, labels, batch, classes(), grad_scale, need_grad ? grad_[0].data() : nullptr, stats);
 }
 
-void MLP::backward(const float* x, int batch, bool accumulate, const PassHooks& hooks) {
-  // dbuf_[0] holds dLoss/dlogits from loss().
-  be_.mlp_backward(x, batch, args_, dbuf_[0].data(), dbuf_[1].data(), accumulate, hooks);
+void Model::backward(const float* x, int batch, bool accumulate, const PassHooks& hooks) {
+  // grad_[cur] holds dLoss/d(the op's output): the logits' gradient from loss() first.
+  int cur = 0;
+  for (size_t i = ops_.size(); i-- > 0;) {
+    Op& op = *ops_[i];
+    // The first op's input is the data: it needs no gradient, so only parameters are left there.
+    if (i == 0 && op.kind != OpKind::conv && op.kind != OpKind::linear_run) break;
+    backward_op(op, i == 0 ? x : ops_[i - 1]->y, batch, accumulate, hooks, cur);
+  }
+}
+
+// One op's backward from grad_[cur]; cur moves to the buffer holding its input's gradient.
+void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks,
+                        int& cur) {
+  const bool first = &op == ops_.front().get();
+  const int nxt = (cur + 1) % 3, spare = (cur + 2) % 3;
+  float* d = grad_[cur].data();
+  const size_t n = size_t(batch) * size_t(op.out.size());
+  switch (op.kind) {
+    case OpKind::to_nhwc:
+      break;
+    case OpKind::conv: {
+      ConvGeom g = op.cg;
+      g.batch = batch;
+      const LayerSlice& s = slices_[size_t(op.param)];
+      const float* a = op.act == Act::none ? op.z.data() : op.a.data();
+      be_.conv_backward(params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
+                        grads_.data() + s.w_off, grads_.data() + s.b_off, first ? nullptr : grad_[nxt].data(),
+                        accumulate);
+      // conv_backward makes the gradients and the input gradient in one call: both reports follow.
+      if (hooks.grads_final) {
+        hooks.grads_final(s.b_off, s.b_off + size_t(s.out));
+        hooks.grads_final(s.w_off, s.w_off + s.weights());
+      }
+      if (hooks.params_released) {
+        hooks.params_released(s.w_off, s.w_off + s.weights());
+        hooks.params_released(s.b_off, s.b_off + size_t(s.out));
+      }
+      cur = nxt;
+      break;
+    }
+    case OpKind::pool: {
+      PoolGeom g = op.pg;
+      g.batch = batch;
+      be_.pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
+      cur = nxt;
+      break;
+    }
+    case OpKind::act:
+      be_.act_backward(d, in, op.a.data(), n, op.act);
+      break;
+    case OpKind::flatten:
+      if (!op.alias) {
+        be_.nchw_to_nhwc(d, grad_[nxt].data(), batch, int(op.in.c), int(op.in.h * op.in.w));
+        cur = nxt;
+      }
+      break;
+    case OpKind::linear_run:
+      // d and grad_[nxt] are the run's scratch; its input gradient goes to the third buffer.
+      be_.mlp_backward(in, batch, op.run, d, grad_[nxt].data(), accumulate, hooks,
+                       first ? nullptr : grad_[spare].data());
+      cur = spare;
+      break;
+    case OpKind::dropout:
+      if (trained_ && op.p > 0) {
+        DropoutArgs dr;
+        dr.p = op.p;
+        dr.seed = train_.seed;
+        dr.layer = op.layer;
+        dr.first = train_.first;
+        dr.c = int(op.in.c), dr.h = int(op.in.h), dr.w = int(op.in.w);
+        be_.dropout(d, d, batch, dr, train_.ctl);  // linear: the same mask on the gradient
+      }
+      break;
+  }
 }
 
 }  // namespace dpt

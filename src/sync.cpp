@@ -25,20 +25,20 @@ struct Part {
 };
 
 // The bucket structure, last layer first (see plan_buckets).
-std::vector<Part> parts_of(const std::vector<int>& widths, size_t cap, size_t grain, bool split,
+std::vector<Part> parts_of(const std::vector<ParamShape>& layers, size_t cap, size_t grain, bool split,
                            std::vector<int>& piece_rows) {
-  const int L = int(widths.size()) - 1;
-  auto nw = [&](int i) { return size_t(widths[size_t(i)]) * size_t(widths[size_t(i) + 1]); };
+  const int L = int(layers.size());
+  auto nw = [&](int i) { return size_t(layers[size_t(i)].in) * size_t(layers[size_t(i)].out); };
   std::vector<Part> parts;
   piece_rows.assign(size_t(L), 0);
   int hi = L - 1;
   size_t acc = 0;
   for (int i = L - 1; i >= 0; --i) {
-    if (split && nw(i) >= 2 * cap) {
+    if (split && layers[size_t(i)].splittable && nw(i) >= 2 * cap) {
       if (hi > i) parts.push_back({i + 1, hi});
       hi = i - 1;
       acc = 0;
-      const size_t in = size_t(widths[size_t(i)]), out = size_t(widths[size_t(i) + 1]);
+      const size_t in = size_t(layers[size_t(i)].in), out = size_t(layers[size_t(i)].out);
       // Rows per piece: a multiple of m, so every piece starts aligned and spans whole grains.
       const size_t m = grain / std::gcd(in, grain);
       const size_t k = (nw(i) + cap - 1) / cap;
@@ -47,7 +47,7 @@ std::vector<Part> parts_of(const std::vector<int>& widths, size_t cap, size_t gr
       for (size_t r0 = 0; r0 < out; r0 += rows) parts.push_back({i, i, int(r0), int(std::min(out, r0 + rows))});
       continue;
     }
-    acc += nw(i) + size_t(widths[size_t(i) + 1]);
+    acc += nw(i) + size_t(layers[size_t(i)].out);
     if (acc >= cap || i == 0) {
       parts.push_back({i, hi});
       hi = i - 1;
@@ -61,17 +61,24 @@ std::vector<Part> parts_of(const std::vector<int>& widths, size_t cap, size_t gr
 
 BucketPlan plan_buckets(const std::vector<int>& widths, double bucket_mb, int world, int rank,
                         bool shard, bool split_large) {
+  return plan_buckets(mlp_param_shapes(widths), bucket_mb, world, rank, shard, split_large);
+}
+
+BucketPlan plan_buckets(const std::vector<ParamShape>& layers, double bucket_mb, int world, int rank,
+                        bool shard, bool split_large) {
   BucketPlan P;
   P.world = world;
   P.rank = rank;
   P.sharded = shard && world > 1;
-  const int L = int(widths.size()) - 1;
+  const int L = int(layers.size());
   if (L < 1) throw Error("plan_buckets: no layers");
+  auto in_of = [&](int i) { return size_t(layers[size_t(i)].in); };
+  auto out_of = [&](int i) { return size_t(layers[size_t(i)].out); };
   const size_t cap = std::max<size_t>(1, size_t(bucket_mb * 1024 * 1024 / sizeof(float)));
   constexpr size_t kAlign = BucketPlan::kShardGranule;  // every layer's weights 256-byte aligned
   const size_t grain = P.sharded ? kAlign * size_t(world) : kAlign;
-  auto nw = [&](int i) { return size_t(widths[size_t(i)]) * size_t(widths[size_t(i) + 1]); };
-  const std::vector<Part> parts = parts_of(widths, cap, grain, split_large, P.layout.piece_rows);
+  auto nw = [&](int i) { return in_of(i) * out_of(i); };
+  const std::vector<Part> parts = parts_of(layers, cap, grain, split_large, P.layout.piece_rows);
 
   // Offsets, layer 0 first: each bucket's weight range is padded (at a layer boundary, never
   // inside a layer) to a multiple of the grain when sharded.
@@ -93,7 +100,7 @@ BucketPlan plan_buckets(const std::vector<int>& widths, double bucket_mb, int wo
     }
     const int rows = P.layout.piece_rows[size_t(i)];
     const size_t start = rows > 0
-        ? P.layout.w_off[size_t(i)] + size_t((widths[size_t(i) + 1] - 1) / rows * rows) * size_t(widths[size_t(i)])
+        ? P.layout.w_off[size_t(i)] + (out_of(i) - 1) / size_t(rows) * size_t(rows) * in_of(i)
         : P.layout.w_off[size_t(lo_of[size_t(i)])];
     cursor = start + round_up(cursor - start, grain);
     w_end[size_t(i)] = cursor;
@@ -101,7 +108,7 @@ BucketPlan plan_buckets(const std::vector<int>& widths, double bucket_mb, int wo
   size_t b = round_up(cursor, kAlign);
   for (int i = 0; i < L; ++i) {
     P.layout.b_off[size_t(i)] = b;
-    b += size_t(widths[size_t(i) + 1]);
+    b += out_of(i);
   }
   P.layout.total = round_up(b, kAlign);
 
@@ -113,7 +120,7 @@ BucketPlan plan_buckets(const std::vector<int>& widths, double bucket_mb, int wo
     k.layer_lo = p.lo;
     k.layer_hi = p.hi;
     if (p.piece()) {
-      const size_t in = size_t(widths[size_t(p.lo)]), out = size_t(widths[size_t(p.lo) + 1]);
+      const size_t in = in_of(p.lo), out = out_of(p.lo);
       const size_t w0 = P.layout.w_off[size_t(p.lo)];
       k.w_begin = w0 + size_t(p.r0) * in;
       k.w_end = size_t(p.r1) == out ? std::max(w0 + out * in, w_end[size_t(p.lo)]) : w0 + size_t(p.r1) * in;
@@ -127,7 +134,7 @@ BucketPlan plan_buckets(const std::vector<int>& widths, double bucket_mb, int wo
       k.w_end = std::max(P.layout.w_off[size_t(p.hi)] + nw(p.hi), w_end[size_t(p.hi)]);
       for (int i = p.lo; i <= p.hi; ++i) k.real.push_back({P.layout.w_off[size_t(i)], P.layout.w_off[size_t(i)] + nw(i)});
       k.b_begin = P.layout.b_off[size_t(p.lo)];
-      k.b_end = P.layout.b_off[size_t(p.hi)] + size_t(widths[size_t(p.hi) + 1]);
+      k.b_end = P.layout.b_off[size_t(p.hi)] + out_of(p.hi);
     }
     if (k.b_end > k.b_begin) k.real.push_back({k.b_begin, k.b_end});
     for (auto& r : k.real) k.elements += r.second - r.first;

@@ -110,6 +110,39 @@ void check_shape(const Config& cfg, const std::string& path, int64_t dim, int cl
     throw InputError("model.layers ends with " + std::to_string(cfg.layers.back()) +
                      " outputs but " + path + " has " + std::to_string(classes) + " classes");
 }
+
+std::string layers_text(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// The model cfg describes, on data whose samples have this shape (path names the data): the
+// widths form checked against the data's width and classes; a layer list's shapes inferred.
+ModelPlan model_plan(const Config& cfg, const std::vector<int64_t>& sample_shape, int64_t dim,
+                     int classes, const std::string& path) {
+  if (cfg.layer_list.empty()) {
+    check_shape(cfg, path, dim, classes);
+    return plan_model(mlp_layer_list(cfg.layers, parse_act(cfg.activation)), TensorShape::features(dim), 0);
+  }
+  try {
+    return plan_model(parse_layer_list(cfg.layer_list), model_input_shape(sample_shape, cfg.input_shape, path),
+                      classes);
+  } catch (const InputError& e) {
+    throw InputError("model.layers on " + path + ": " + e.what());
+  }
+}
+
+// The training images' shape for data.augment: the model's input, else the data's (C, H, W),
+// else model.input_shape.
+TensorShape augment_shape(const Config& cfg, const ModelPlan& mp, const std::vector<int64_t>& sample_shape,
+                          const std::string& path) {
+  if (!mp.input.flat) return mp.input;
+  if (sample_shape.size() == 3) return TensorShape::image(sample_shape[0], sample_shape[1], sample_shape[2]);
+  if (!cfg.input_shape.empty()) return model_input_shape(sample_shape, cfg.input_shape, path);
+  throw InputError("data.augment = " + cfg.augment + " needs images, but " + path +
+                   " holds flat samples: set model.input_shape = C,H,W");
+}
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train,
@@ -123,18 +156,35 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
                  TrainRows* rows, const Dataset* test)
     : cfg_(cfg), be_(be), comm_(comm), own_rows_(std::move(own)),
       rows_(own_rows_ ? own_rows_.get() : rows), test_(test) {
-  if (!cfg.layer_list.empty())
-    throw InputError("model.layers = '" + cfg.layer_list + "': this build trains the MLP widths form only", true);
-  if (rows_) check_shape(cfg, rows_->path(), rows_->info().dim, rows_->info().num_classes);
-  if (test) check_shape(cfg, test->path, test->dim, test->num_classes);
-  const int max_batch = std::max(cfg.batch_per_rank, 1024);
+  // The model's shapes from the data (every rank alike, before anything is allocated).
+  const bool list = !cfg.layer_list.empty();
+  ModelPlan mp;
+  if (rows_) mp = model_plan(cfg, rows_->info().sample_shape, rows_->info().dim, rows_->info().num_classes, rows_->path());
+  if (test) {
+    ModelPlan t = model_plan(cfg, test->sample_shape, test->dim, test->num_classes, test->path);
+    if (rows_ && !(t.input == mp.input))
+      throw InputError(test->path + " has samples of shape " + t.input.str() + ", " + rows_->path() + " of " + mp.input.str());
+    if (!rows_) mp = std::move(t);
+  }
+  if (!rows_ && !test) mp = model_plan(cfg, {}, list ? 0 : cfg.layers.front(), 0, "(no data)");
+  if (comm.rank() == 0) log::info("model (" + std::string(list ? "layer list" : "MLP widths") + "):\n" + mp.describe());
+  // Evaluation runs in chunks of max_batch: the MLP's cost little memory; convolutions keep
+  // their columns and activations per layer, so a layer list's chunk is a training batch.
+  const int max_batch = std::max(cfg.batch_per_rank, list ? 256 : 1024);
   // sync = gradients: the arena in gradient buckets (sharded: padded to the rank count), the
   // large layers' weight gradients in pieces when there is communication to start early.
   const bool by_gradients = cfg.sync == "gradients";
-  plan_ = std::make_unique<BucketPlan>(plan_buckets(cfg.layers, cfg.bucket_mb, comm.size(), comm.rank(),
+  plan_ = std::make_unique<BucketPlan>(plan_buckets(list ? param_shapes(mp) : mlp_param_shapes(cfg.layers),
+                                                    cfg.bucket_mb, comm.size(), comm.rank(),
                                                     by_gradients && cfg.shard_optimizer,
                                                     by_gradients && comm.size() > 1));
-  model_ = std::make_unique<MLP>(be, cfg.layers, parse_act(cfg.activation), max_batch, plan_->layout);
+  if (list) model_ = std::make_unique<Model>(be, mp, max_batch, plan_->layout);
+  else model_ = std::make_unique<Model>(be, cfg.layers, parse_act(cfg.activation), max_batch, plan_->layout);
+  augment_ = parse_augment(cfg.augment, cfg.crop_padding);
+  if (augment_.any() && rows_) {
+    image_ = augment_shape(cfg, mp, rows_->info().sample_shape, rows_->path());
+    xa_ = Buffer<float>(be, size_t(max_batch) * size_t(model_->in_dim()));
+  }
   opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size);
   if (by_gradients) {
     // Each bucket updated as soon as it can be, unless a skipped step must leave the model
@@ -145,7 +195,7 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
     sync_ = std::make_unique<GradSync>(*plan_, be, comm, *model_, *opt_, cfg.grad_dtype == "bf16", eager);
   }
   report_memory();
-  x_ = Buffer<float>(be, size_t(max_batch) * size_t(cfg.layers.front()));
+  x_ = Buffer<float>(be, size_t(max_batch) * size_t(model_->in_dim()));
   y_ = Buffer<int32_t>(be, size_t(max_batch));
   stats_ = Buffer<float>(be, 2);
   on_rank0(comm.mpi(), comm.rank(), "opening the metrics file", [&] { metrics_ = std::make_unique<MetricsWriter>(cfg.metrics_file, true); });
@@ -204,37 +254,47 @@ void Trainer::report_memory() {
 
 namespace {
 
-std::string layer_name(int i) { return "fc" + std::to_string(i); }
-
-// The flat arena <-> per-layer tensors named as in DESIGN.md.
-void arena_to_tensors(const MLP& m, const std::string& prefix, const std::vector<float>& flat,
+// The flat arena <-> per-layer tensors named as in DESIGN.md (conv weights in PyTorch's order).
+void arena_to_tensors(const Model& m, const std::string& prefix, const std::vector<float>& flat,
                       std::vector<Tensor>& out) {
   for (int i = 0; i < m.num_layers(); ++i) {
     const LayerSlice& s = m.layer(i);
-    Tensor w{prefix + "/" + layer_name(i) + "/weight", {s.out, s.in},
-             std::vector<float>(flat.begin() + long(s.w_off), flat.begin() + long(s.w_off + s.weights()))};
-    Tensor b{prefix + "/" + layer_name(i) + "/bias", {s.out},
+    Tensor w{prefix + "/" + s.name + "/weight", s.weight_shape(), std::vector<float>(s.weights())};
+    weight_to_checkpoint(s, flat.data() + s.w_off, w.data.data());
+    Tensor b{prefix + "/" + s.name + "/bias", {s.out},
              std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.b_off + size_t(s.out)))};
     out.push_back(std::move(w));
     out.push_back(std::move(b));
   }
 }
 
-std::vector<float> tensors_to_arena(const MLP& m, const Checkpoint& ck, const std::string& prefix,
+std::vector<float> tensors_to_arena(const Model& m, const Checkpoint& ck, const std::string& prefix,
                                     const std::string& file) {
   std::vector<float> flat(m.num_params());
   for (int i = 0; i < m.num_layers(); ++i) {
     const LayerSlice& s = m.layer(i);
     for (const char* part : {"weight", "bias"}) {
-      const std::string name = prefix + "/" + layer_name(i) + "/" + part;
+      const std::string name = prefix + "/" + s.name + "/" + part;
       const Tensor* t = ck.find(name);
       const size_t want = part[0] == 'w' ? s.weights() : size_t(s.out);
       if (!t || t->data.size() != want)
         throw InputError(file + ": tensor /" + name + " is missing or has the wrong size for model.layers");
-      std::copy(t->data.begin(), t->data.end(), flat.begin() + long(part[0] == 'w' ? s.w_off : s.b_off));
+      if (part[0] == 'w') weight_from_checkpoint(s, t->data.data(), flat.data() + s.w_off);
+      else std::copy(t->data.begin(), t->data.end(), flat.begin() + long(s.b_off));
     }
   }
   return flat;
+}
+
+// The checkpoint's model attributes for this model: widths, or the layer list and its input.
+void describe_model(const Config& cfg, const Model& m, Checkpoint& ck) {
+  if (cfg.layer_list.empty()) {
+    ck.layers = cfg.layers;
+    return;
+  }
+  ck.model = cfg.layer_list;
+  const TensorShape& in = m.plan().input;
+  ck.input_shape = in.flat ? std::vector<int>{int(in.c)} : std::vector<int>{int(in.c), int(in.h), int(in.w)};
 }
 
 }  // namespace
@@ -265,8 +325,14 @@ void Trainer::load_initial_state() {
     int64_t counters[5] = {0, 0, 0, 0, 0};
     on_rank0(c, comm_.rank(), "reading a checkpoint", [&] {
       Checkpoint ck = have_found ? std::move(found) : read_checkpoint(file);
-      if (ck.layers != cfg_.layers)
-        throw InputError(file + ": its model has other layer widths than model.layers");
+      Checkpoint want;
+      describe_model(cfg_, *model_, want);
+      if (ck.layers != want.layers || ck.model != want.model || ck.input_shape != want.input_shape)
+        throw InputError(file + ": its model (" +
+                         (ck.model.empty() ? "widths " + layers_text(ck.layers) : "'" + ck.model + "'") +
+                         ") is not model.layers (" +
+                         (want.model.empty() ? "widths " + layers_text(want.layers) : "'" + want.model + "'") +
+                         ") on this data");
       params = tensors_to_arena(*model_, ck, "model", file);
       if (!resuming) return;
       if (ck.optimizer != cfg_.optimizer)
@@ -336,7 +402,7 @@ void Trainer::save_checkpoint() {
     ck.seed = cfg_.seed;
     ck.optimizer = cfg_.optimizer;
     ck.config = cfg_.resolved;
-    ck.layers = cfg_.layers;
+    describe_model(cfg_, *model_, ck);
     arena_to_tensors(*model_, "model", params, ck.tensors);
     const auto st = opt_->state();
     for (size_t i = 0; i < st.size(); ++i) arena_to_tensors(*model_, "optimizer/" + st[i].name, states[i], ck.tensors);
@@ -418,7 +484,19 @@ void Trainer::enqueue_step(GradSync* sync) {
     // The host's copy of the rows, for a backend that streams the data rather than holding it.
     const int64_t* host_rows = index_host_.data() + step_in_epoch_ * global_batch() + offset;
     be_.load_batch_at(rows_->data(), order_.data(), ctl_.data(), offset, b, x_.data(), y_.data(), host_rows);
-    model_->forward(x_.data(), b);
+    // Augmentation draws are per epoch position (start_epoch), read at ctl->cursor + offset.
+    const float* x = x_.data();
+    if (xa_.data()) {
+      be_.augment(x, xa_.data(), b, int(image_.c), int(image_.h), int(image_.w), augment_.pad, draws_.data(),
+                  ctl_.data(), offset);
+      x = xa_.data();
+    }
+    // Dropout's masks follow the sample's place in the global batch, whatever the rank count.
+    TrainPass pass;
+    pass.ctl = ctl_.data();
+    pass.first = offset;
+    pass.seed = cfg_.seed;
+    model_->forward(x, b, &pass);
     model_->loss(y_.data(), b, grad_scale, stats_.data(), true);
     PassHooks hooks;
     if (a == A - 1 && sync) hooks = sync->hooks(ctl_.data(), lr_.data());
@@ -433,7 +511,7 @@ void Trainer::enqueue_step(GradSync* sync) {
         if (next) next(begin, end);
       };
     }
-    model_->backward(x_.data(), b, a > 0, hooks);
+    model_->backward(x, b, a > 0, hooks);
   }
   if (sync) {
     sync->finish();
@@ -495,6 +573,12 @@ void Trainer::start_epoch() {
   }
   be_.refresh_dataset(rows_->data());
   be_.upload(order_.data(), index.data(), index.size() * sizeof(int64_t));
+  if (xa_.data()) {
+    // Each position's draw from (seed, epoch, its row in the file): the epoch order's rows.
+    const auto draws = augment_draws(augment_, cfg_.seed, epoch_,
+                                     epoch_order(rows_->file_rows(), cfg_.shuffle, cfg_.seed, epoch_));
+    be_.upload(draws_.data(), draws.data(), draws.size() * sizeof(int32_t));
+  }
   index_host_ = std::move(index);
   const int64_t cursor = step_in_epoch_ * global_batch();
   be_.upload(&ctl_.data()->cursor, &cursor, sizeof cursor);
@@ -511,6 +595,7 @@ void Trainer::prepare_run(int64_t per_epoch) {
   lr_ = Buffer<float>(be_, lr.size());
   be_.upload(lr_.data(), lr.data(), lr.size() * sizeof(float));
   order_ = Buffer<int64_t>(be_, size_t(rows_->file_rows()));
+  if (xa_.data()) draws_ = Buffer<int32_t>(be_, size_t(rows_->file_rows()));
   ctl_ = Buffer<StepCtl>(be_, 1);
   StepCtl c;
   c.step = step_;

@@ -2,13 +2,15 @@
 """Cross-check dptrain against PyTorch, step by step.
 
 For each case of a small matrix (optimizer x activation x ranks x accumulate x data type x lr
-schedule) this script
+schedule, and convolutional layer lists with dropout and augmentation) this script
   1. writes a small dataset (`dpdata synth blobs`, float32; or an h5py-written uint8 file with
      scale/offset attributes and int64 labels),
   2. runs `mpirun -np R dptrain` for a few dozen steps with data.shuffle = false, a checkpoint
      before the first step (checkpoint.at_start) and one at the end, metrics every step,
-  3. replays the same run in PyTorch: an nn.Sequential of nn.Linear + activations loaded from
-     the at-start checkpoint, global batch k = rows [kG, (k+1)G) (DESIGN.md, data order),
+  3. replays the same run in PyTorch: an nn.Sequential of nn.Linear + activations (or of the
+     layer list: nn.Conv2d, pooling, nn.Flatten, ...) loaded from the at-start checkpoint,
+     global batch k = rows [kG, (k+1)G) (DESIGN.md, data order), dropout masks and
+     augmentation draws recomputed here from their definitions (dropout.hpp, augment.cpp),
      F.cross_entropy (mean over the global batch), torch.optim with the same hyper-parameters,
      and the learning rate of each step from an independent implementation of the schedule,
   4. compares per-step losses and learning rates (metrics JSONL) and the final parameters and
@@ -104,6 +106,28 @@ CASES = [
 ]
 
 
+# Layer lists on images (C x H x W); dptrain keeps images NHWC and conv weights (out, k, k, c)
+# inside and converts at flatten and at the checkpoint, so these check the layouts as well as the
+# numerics. Tolerances are the MLP's: convolutions are sums like the Linear layers' GEMMs.
+IMG = (2, 8, 8)  # two channels: the model's input goes NCHW -> NHWC
+CNN_A = ("conv(4,3,pad=1) relu maxpool(2) conv(6,3,stride=2,pad=1) tanh avgpool(2,stride=1) "
+         "flatten linear(12) gelu linear(5)")
+CNN_B = ("conv(4,3,pad=1) relu maxpool(2) dropout(0.2) conv(6,3) sigmoid flatten linear(10) relu "
+         "dropout(0.5) linear(5)")
+CASES += [
+    dict(name="cnn_nesterov_wd", ranks=2, b=8, acc=1, opt="nesterov", layers=CNN_A, lr=0.05,
+         momentum=0.9, wd=0.01, data="img", steps=30),
+    # Dropout on an image (NCHW element order over NHWC memory) and on features; masks keyed
+    # by the sample's place in the global batch, across 2 ranks x 2 micro-batches.
+    dict(name="cnn_dropout_adam_acc2", ranks=2, b=4, acc=2, opt="adam", layers=CNN_B, lr=0.01,
+         wd=0.0, eps=1e-6, data="img", steps=30),
+    # One rank, uint8 images, random crops and flips, 40 steps over two epochs (G = 24).
+    dict(name="cnn_augment_momentum_1rank_u8", ranks=1, b=24, acc=1, opt="momentum", layers=CNN_A,
+         lr=0.05, momentum=0.9, wd=0.0, data="img_u8", steps=40, augment="crop,flip", pad=2),
+]
+N_IMG = 480
+
+
 class Mismatch(Exception):
     pass
 
@@ -135,7 +159,24 @@ def make_datasets(tmp, dpdata):
         d.attrs["offset"] = np.float32(-2.0)
         f.create_dataset("labels", data=y)
         f.attrs["num_classes"] = np.int64(CLASSES)
-    return {"f32": f32, "u8": u8}
+    # Images: class-dependent blobs on a 2x8x8 grid, float32 and uint8 with scale/offset.
+    yi = rng.integers(0, CLASSES, N_IMG).astype(np.int64)
+    proto = rng.normal(0, 1, (CLASSES,) + IMG)
+    imgs = (proto[yi] + rng.normal(0, 0.8, (N_IMG,) + IMG)).astype(np.float32)
+    img = os.path.join(tmp, "img-f32.h5")
+    with h5py.File(img, "w") as f:
+        f.create_dataset("features", data=imgs)
+        f.create_dataset("labels", data=yi.astype(np.int32))
+        f.attrs["num_classes"] = np.int64(CLASSES)
+    raw8 = np.clip(imgs * 40 + 128, 0, 255).astype(np.uint8)
+    img_u8 = os.path.join(tmp, "img-u8.h5")
+    with h5py.File(img_u8, "w") as f:
+        d = f.create_dataset("features", data=raw8)
+        d.attrs["scale"] = np.float32(1 / 40)
+        d.attrs["offset"] = np.float32(-3.2)
+        f.create_dataset("labels", data=yi)
+        f.attrs["num_classes"] = np.int64(CLASSES)
+    return {"f32": f32, "u8": u8, "img": img, "img_u8": img_u8}
 
 
 def load_dataset(path):
@@ -146,21 +187,26 @@ def load_dataset(path):
         y = f["labels"][...].astype(np.int64)
         scale = np.float32(feats.attrs.get("scale", 1.0))
         offset = np.float32(feats.attrs.get("offset", 0.0))
-    x = raw.reshape(raw.shape[0], -1).astype(np.float32) * scale + offset
+    x = raw.astype(np.float32) * scale + offset
+    if x.ndim == 2 or x.shape[1:] != IMG:
+        x = x.reshape(x.shape[0], -1)
     return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
 
 
 def write_ini(path, c, data_file, ckdir, metrics):
     lines = [
-        "[model]", "layers = " + ",".join(map(str, LAYERS)), f"activation = {c['act']}",
+        "[model]",
+        *([f"layers = {c['layers']}"] if "layers" in c else
+          ["layers = " + ",".join(map(str, LAYERS)), f"activation = {c['act']}"]),
         "[data]", f"train = {data_file}", "shuffle = false",
+        f"augment = {c.get('augment', 'none')}", f"crop_padding = {c.get('pad', 4)}",
         "[train]", "epochs = 100", f"steps = {c['steps']}", f"batch_per_rank = {c['b']}",
         f"accumulate = {c['acc']}", f"optimizer = {c['opt']}", f"lr = {c['lr']!r}",
         f"momentum = {c.get('momentum', 0.9)!r}", f"weight_decay = {c['wd']!r}",
         f"beta1 = {c.get('beta1', 0.9)!r}", f"beta2 = {c.get('beta2', 0.999)!r}",
         f"eps = {c.get('eps', 1e-8)!r}", "lr_scaling = none",
         f"warmup_steps = {c.get('warmup', 0)}", f"schedule = {c.get('schedule', 'constant')}",
-        f"min_lr = {c.get('min_lr', 0.0)!r}", "seed = 11", "sync = gradients",
+        f"min_lr = {c.get('min_lr', 0.0)!r}", f"seed = {SEED}", "sync = gradients",
         "[device]", "type = cpu", "threads = 1",
         "[comm]", "backend = mpi",
         "[checkpoint]", f"dir = {ckdir}", "every_steps = 0", "keep = 0", "at_start = true",
@@ -207,6 +253,140 @@ def build_model(act, params):
         mods.append(lin)
         if i < len(LAYERS) - 2:
             mods.append(acts[act]())
+    return torch.nn.Sequential(*mods)
+
+
+# ---- dptrain's dropout masks and augmentation draws, from their definitions ----------------
+M64 = (1 << 64) - 1
+
+
+def mix64(x):
+    """SplitMix64's finaliser (dropout.hpp), on numpy uint64 arrays or Python ints."""
+    if isinstance(x, int):
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & M64
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & M64
+        return x ^ (x >> 31)
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint64(30))
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x ^ (x >> np.uint64(27))
+        x = x * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def dropout_keep(seed, layer, step, positions, elements, p):
+    """Keep mask (len(positions), elements): dropout_key(seed, layer, step, position), then
+    element e kept when mix64(key ^ e) >> 32 >= floor(p * 2^32) (dropout.hpp)."""
+    k = mix64(seed ^ ((0x9E3779B97F4A7C15 * (layer + 1)) & M64))
+    k = mix64(k ^ step)
+    keys = np.array([mix64(k ^ ((pos * 0xD1B54A32D192ED03) & M64)) for pos in positions], dtype=np.uint64)
+    e = np.arange(elements, dtype=np.uint64)
+    h = mix64(keys[:, None] ^ e[None, :])
+    return (h >> np.uint64(32)) >= np.uint64(int(p * 4294967296.0))
+
+
+class Dropout(torch.nn.Module):
+    """dptrain's inverted dropout: the mask of (seed, layer, step, position in the global batch,
+    NCHW element); x * mask * float(1 / (1 - p))."""
+
+    def __init__(self, p, layer, seed):
+        super().__init__()
+        self.p, self.layer, self.seed, self.step = p, layer, seed, 0
+
+    def forward(self, x):
+        n = x.shape[0]
+        keep = dropout_keep(self.seed, self.layer, self.step, range(n), x[0].numel(), self.p)
+        scale = np.float32(1.0 / (1.0 - self.p))
+        m = torch.from_numpy(np.where(keep, scale, np.float32(0)).astype(np.float32)).reshape(x.shape)
+        return x * m
+
+
+class SplitMix64:
+    def __init__(self, seed):
+        self.s = seed & M64
+
+    def next(self):
+        self.s = (self.s + 0x9E3779B97F4A7C15) & M64
+        return mix64(self.s)
+
+    def below(self, n):  # Lemire's multiply-and-reject, as data.cpp
+        m = self.next() * n
+        if (m & M64) < n:
+            t = ((1 << 64) - n) % n
+            while (m & M64) < t:
+                m = self.next() * n
+        return m >> 64
+
+
+def augment_draw(seed, epoch, row, crop, flip, pad):
+    """augment.cpp's draw of (seed, epoch, file row): (flip, dy, dx)."""
+    k = SplitMix64(seed ^ 0x6A09E667F3BCC909).next()
+    k = SplitMix64(k ^ epoch).next()
+    g = SplitMix64(k ^ row)
+    f = flip and (g.next() >> 63) != 0
+    dy = dx = pad
+    if crop:
+        dy, dx = g.below(2 * pad + 1), g.below(2 * pad + 1)
+    return f, dy, dx
+
+
+def augment(xb, rows, epoch, c):
+    """torchvision's RandomCrop(padding) then RandomHorizontalFlip, with dptrain's draws."""
+    crop, flip, pad = "crop" in c["augment"], "flip" in c["augment"], c["pad"]
+    out = np.zeros_like(xb.numpy())
+    H, W = xb.shape[2], xb.shape[3]
+    padded = np.pad(xb.numpy(), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    for i, r in enumerate(rows):
+        f, dy, dx = augment_draw(SEED, epoch, r, crop, flip, pad)
+        win = padded[i, :, dy:dy + H, dx:dx + W]
+        out[i] = win[:, :, ::-1] if f else win
+    return torch.from_numpy(out)
+
+
+SEED = 11  # train.seed of every case (write_ini)
+
+
+def build_list_model(layers, params):
+    """nn.Sequential of the normalised layer list, weights from the checkpoint."""
+    acts = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "sigmoid": torch.nn.Sigmoid,
+            "gelu": lambda: torch.nn.GELU(approximate="none")}
+    mods, conv, fc, shape = [], 0, 0, IMG
+    for pos, tok in enumerate(layers.split()):
+        name, _, args = tok.partition("(")
+        pa = [a for a in args.rstrip(")").split(",") if a]
+        kw = dict(a.split("=") for a in pa if "=" in a)
+        pa = [a for a in pa if "=" not in a]
+        if name == "conv":
+            out, k = int(pa[0]), int(pa[1])
+            m = torch.nn.Conv2d(shape[0], out, k, stride=int(kw["stride"]), padding=int(kw["pad"]))
+            w, b = params[f"model/conv{conv}/weight"], params[f"model/conv{conv}/bias"]
+            conv += 1
+            h = (shape[1] + 2 * m.padding[0] - k) // m.stride[0] + 1
+            shape = (out, h, (shape[2] + 2 * m.padding[0] - k) // m.stride[0] + 1)
+        elif name in ("maxpool", "avgpool"):
+            k, st = int(pa[0]), int(kw["stride"])
+            m = (torch.nn.MaxPool2d if name == "maxpool" else torch.nn.AvgPool2d)(k, stride=st)
+            shape = (shape[0], (shape[1] - k) // st + 1, (shape[2] - k) // st + 1)
+            w = None
+        elif name == "flatten":
+            m, w = torch.nn.Flatten(), None
+            shape = (int(np.prod(shape)),)
+        elif name == "linear":
+            m = torch.nn.Linear(shape[0], int(pa[0]))
+            w, b = params[f"model/fc{fc}/weight"], params[f"model/fc{fc}/bias"]
+            fc += 1
+            shape = (int(pa[0]),)
+        elif name == "dropout":
+            m, w = Dropout(float(pa[0]), pos, SEED), None
+        else:
+            m, w = acts[name](), None
+        if w is not None:
+            with torch.no_grad():
+                m.weight.copy_(torch.from_numpy(w))
+                m.bias.copy_(torch.from_numpy(b))
+        mods.append(m)
     return torch.nn.Sequential(*mods)
 
 
@@ -278,7 +458,11 @@ def run_case(c, tmp, tools, datasets, mpirun, perturb):
     X, Y = load_dataset(datasets[c["data"]])
     per_epoch = X.shape[0] // G
     torch.manual_seed(0)
-    model = build_model(c["act"], p0)
+    attrs0, _ = read_ckpt(ck0)
+    if "layers" in c:
+        model = build_list_model(str(attrs0["model"].decode() if isinstance(attrs0["model"], bytes) else attrs0["model"]), p0)
+    else:
+        model = build_model(c["act"], p0)
     opt = make_optimizer(c, model.parameters(), c["lr"])
     max_loss_rel = max_lr_rel = 0.0
     for s in range(1, S + 1):
@@ -291,6 +475,11 @@ def run_case(c, tmp, tools, datasets, mpirun, perturb):
                            f"(rel err {lr_rel:.3g} > {LR_RTOL:g})")
         k = (s - 1) % per_epoch  # shuffle = false: every epoch is the identity order
         xb, yb = X[k * G:(k + 1) * G], Y[k * G:(k + 1) * G]
+        for mod in model:
+            if isinstance(mod, Dropout):
+                mod.step = s - 1  # steps taken before this one
+        if c.get("augment", "none") != "none":
+            xb = augment(xb, range(k * G, (k + 1) * G), (s - 1) // per_epoch, c)
         for g in opt.param_groups:
             g["lr"] = lr * (1 + perturb)
         opt.zero_grad()
@@ -306,17 +495,18 @@ def run_case(c, tmp, tools, datasets, mpirun, perturb):
                            f"(rel err {rel:.3g} > {LOSS_RTOL:g})")
 
     max_param = max_state = 0.0
-    lins = [mod for mod in model if isinstance(mod, torch.nn.Linear)]
-    for i, lin in enumerate(lins):
+    named = [(f"fc{i}", m) for i, m in enumerate(m for m in model if isinstance(m, torch.nn.Linear))]
+    named += [(f"conv{i}", m) for i, m in enumerate(m for m in model if isinstance(m, torch.nn.Conv2d))]
+    for layer, lin in named:
         for part in ("weight", "bias"):
             t = getattr(lin, part)
-            key = f"model/fc{i}/{part}"
+            key = f"model/{layer}/{part}"
             if key not in pN:
                 raise Mismatch(f"[{name}] final checkpoint lacks /{key}")
             max_param = max(max_param, compare_tensor(name, f"/{key} after step {S}", pN[key],
                                                       t.detach().numpy(), PARAM_RTOL, PARAM_ATOL))
             for st in torch_state_name(c["opt"]):
-                skey = f"optimizer/{st}/fc{i}/{part}"
+                skey = f"optimizer/{st}/{layer}/{part}"
                 if skey not in pN:
                     raise Mismatch(f"[{name}] final checkpoint lacks /{skey}")
                 max_state = max(max_state, compare_tensor(

@@ -170,9 +170,12 @@ class Backend {
   // Backward from dLoss/dlogits in d0 (batch, classes), with d0 and d1 (batch, widest) as
   // scratch; dw and db of every layer overwritten (accumulate=false) or added to. Layer by layer
   // from the last: its bias and weight gradients (reported final, the weight's in pieces when
-  // asked), then its input gradient (its parameters then reported released).
+  // asked), then its input gradient (its parameters then reported released). dx0 (batch,
+  // layers[0].in), when set and neither d0 nor d1, receives the first layer's input gradient (a
+  // run of Linear layers inside a larger model); otherwise the first layer computes none.
   virtual void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& layers,
-                            float* d0, float* d1, bool accumulate, const PassHooks& hooks);
+                            float* d0, float* d1, bool accumulate, const PassHooks& hooks,
+                            float* dx0 = nullptr);
 
   // ---- convolutional networks (NHWC, see ConvGeom) ----
   // cols (g.rows(), g.cols()) = the input patches of every output pixel, row (n, oh, ow),

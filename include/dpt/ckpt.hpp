@@ -28,9 +28,15 @@ struct Checkpoint {
   uint64_t seed = 0;
   std::string optimizer;     // e.g. "adam"
   std::string config;        // the resolved INI text
+  // The model: the MLP widths form in `layers` (root attribute `layers`), or a layer list in
+  // `model` (root attribute `model`, the normalised list) with the input shape it was planned
+  // for (root attribute `input_shape`: {C, H, W} or {D}); `layers` is empty then.
   std::vector<int> layers;   // e.g. {784, 256, 128, 10}
-  std::vector<Tensor> tensors;  // "model/fc<i>/weight|bias", "optimizer/<state>/fc<i>/weight|bias"
-                                // (read_checkpoint returns them in byte-wise name order)
+  std::string model;         // e.g. "conv(32,3,stride=1,pad=1) relu ... linear(10)"
+  std::vector<int> input_shape;
+  std::vector<Tensor> tensors;  // "model/<layer>/weight|bias", "optimizer/<state>/<layer>/weight|bias",
+                                // <layer> = fc<i> or conv<i> (read_checkpoint returns them in
+                                // byte-wise name order)
 
   const Tensor* find(const std::string& name) const;
 };

@@ -1,22 +1,48 @@
-// The model: an MLP of Linear layers with one activation between them, its parameters and
-// gradients each in one flat contiguous arena (Torch's getParameters() idea), forward and
-// backward on a Backend. Layer i owns weight (out, in) then bias (out), in layer order, so the
-// last layer's gradients sit at the end of the arena. Knows nothing of files or communication.
+// The model: a list of layers (layer_spec.hpp) — conv, pooling, activations, flatten, linear,
+// dropout — whose parameters and gradients each live in one flat arena (Torch's getParameters()
+// idea): every conv or linear layer owns a weight and a bias slice of both, where the arena
+// layout (the gradient sync's bucket plan) puts them. Forward and backward run through the
+// backend's primitives; runs of Linear layers go through Backend::mlp_forward/mlp_backward,
+// which the CUDA backend fuses in bf16. The MLP widths form of model.layers is such a list
+// (linear, activation, linear, ...), with the checkpoint names and arena order it always had.
+// Inside, images are NHWC and conv weights (out, k, k, c); see backend.hpp. Knows nothing of
+// files or communication.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dpt/backend.hpp"
+#include "dpt/layer_spec.hpp"
 
 namespace dpt {
 
+// A conv or linear layer's place in the arenas. A weight row is `in` values: a linear layer's
+// input features, or a conv layer's k·k·c patch ((kh, kw, c) order); `out` rows.
 struct LayerSlice {
   int in = 0, out = 0;
   size_t w_off = 0;  // weight (out, in), row-major
   size_t b_off = 0;  // bias (out)
+  bool conv = false;
+  int c = 0, k = 0;  // conv: input channels and kernel size
+  std::string name;  // the checkpoint's: "fc<i>" or "conv<i>"
   size_t weights() const { return size_t(in) * size_t(out); }
+  // The checkpoint's (PyTorch's) weight shape: (out, in) or (out, c, k, k).
+  std::vector<int64_t> weight_shape() const;
+};
+
+// The weight of s in the checkpoint's order (conv: (out, c, k, k), PyTorch's) from the arena's
+// ((out, k, k, c)), and back; a linear weight is copied as it is. n = s.weights() values each.
+void weight_to_checkpoint(const LayerSlice& s, const float* arena_w, float* out);
+void weight_from_checkpoint(const LayerSlice& s, const float* in, float* arena_w);
+
+// A parameterised layer as the arena layout sees it: out rows of `in` values, plus out biases;
+// row pieces (see ArenaLayout) only where the backward pass can report them (Linear layers).
+struct ParamShape {
+  int in = 0, out = 0;
+  bool splittable = true;
 };
 
 // Where every layer's weight and bias sit in the parameter and gradient arenas (element
@@ -29,24 +55,46 @@ struct ArenaLayout {
   std::vector<int> piece_rows;
   size_t total = 0;
 };
-ArenaLayout packed_layout(const std::vector<int>& widths);
+ArenaLayout packed_layout(const std::vector<ParamShape>& layers);
+ArenaLayout packed_layout(const std::vector<int>& widths);  // the MLP widths form's layers
+std::vector<ParamShape> mlp_param_shapes(const std::vector<int>& widths);
+std::vector<ParamShape> param_shapes(const ModelPlan& plan);  // its conv and linear layers
 
 // Parses "784,256,128,10"; throws InputError.
 std::vector<int> parse_layers(const std::string& s);
 
-class MLP {
- public:
-  // An empty layout is packed_layout(layers).
-  MLP(Backend& be, std::vector<int> layers, Act act, int max_batch, ArenaLayout layout = {});
+// What a training forward pass needs beyond its batch: dropout's mask key (DropoutArgs). An
+// evaluation pass has none, and dropout is the identity.
+struct TrainPass {
+  const StepCtl* ctl = nullptr;  // backend memory: the step (ctl->step) the masks depend on
+  int64_t first = 0;             // position of the batch's first sample in the global batch
+  uint64_t seed = 0;             // train.seed
+};
 
+class Model {
+ public:
+  // The MLP widths form: Linear layers between the widths, `act` between them. An empty layout
+  // is packed_layout(widths).
+  Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout = {});
+  // A layer list with its shapes (plan_model). An empty layout is packed.
+  Model(Backend& be, ModelPlan plan, int max_batch, ArenaLayout layout = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // The parameterised layers (conv and linear), in list order.
   int num_layers() const { return int(slices_.size()); }
   const LayerSlice& layer(int i) const { return slices_[size_t(i)]; }
+  std::vector<ParamShape> param_shapes() const;
+  const ModelPlan& plan() const { return plan_; }
+  // The MLP widths form: its widths (else empty) and activation.
+  bool widths_form() const { return !widths_.empty(); }
   const std::vector<int>& widths() const { return widths_; }
   Act activation() const { return act_; }
   size_t num_params() const { return n_params_; }
   int max_batch() const { return max_batch_; }
-  int in_dim() const { return widths_.front(); }
-  int classes() const { return widths_.back(); }
+  int64_t in_dim() const { return plan_.input.size(); }   // input values per sample
+  int classes() const { return int(plan_.output().c); }   // logits per sample
 
   // An arena-layout host array in the packed order (weight then bias, layer by layer): the same
   // for every layout, so runs with different layouts compare element by element.
@@ -55,30 +103,47 @@ class MLP {
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
 
-  // PyTorch nn.Linear's default init (weight and bias ~ U(−1/√in, 1/√in)), from a deterministic
-  // generator seeded by `seed`; computed on the host, uploaded.
+  // PyTorch's default init of nn.Linear and nn.Conv2d: weight and bias ~ U(−1/√fan_in,
+  // 1/√fan_in), fan_in = in (linear) or c·k·k (conv), layer by layer, weight (in the
+  // checkpoint's order) then bias, from a deterministic generator seeded by `seed`; computed on
+  // the host, uploaded.
   void init_params(uint64_t seed);
 
-  // x (batch, in_dim) -> logits (batch, classes), kept for backward.
-  const float* forward(const float* x, int batch);
+  // x (batch, in_dim) — images NCHW as the dataset stores them — to logits (batch, classes),
+  // kept for backward. train: a training pass (dropout active); nullptr: evaluation.
+  const float* forward(const float* x, int batch, const TrainPass* train = nullptr);
   // Loss and gradient of the logits from the last forward: adds Σ loss and #correct to stats[0..1];
   // the gradient is scaled by grad_scale (1 / samples the gradient is a mean over).
   void loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad);
-  // Backward from the last loss(); grads are overwritten (accumulate=false) or added to.
-  // hooks report the progress (Backend::mlp_backward): gradients final, parameters released.
+  // Backward from the last loss() through the last forward (x as given to it); grads are
+  // overwritten (accumulate=false) or added to. hooks report the progress, last layer first: a
+  // layer's gradients final (bias, then weight, in pieces where asked), then its parameters
+  // released once its input gradient is enqueued (Backend::mlp_backward).
   void backward(const float* x, int batch, bool accumulate, const PassHooks& hooks = {});
 
  private:
+  struct Op;
+  void build(int max_batch, ArenaLayout layout);
+  void build_ops();
+  void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur);
+
   Backend& be_;
-  std::vector<int> widths_;
-  Act act_;
+  std::vector<int> widths_;  // the MLP widths form, else empty
+  Act act_ = Act::none;
+  ModelPlan plan_;
   int max_batch_;
   std::vector<LayerSlice> slices_;
+  std::vector<int> piece_rows_;
   size_t n_params_ = 0;
   Buffer<float> params_, grads_;
-  std::vector<Buffer<float>> z_, a_;  // per layer: pre- and post-activation (batch, out)
-  Buffer<float> dbuf_[2];             // backward scratch (batch, max width)
-  std::vector<LinearArgs> args_;      // the layers as the backend's mlp_forward/backward take them
+  std::vector<std::unique_ptr<Op>> ops_;
+  Buffer<float> grad_[3];  // backward: gradients between ops (batch, largest tensor)
+  const float* logits_ = nullptr;
+  TrainPass train_;        // the last forward's (dropout's backward applies the same mask)
+  bool trained_ = false;   // the last forward was a training pass
 };
+
+// The model's former name, when it was an MLP only.
+using MLP = Model;
 
 }  // namespace dpt

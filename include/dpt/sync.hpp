@@ -54,6 +54,10 @@ struct BucketPlan {
 // start 256-byte aligned. Sharded: every bucket padded to a multiple of kShardGranule × world.
 BucketPlan plan_buckets(const std::vector<int>& widths, double bucket_mb, int world, int rank,
                         bool shard, bool split_large);
+// The same for any model's conv and linear layers (Model::param_shapes()); only layers marked
+// splittable are cut into row pieces.
+BucketPlan plan_buckets(const std::vector<ParamShape>& layers, double bucket_mb, int world, int rank,
+                        bool shard, bool split_large);
 
 // Bytes a rank holds, for the start-up report.
 struct MemoryUse {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dpt/augment.hpp"
 #include "dpt/backend.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/config.hpp"
@@ -49,7 +50,7 @@ class Trainer {
   TrainResult run();
   EvalResult evaluate(const Dataset& ds);
 
-  MLP& model() { return *model_; }
+  Model& model() { return *model_; }
   Optimizer& optimizer() { return *opt_; }
   // The parameters (the fp32 master) and an optimizer-state array, whole, in the arena's
   // layout: collective over the ranks when the optimizer is sharded.
@@ -73,10 +74,14 @@ class Trainer {
   TrainRows* rows_ = nullptr;  // null: evaluation only
   const Dataset* test_;
   std::unique_ptr<struct BucketPlan> plan_;
-  std::unique_ptr<MLP> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<class GradSync> sync_;  // sync = gradients
   Buffer<float> x_, stats_;  // x (max_batch, in_dim); stats [Σ loss, #correct]
+  AugmentSpec augment_;      // data.augment
+  TensorShape image_;        // the training images' shape (augmentation)
+  Buffer<float> xa_;         // (max_batch, in_dim): x augmented (allocated only with data.augment)
+  Buffer<int32_t> draws_;    // (n) this epoch's augmentation draw of every position
   Buffer<int32_t> y_;        // (max_batch)
   Buffer<int64_t> order_;    // (n) this epoch's row order
   std::vector<int64_t> index_host_;  // the same, on the host

@@ -64,7 +64,8 @@ void Backend::mlp_forward(const float* x, int batch, const std::vector<LinearArg
 }
 
 void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& layers,
-                           float* d0, float* d1, bool accumulate, const PassHooks& hooks) {
+                           float* d0, float* d1, bool accumulate, const PassHooks& hooks,
+                           float* dx0) {
   // d0 holds dLoss/dlogits; each layer turns its d(output) into d(input) in the other buffer.
   // linear_backward makes a layer's gradients and its input gradient in one call, so both
   // reports follow it.
@@ -74,7 +75,7 @@ void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearAr
     const LinearArgs& l = layers[size_t(i)];
     const float* in = i == 0 ? x : layers[size_t(i) - 1].a;
     linear_backward(in, l.w, l.z, l.a, d[cur], batch, l.in, l.out, l.act, l.dw, l.db,
-                    i == 0 ? nullptr : d[1 - cur], accumulate);
+                    i == 0 ? dx0 : d[1 - cur], accumulate);
     const size_t nw = size_t(l.in) * size_t(l.out);
     if (hooks.grads_final) {
       hooks.grads_final(l.b_at, l.b_at + size_t(l.out));

@@ -643,7 +643,7 @@ class CudaBackendImpl final : public CudaBackend {
   // starts while the next piece is computed), then the input gradient, after which the layer's
   // parameters are reported released. Fused layers (bf16 ReLU) keep dz in bf16 only.
   void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& L, float* d0, float* d1,
-                    bool accumulate, const PassHooks& hooks) override {
+                    bool accumulate, const PassHooks& hooks, float* dx0) override {
     Fusion& f = fusion_for(x, batch, L);
     const std::vector<char>& on = f.d->on;
     if (std::find(on.begin(), on.end(), 1) != on.end() && f.fwd_batch != batch)
@@ -659,7 +659,8 @@ class CudaBackendImpl final : public CudaBackend {
       const size_t n = size_t(batch) * size_t(l.out), nw = size_t(l.out) * size_t(l.in);
       const float* xin = i == 0 ? x : L[size_t(i) - 1].a;
       const void* x16 = bf16() ? as_bf16(xin, size_t(batch) * size_t(l.in), bf16_b_) : nullptr;
-      const void* w16 = bf16() && i > 0 ? as_bf16(l.w, nw, bf16_a_) : nullptr;
+      const bool want_dx = i > 0 || dx0;
+      const void* w16 = bf16() && want_dx ? as_bf16(l.w, nw, bf16_a_) : nullptr;
       void* dz16 = bf16() ? f.dz16[cur].get(dzb, s) : nullptr;
       note_write(l.dw, nw * sizeof(float));
       note_write(l.db, size_t(l.out) * sizeof(float));
@@ -681,13 +682,13 @@ class CudaBackendImpl final : public CudaBackend {
         wgrad_rows(wg, batch, l.in, r0, r1, l.dw, beta);
         if (hooks.grads_final) hooks.grads_final(l.w_at + size_t(r0) * size_t(l.in), l.w_at + size_t(r1) * size_t(l.in));
       }
-      if (i > 0) {
-        if (on[size_t(i) - 1]) {
+      if (want_dx) {
+        if (i > 0 && on[size_t(i) - 1]) {
           const FusedGemm g = fused_backward_gemm(L, size_t(i), w16, dz16, f.dz16[1 - cur].get(dzb, s), batch);
           if (!lt_matmul(g.sp, g.A, g.B, g.D, 0.f, nullptr))
             throw Error("cuBLASLt refused a GEMM it had planned (bf16 input gradient, layer " + std::to_string(i) + ")");
         } else {
-          float* dx = d[1 - cur];
+          float* dx = i > 0 ? d[1 - cur] : dx0;  // dx0: the input gradient of a run inside a model
           note_write(dx, size_t(batch) * size_t(l.in) * sizeof(float));
           gemm(false, false, l.in, batch, l.out, bf16() ? w16 : static_cast<const void*>(l.w), l.in,
                bf16() ? dz16 : static_cast<const void*>(d[cur]), l.out, dx, l.in, 0.f);
