@@ -292,7 +292,9 @@ void describe_model(const Config& cfg, const Model& m, Checkpoint& ck) {
     ck.layers = cfg.layers;
     return;
   }
-  ck.model = cfg.layer_list;
+  std::vector<LayerSpec> list;
+  for (const PlannedLayer& p : m.plan().layers) list.push_back(p.spec);
+  ck.model = layer_list_text(list);  // normalised, however the config wrote it
   const TensorShape& in = m.plan().input;
   ck.input_shape = in.flat ? std::vector<int>{int(in.c)} : std::vector<int>{int(in.c), int(in.h), int(in.w)};
 }

@@ -80,11 +80,12 @@ template <class F> void on_first(int ranks, F&& f) {
   MPI_Comm_free(&sub);
 }
 
-// Trains cfg on the first `ranks` ranks; every world rank gets rank 0's outcome.
-inline Outcome train_on(int ranks, const Config& cfg) {
+// Trains cfg on the first `ranks` ranks (on `data`, blobs() by default); every world rank gets
+// rank 0's outcome.
+inline Outcome train_on(int ranks, const Config& cfg, const Dataset* data = nullptr) {
   Outcome out;
   on_first(ranks, [&](Backend& be, Comm& comm) {
-    Trainer t(cfg, be, comm, &blobs(), nullptr);
+    Trainer t(cfg, be, comm, data ? data : &blobs(), nullptr);
     TrainResult r = t.run();
     out.losses = r.losses;
     out.params = t.model().packed(t.params_host());  // comparable across arena layouts
