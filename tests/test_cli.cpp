@@ -193,3 +193,54 @@ TEST_F(Cli, NonFiniteGradientsSkippedWhenAsked) {
   // 40 steps: step 1 applies its (huge) update, steps 2..40 are skipped.
   EXPECT_NE(r.out.find("39 step(s) skipped"), std::string::npos) << r.out;
 }
+
+// A layer list: trains (the layer table printed at start-up), checkpoints with its conv
+// tensors, and --eval rebuilds it from the checkpoint's own config.
+TEST_F(Cli, LayerListTrainsAndEvalReadsItBack) {
+  std::string cfg = ini("[checkpoint]\ndir = " + (dir / "ck-cnn").string() + "\n", "cnn.ini");
+  Outcome r = sh(dptrain(2, "--config " + cfg +
+                                " --model.layers 'conv(6,3,pad=1) relu maxpool(2) flatten dropout(0.1) linear(4)'"
+                                " --model.input_shape 1,4,4 --data.augment flip"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* w : {"conv(6,3,stride=1,pad=1)", "conv0", "6x4x4", "6x2x2", "fc0", "total parameters 160"})
+    EXPECT_NE(r.out.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.out;
+  EXPECT_NE(r.out.find("final test accuracy"), std::string::npos) << r.out;
+  fs::path ck = dir / "ck-cnn" / "ckpt-000000080.h5";
+  ASSERT_TRUE(fs::exists(ck)) << r.out;
+  Outcome e = sh(dptrain(2, "--eval --checkpoint " + ck.string()));
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("accuracy"), std::string::npos) << e.out;
+}
+
+// Bad layer lists exit 2 on every rank before training, with a message naming the layer.
+TEST_F(Cli, BadLayerListsExitTwoWithAMessage) {
+  const std::string cfg = ini("", "list.ini");
+  struct Case { std::string args; std::vector<std::string> words; };
+  const Case cases[] = {
+      {"--model.layers 'conv(4,3) relu softmax flatten linear(4)' --model.input_shape 1,4,4",
+       {"model.layers", "layer 3 'softmax': unknown layer 'softmax'"}},
+      {"--model.layers 'conv(4,x) flatten linear(4)' --model.input_shape 1,4,4", {"model.layers", "'x' is not an integer"}},
+      {"--model.layers 'conv(4,7) flatten linear(4)' --model.input_shape 1,4,4",
+       {"kernel 7x7 is larger than its input 4x4", "train.h5"}},
+      {"--model.layers 'conv(4,3) flatten linear(4)'", {"needs an image input", "model.input_shape"}},
+      {"--model.layers 'flatten linear(3)'", {"3 values", "4 classes"}},
+      {"--model.layers 'linear(8) relu linear(4)' --model.activation tanh", {"model.activation", "model.layers"}},
+      {"--model.layers 'conv(4,3) flatten linear(4)' --model.input_shape 2,4,4", {"model.input_shape = 2x4x4", "16 values"}},
+  };
+  for (const Case& c : cases) {
+    Outcome r = sh(dptrain(2, "--config " + cfg + " " + c.args));
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    for (auto& w : c.words) EXPECT_NE(r.out.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.out;
+    EXPECT_EQ(r.out.find("Segmentation"), std::string::npos) << r.out;
+  }
+  // A 1 MiB list in the INI file: refused, and not echoed back whole.
+  std::ofstream f(dir / "huge.ini");
+  f << "[data]\ntrain = " << (dir / "train.h5").string() << "\n[model]\nlayers =";
+  for (size_t n = 0; n < (1u << 20); n += 11) f << " linear(10)";
+  f << "\n";
+  f.close();
+  Outcome r = sh(dptrain(2, "--config " + (dir / "huge.ini").string()));
+  EXPECT_EQ(r.code, 2) << r.out.substr(0, 2000);
+  EXPECT_NE(r.out.find("characters long"), std::string::npos) << r.out.substr(0, 2000);
+  EXPECT_LT(r.out.size(), 20000u);
+}
