@@ -11,3 +11,6 @@ set_tests_properties(test_gpu test_gpu_nccl test_gpu_conv PROPERTIES SKIP_REGULA
 # the GPUs over MPI where there are fewer GPUs than ranks (or NCCL with one GPU each).
 dpt_add_test(test_gpu_train RANKS 1 TIMEOUT 300)
 set_tests_properties(test_gpu_train PROPERTIES SKIP_REGULAR_EXPRESSION "no CUDA device visible")
+# Convolutional layer lists trained on the GPU against the CPU backend (fp32, TF32, bf16).
+dpt_add_test(test_gpu_train_cnn RANKS 1 TIMEOUT 300)
+set_tests_properties(test_gpu_train_cnn PROPERTIES SKIP_REGULAR_EXPRESSION "no CUDA device visible")

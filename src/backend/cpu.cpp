@@ -13,15 +13,10 @@
 #include "dpt/backend.hpp"
 #include "dpt/check.hpp"
 
-// The elementwise loops are the CPU step's other cost beside the GEMMs; each is compiled for
-// AVX-512, AVX2 and baseline x86-64 and picked at load time, so one binary runs everywhere and
-// vectorises where it can. __restrict: the arena, its gradients and the optimizer state never
-// overlap.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DPT_SIMD __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DPT_SIMD
-#endif
+#include "simd.hpp"
+
+// The elementwise loops are DPT_SIMD (simd.hpp). __restrict: the arena, its gradients and the
+// optimizer state never overlap.
 
 namespace dpt {
 namespace {

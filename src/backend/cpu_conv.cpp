@@ -7,13 +7,24 @@
 
 #include "dpt/augment.hpp"
 #include "dpt/dropout.hpp"
+#include "simd.hpp"
 
 namespace dpt::cpu {
+
+namespace {
+// Short copies (a few floats per kernel row for small channel counts) inline, not memcpy calls.
+inline void copy_run(float* __restrict dst, const float* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+inline void zero_run(float* __restrict dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = 0.f;
+}
+}  // namespace
 
 // For one output pixel and kernel row kh the k·c values of the patch are contiguous in NHWC
 // (k neighbouring pixels of one input row): one copy where the row lies inside the image,
 // pixel by pixel with zeros where it crosses the padding.
-void im2col(const float* x, const ConvGeom& g, float* cols) {
+DPT_SIMD void im2col(const float* x, const ConvGeom& g, float* cols) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   const size_t run = size_t(K) * C;
   float* dst = cols;
@@ -24,25 +35,25 @@ void im2col(const float* x, const ConvGeom& g, float* cols) {
         for (int kh = 0; kh < K; ++kh, dst += run) {
           const int ih = oh * g.stride - g.pad + kh;
           if (ih < 0 || ih >= g.h) {
-            std::memset(dst, 0, run * sizeof(float));
+            zero_run(dst, run);
             continue;
           }
           const float* src = x + ((size_t(n) * g.h + ih) * g.w) * C;
           if (iw0 >= 0 && iw0 + K <= g.w) {
-            std::memcpy(dst, src + size_t(iw0) * C, run * sizeof(float));
+            copy_run(dst, src + size_t(iw0) * C, run);
             continue;
           }
           for (int kw = 0; kw < K; ++kw) {
             const int iw = iw0 + kw;
-            if (iw >= 0 && iw < g.w) std::memcpy(dst + size_t(kw) * C, src + size_t(iw) * C, size_t(C) * sizeof(float));
-            else std::memset(dst + size_t(kw) * C, 0, size_t(C) * sizeof(float));
+            if (iw >= 0 && iw < g.w) copy_run(dst + size_t(kw) * C, src + size_t(iw) * C, size_t(C));
+            else zero_run(dst + size_t(kw) * C, size_t(C));
           }
         }
       }
 }
 
 // Scatter-add in im2col's order (rows, then kh, kw): deterministic.
-void col2im(const float* dcols, const ConvGeom& g, float* dx) {
+DPT_SIMD void col2im(const float* dcols, const ConvGeom& g, float* dx) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   std::memset(dx, 0, size_t(g.batch) * g.h * g.w * C * sizeof(float));
   const float* src = dcols;
@@ -54,8 +65,9 @@ void col2im(const float* dcols, const ConvGeom& g, float* dx) {
           for (int kw = 0; kw < K; ++kw, src += C) {
             const int iw = ow * g.stride - g.pad + kw;
             if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
-            float* d = dx + ((size_t(n) * g.h + ih) * g.w + iw) * C;
-            for (int c = 0; c < C; ++c) d[c] += src[c];
+            float* __restrict d = dx + ((size_t(n) * g.h + ih) * g.w + iw) * C;
+            const float* __restrict s = src;
+            for (int c = 0; c < C; ++c) d[c] += s[c];
           }
         }
 }
@@ -63,27 +75,29 @@ void col2im(const float* dcols, const ConvGeom& g, float* dx) {
 // Max: the first maximum of the window in row-major order wins, and a NaN replaces it
 // (PyTorch's `val > maxval || isnan(val)`). Avg: the window summed in row-major order, then
 // divided by k² (PyTorch's order).
-void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
+DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   const float area = float(K * K);
   for (int n = 0; n < g.batch; ++n)
     for (int oh = 0; oh < OH; ++oh)
       for (int ow = 0; ow < OW; ++ow) {
         const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
-        float* yo = y + o;
-        int32_t* ao = max ? argmax + o : nullptr;
+        float* __restrict yo = y + o;
+        int32_t* __restrict ao = max ? argmax + o : nullptr;
         for (int j = 0; j < K * K; ++j) {
           const int ih = oh * g.stride + j / K, iw = ow * g.stride + j % K;
-          const float* xi = x + ((size_t(n) * g.h + ih) * g.w + iw) * C;
+          const float* __restrict xi = x + ((size_t(n) * g.h + ih) * g.w + iw) * C;
           if (j == 0) {
-            std::memcpy(yo, xi, size_t(C) * sizeof(float));
-            if (max) std::memset(ao, 0, size_t(C) * sizeof(int32_t));
+            for (int c = 0; c < C; ++c) yo[c] = xi[c];
+            if (max)
+              for (int c = 0; c < C; ++c) ao[c] = 0;
           } else if (max) {
-            for (int c = 0; c < C; ++c)
-              if (xi[c] > yo[c] || std::isnan(xi[c])) {
-                yo[c] = xi[c];
-                ao[c] = j;
-              }
+            for (int c = 0; c < C; ++c) {
+              const float v = xi[c];
+              const bool take = v > yo[c] || v != v;  // v != v: NaN
+              yo[c] = take ? v : yo[c];
+              ao[c] = take ? j : ao[c];
+            }
           } else {
             for (int c = 0; c < C; ++c) yo[c] += xi[c];
           }
@@ -93,7 +107,9 @@ void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, 
       }
 }
 
-void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max) {
+// Every window adds to each of its elements (zero where it is not the window's argmax), in
+// increasing output order: the sums of the CUDA backend's gather, which skips the zeros.
+DPT_SIMD void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   const float area = float(K * K);
   std::memset(dx, 0, size_t(g.batch) * g.h * g.w * C * sizeof(float));
@@ -101,26 +117,26 @@ void pool_backward(const float* dy, const int32_t* argmax, float* dx, const Pool
     for (int oh = 0; oh < OH; ++oh)
       for (int ow = 0; ow < OW; ++ow) {
         const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
-        auto at = [&](int j) { return dx + ((size_t(n) * g.h + oh * g.stride + j / K) * g.w + ow * g.stride + j % K) * C; };
-        if (max) {
-          for (int c = 0; c < C; ++c) at(argmax[o + c])[c] += dy[o + c];
-        } else {
-          for (int j = 0; j < K * K; ++j) {
-            float* d = at(j);
-            for (int c = 0; c < C; ++c) d[c] += dy[o + c] / area;
-          }
+        const float* __restrict dyo = dy + o;
+        const int32_t* __restrict ao = max ? argmax + o : nullptr;
+        for (int j = 0; j < K * K; ++j) {
+          float* __restrict d = dx + ((size_t(n) * g.h + oh * g.stride + j / K) * g.w + ow * g.stride + j % K) * C;
+          if (max)
+            for (int c = 0; c < C; ++c) d[c] += ao[c] == j ? dyo[c] : 0.f;
+          else
+            for (int c = 0; c < C; ++c) d[c] += dyo[c] / area;
         }
       }
 }
 
-void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) {
+DPT_SIMD void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) {
   const size_t per = size_t(c) * hw;
   for (int n = 0; n < batch; ++n)
     for (int p = 0; p < hw; ++p)
       for (int ch = 0; ch < c; ++ch) dst[n * per + size_t(ch) * hw + p] = src[n * per + size_t(p) * c + ch];
 }
 
-void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) {
+DPT_SIMD void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) {
   const size_t per = size_t(c) * hw;
   for (int n = 0; n < batch; ++n)
     for (int p = 0; p < hw; ++p)
@@ -128,7 +144,7 @@ void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) {
 }
 
 // x·0 for a dropped element (±0, NaN for ±Inf), x·scale for a kept one: PyTorch's x·mask·scale.
-void dropout(const float* x, float* y, int batch, const DropoutArgs& d, int64_t step) {
+DPT_SIMD void dropout(const float* x, float* y, int batch, const DropoutArgs& d, int64_t step) {
   const uint32_t thr = dropout_threshold(d.p);
   const float scale = float(1.0 / (1.0 - d.p));
   const int hw = d.h * d.w;
