@@ -11,7 +11,7 @@ B=.gpu/bin
 if ! ldconfig -p | grep -q libopenblas.so.0 && [ -f .gpu/gpulibs.tar.xz ]; then
   mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
 fi
-what=${1:-all}  # all, or a comma-separated list of the sections below
+what=${1:-all}  # all, or a comma-separated list of the sections below (tests, e2e, mps, layouts, bench, epilogues, profile, scaling, multi, cnn)
 want() { [[ $what == all || ,$what, == *,$1,* ]]; }
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
@@ -21,7 +21,10 @@ if want tests; then
   { mpirun -np 1 $B/test_gpu; echo "rc=$?"; mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
     mpirun -np 1 $B/test_gpu_train; echo "rc=$?"; mpirun -np 2 $B/test_gpu_train; echo "rc=$?";
     mpirun -np 4 $B/test_gpu_train; echo "rc=$?";
-    mpirun -np 1 $B/test_core; echo "rc=$?"; mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
+    mpirun -np 1 $B/test_core; echo "rc=$?"; mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?";
+    mpirun -np 1 $B/test_gpu_conv; echo "rc=$?"; mpirun -np 1 $B/test_gpu_train_cnn; echo "rc=$?";
+    mpirun -np 2 $B/test_gpu_train_cnn; echo "rc=$?"; mpirun -np 1 $B/test_layers; echo "rc=$?";
+    mpirun -np 4 --oversubscribe $B/test_parallel_cnn; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
 fi
 if want e2e; then
@@ -153,6 +156,61 @@ if want multi; then
   mpirun -np $G $B/dptrain --config inputs/run.ini --train.epochs $ep --train.batch_per_rank $((64 / G)) --checkpoint.dir "" \
     --log.metrics "$OUT/acc-${G}gpu.jsonl" > "$OUT/acc-${G}gpu.log" 2>&1
   grep -H "final test accuracy" "$OUT"/acc-*.log
+fi
+if want cnn; then
+  # Convolutional networks: bench-step (the product's loop, data resident) beside the PyTorch
+  # peer (bench/torch_cnn.py: eager with cuDNN, the whole step in a CUDA graph, torch.compile;
+  # NCHW and channels_last) in the same call, bf16 and TF32, at batch 256: inputs/cnn.ini's
+  # network on 1x28x28, and a compute-bound network on 3x64x64. The GEMM ceiling (8192^3, as
+  # torch.matmul reaches it) for the fraction of it the large network's model TFLOP/s is. Then
+  # inputs/cnn.ini end to end on Fashion-MNIST (1 GPU).
+  CNN="conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(128) relu dropout(0.25) linear(10)"
+  BIG="conv(128,3,pad=1) relu conv(128,3,pad=1) relu maxpool(2) conv(256,3,pad=1) relu conv(256,3,pad=1) relu maxpool(2) flatten linear(10)"
+  [[ ${SKIP_TORCH:-0} == 1 ]] || python3 bench/torch_step.py --gemm --layers 784,10 --batch 256 --precision bf16 --modes eager --steps 10 > "$OUT/cnn-gemm.jsonl" 2>&1
+  for p in bf16 tf32; do
+    mpirun -np 1 $B/bench-step --layers "$CNN" --input 1,28,28 --batch 256 --precision $p > "$OUT/cnn-small-ours-$p.log" 2>&1
+    mpirun -np 1 $B/bench-step --layers "$BIG" --input 3,64,64 --batch 256 --precision $p --warmup 10 --steps 50 > "$OUT/cnn-big-ours-$p.log" 2>&1
+    if [[ ${SKIP_TORCH:-0} != 1 ]]; then
+      python3 bench/torch_cnn.py --layers "$CNN" --input 1,28,28 --batch 256 --precision $p > "$OUT/cnn-small-torch-$p.jsonl" 2>&1
+      python3 bench/torch_cnn.py --layers "$BIG" --input 3,64,64 --batch 256 --precision $p --steps 30 > "$OUT/cnn-big-torch-$p.jsonl" 2>&1
+    fi
+  done
+  python3 - "$OUT" <<'PY'
+import glob, json, sys
+out = sys.argv[1]
+def rows(pattern):
+    r = []
+    for f in sorted(glob.glob(f"{out}/{pattern}")):
+        for line in open(f):
+            line = line[line.find("{"):] if "{" in line else ""
+            try:
+                r.append(json.loads(line))
+            except ValueError:
+                pass
+    return r
+gemm = {k: v for d in rows("cnn-gemm.jsonl") if d.get("bench") == "gemm" for k, v in d.items()}
+print(f"{'net':<6}{'prec':<6}{'ours sps':>11}{'TFLOP/s':>9}{'eager':>11}{'graph':>11}{'compile':>11}"
+      f"{'x eager':>9}{'x best':>8}{'% ceiling':>10}")
+for net in ("small", "big"):
+    for p in ("bf16", "tf32"):
+        ours = [d for d in rows(f"cnn-{net}-ours-{p}.log") if d.get("bench") == "step"]
+        peer = [d for d in rows(f"cnn-{net}-torch-{p}.jsonl") if "samples_per_s" in d]
+        if not ours:
+            print(f"{net:<6}{p:<6} bench-step gave no result"); continue
+        o = ours[0]
+        best = {m: max([d["samples_per_s"] for d in peer if d["mode"] == m] or [0]) for m in ("eager", "graph", "compile")}
+        top = max(best.values()) or float("nan")
+        ceil = gemm.get(f"{p}_tflops")
+        frac = f"{100 * o['model_tflops'] / ceil:.0f}%" if ceil else "-"
+        print(f"{net:<6}{p:<6}{o['samples_per_s']:>11.0f}{o['model_tflops']:>9.1f}{best['eager']:>11.0f}"
+              f"{best['graph']:>11.0f}{best['compile']:>11.0f}{o['samples_per_s'] / (best['eager'] or float('nan')):>9.2f}"
+              f"{o['samples_per_s'] / top:>8.2f}{frac:>10}")
+print("GEMM ceiling (8192^3):", gemm or "not measured")
+PY
+  [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  /usr/bin/time -f "wall %e s" mpirun -np 1 $B/dptrain --config inputs/cnn.ini --checkpoint.dir /tmp/ck-cnn \
+    --log.metrics $OUT/cnn-e2e-metrics.jsonl > "$OUT/cnn-e2e.log" 2>&1
+  grep -E "wall|final|done|error" "$OUT/cnn-e2e.log"
 fi
 # The device tool brings back few files: pack everything into one archive.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"

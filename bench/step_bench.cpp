@@ -3,6 +3,13 @@
 // synthetic dataset already resident on the device, and report ms per step and model TFLOP/s.
 //
 //   mpirun -np 1 ./build/bench-step --layers 784,1024,1024,10 --batch 256 --precision tf32
+//   mpirun -np 1 ./build/bench-step --layers "conv(32,3,pad=1) relu maxpool(2) flatten linear(10)" \
+//       --input 1,28,28 --batch 256 --precision bf16
+//
+// --layers takes either form of model.layers; a layer list runs on synthetic images of --input
+// (C,H,W). Model TFLOP/s = 6 × the forward multiply-adds per sample (a weight once per sample for
+// a Linear layer, once per output pixel for a conv) × samples/s: the forward pass and the two
+// backward GEMMs, as for the MLP (6 × parameters).
 //
 // Warm-up is separated by difference: after one untimed run, a run of W steps and a run of W+S
 // steps, each in a fresh Trainer; (t(W+S) − t(W)) / S is the steady-state step time. Repeated
@@ -28,7 +35,7 @@ namespace {
 
 struct Args {
   std::string layers = "784,1024,1024,10", precision = "fp32", optimizer = "nesterov";
-  std::string device = "auto", comm = "auto";
+  std::string device = "auto", comm = "auto", input = "1,28,28";
   int batch = 256, warmup = 200, steps = 2000, repeat = 3;
 };
 
@@ -41,6 +48,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--optimizer") a.optimizer = v;
     else if (k == "--device") a.device = v;
     else if (k == "--comm") a.comm = v;
+    else if (k == "--input") a.input = v;
     else if (k == "--batch") a.batch = std::stoi(v);
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--steps") a.steps = std::stoi(v);
@@ -52,7 +60,12 @@ Args parse(int argc, char** argv) {
 
 Config make_config(const Args& a) {
   Config c;
-  c.layers = parse_layers(a.layers);
+  if (is_layer_list(a.layers)) {
+    c.layers.clear();
+    c.layer_list = layer_list_text(parse_layer_list(a.layers));
+  } else {
+    c.layers = parse_layers(a.layers);
+  }
   c.train_file = "(synthetic)";
   c.batch_per_rank = a.batch;
   c.optimizer = a.optimizer;
@@ -87,11 +100,18 @@ int main(int argc, char** argv) {
     Runtime rt;
     make_backend_for(cfg, MPI_COMM_WORLD, rt);
     make_comm_for(cfg, MPI_COMM_WORLD, rt);
-    const int classes = cfg.layers.back();
+    // The model's shapes: an MLP on its first width, a layer list on --input images.
+    const bool list = !cfg.layer_list.empty();
+    const std::vector<int> in = parse_input_shape(a.input);
+    const TensorShape input = list ? TensorShape::image(in[0], in[1], in[2]) : TensorShape::features(cfg.layers.front());
+    const ModelPlan plan = plan_model(list ? parse_layer_list(cfg.layer_list) : mlp_layer_list(cfg.layers, Act::relu), input, 0);
+    const int classes = int(plan.output().c);
     // Enough rows for 64 distinct batches per rank; the loop wraps around epochs.
-    Dataset ds = synth_blobs(int64_t(a.batch) * mpi.size() * 64, cfg.layers.front(), classes, 1.f, 7);
-    size_t params = 0;
-    for (size_t i = 0; i + 1 < cfg.layers.size(); ++i) params += size_t(cfg.layers[i] + 1) * cfg.layers[i + 1];
+    Dataset ds = synth_blobs(int64_t(a.batch) * mpi.size() * 64, int(input.size()), classes, 1.f, 7);
+    if (list) ds.sample_shape = {in[0], in[1], in[2]};
+    double params = 0;  // forward multiply-adds per sample (with the biases' adds)
+    for (const PlannedLayer& l : plan.layers)
+      params += double(l.weights + l.biases) * double(l.spec.kind == LayerKind::conv ? l.out.h * l.out.w : 1);
     // One untimed run first: the first Trainer of a process pays one-time costs (the dataset's
     // upload to the device, library handles, NCCL's lazy set-up) that would skew a difference.
     loop_seconds(cfg, a.warmup, rt, ds);
@@ -108,7 +128,7 @@ int main(int argc, char** argv) {
 #endif
     const double med = ms[ms.size() / 2];
     const double samples = double(a.batch) * mpi.size() / (med * 1e-3);
-    const double tflops = 6.0 * double(params) * samples / 1e12;
+    const double tflops = 6.0 * params * samples / 1e12;
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "bench-step layers=%s batch/rank=%d ranks=%d precision=%s optimizer=%s backend=%s "

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""The peer for bench-step's layer lists on a GPU: PyTorch training the same convolutional
+network (parsed from dptrain's layer-list syntax: conv, maxpool, avgpool, relu, tanh, sigmoid,
+gelu, flatten, linear, dropout) with SGD (Nesterov momentum 0.9), the same batch and precision
+(bf16 by torch.autocast; TF32 for cuBLAS and cuDNN), synthetic data already on the GPU; cuDNN
+with its autotuner (cudnn.benchmark) in every mode:
+  eager    plain PyTorch
+  graph    the whole step captured in a CUDA graph
+  compile  the whole step under torch.compile
+each in PyTorch's default memory format (NCHW) and in channels_last (NHWC, which cuDNN's
+tensor-core convolutions prefer). Prints one JSON object per measurement; the best of them is
+the peer to beat. Model TFLOP/s is counted as bench-step counts it: 6 x the forward
+multiply-adds per sample.
+
+    python3 bench/torch_cnn.py --layers "conv(32,3,pad=1) relu maxpool(2) flatten linear(10)" \\
+        --input 1,28,28 --batch 256 --precision bf16 --modes eager,graph,compile
+"""
+import argparse
+import json
+import re
+import statistics
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def build(layers, shape):
+    """nn.Sequential of a layer list on (C, H, W) inputs, and its forward multiply-adds."""
+    acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": lambda: nn.GELU(approximate="none")}
+    mods, macs = [], 0
+    for tok in re.findall(r"[a-z]+(?:\([^)]*\))?", layers):
+        name, _, args = tok.partition("(")
+        parts = [a.strip() for a in args.rstrip(")").split(",") if a.strip()]
+        kw = dict(a.split("=") for a in parts if "=" in a)
+        pos = [a for a in parts if "=" not in a]
+        if name == "conv":
+            out, k = int(pos[0]), int(pos[1])
+            s, p = int(kw.get("stride", 1)), int(kw.get("pad", 0))
+            m = nn.Conv2d(shape[0], out, k, stride=s, padding=p)
+            shape = (out, (shape[1] + 2 * p - k) // s + 1, (shape[2] + 2 * p - k) // s + 1)
+            macs += (out * m.in_channels * k * k + out) * shape[1] * shape[2]
+        elif name in ("maxpool", "avgpool"):
+            k = int(pos[0])
+            s = int(kw.get("stride", k))
+            m = (nn.MaxPool2d if name == "maxpool" else nn.AvgPool2d)(k, stride=s)
+            shape = (shape[0], (shape[1] - k) // s + 1, (shape[2] - k) // s + 1)
+        elif name == "flatten":
+            m = nn.Flatten()
+            shape = (shape[0] * shape[1] * shape[2],) if len(shape) == 3 else shape
+        elif name == "linear":
+            n_in = shape[0] if len(shape) == 1 else shape[0] * shape[1] * shape[2]
+            m = nn.Linear(n_in, int(pos[0]))
+            macs += (n_in + 1) * int(pos[0])
+            shape = (int(pos[0]),)
+        elif name == "dropout":
+            m = nn.Dropout(float(pos[0]))
+        else:
+            m = acts[name]()
+        mods.append(m)
+    return nn.Sequential(*mods), shape[0], macs
+
+
+def time_ms(fn, steps, repeat):
+    """Median over `repeat` runs of `steps` calls, timed with CUDA events after a warm-up."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(steps):
+            fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) / steps)
+    return statistics.median(out), min(out), max(out)
+
+
+def step_fn(model, opt, x, y, bf16):
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def graphed(step):
+    # Whole-step capture as in PyTorch's CUDA graphs notes: warm up on a side stream, capture, replay.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(5):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    return g.replay
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", required=True)
+    p.add_argument("--input", default="1,28,28", help="C,H,W")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16"])
+    p.add_argument("--modes", default="eager,graph,compile")
+    p.add_argument("--formats", default="nchw,nhwc")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=3)
+    a = p.parse_args()
+    shape = tuple(int(v) for v in a.input.split(","))
+    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.benchmark = True
+    for fmt in a.formats.split(","):
+        for mode in a.modes.split(","):
+            torch.manual_seed(0)
+            model, classes, macs = build(a.layers, shape)
+            mf = torch.channels_last if fmt == "nhwc" else torch.contiguous_format
+            model = model.cuda().to(memory_format=mf)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
+            x = torch.randn((a.batch,) + shape, device="cuda").to(memory_format=mf)
+            y = torch.randint(0, classes, (a.batch,), device="cuda")
+            try:
+                m = torch.compile(model) if mode == "compile" else model
+                fn = step_fn(m, opt, x, y, a.precision == "bf16")
+                if mode == "graph":
+                    fn = graphed(fn)
+                ms, lo, hi = time_ms(fn, a.steps, a.repeat)
+            except Exception as e:  # a mode this torch cannot run is reported, not fatal
+                print(json.dumps({"bench": "torch-cnn", "mode": mode, "format": fmt, "error": str(e)[:300]}), flush=True)
+                continue
+            sps = a.batch / (ms * 1e-3)
+            print(json.dumps({"bench": "torch-cnn", "mode": mode, "format": fmt, "layers": a.layers,
+                              "input": a.input, "batch": a.batch, "precision": a.precision,
+                              "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                              "ms_per_step": round(ms, 5), "ms_min": round(lo, 5), "ms_max": round(hi, 5),
+                              "samples_per_s": round(sps, 1), "model_tflops": round(6 * macs * sps / 1e12, 2)}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
