@@ -1,4 +1,5 @@
-// dptrain: data-parallel training of an MLP, one rank per GPU (or CPU share).
+// dptrain: data-parallel training of a neural network (an MLP or a layer list), one rank per
+// GPU (or CPU share).
 //   mpirun -np 2 ./dptrain --config inputs/run.ini [--section.key value ...]
 //   mpirun -np 2 ./dptrain --eval --checkpoint runs/x/ckpt-000001000.h5 [--data.test FILE]
 #include <cstdio>
