@@ -21,6 +21,35 @@ namespace dpt::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// Elements per launch: every index inside a kernel fits a non-negative int, so the index
+// arithmetic is 32-bit (64-bit division is emulated on the GPU, ~10x the cost).
+// (Headroom below 2^31 for the grid-stride loop's last increment.)
+constexpr int64_t kMaxChunk = (int64_t(1) << 31) - (int64_t(1) << 24);
+
+// Division by a divisor fixed for the launch, as a multiply-high and a shift (Granlund and
+// Montgomery; the form CUTLASS's FastDivmod uses): exact for 0 <= n < 2^31, d >= 1. The element
+// index of these memory-bound kernels is split into 3-5 coordinates; an integer division each
+// would cost more than the memory access.
+struct Div {
+  int d = 1;
+  unsigned mul = 0, shr = 0;
+  Div() = default;
+  explicit Div(int divisor) : d(divisor) {
+    if (d == 1) return;
+    int l = 0;  // ceil(log2 d)
+    while ((1ll << l) < d) ++l;
+    const unsigned p = 31u + unsigned(l);
+    mul = unsigned(((1ull << p) + unsigned(d) - 1) / unsigned(d));
+    shr = p - 32u;
+  }
+  __device__ __forceinline__ int div(int n) const { return d == 1 ? n : int(__umulhi(unsigned(n), mul) >> shr); }
+  // n = q·d + r: q returned, r out.
+  __device__ __forceinline__ int divmod(int n, int& r) const {
+    const int q = div(n);
+    r = n - q * d;
+    return q;
+  }
+};
 
 // ============================== kernels ==============================
 
@@ -50,66 +79,61 @@ template <> struct ColT<4, false> { using T = float4; };
 template <> struct ColT<1, true> { using T = __nv_bfloat16; };
 template <> struct ColT<4, true> { using T = Bf16x4; };
 
-// One thread per (row, kh, kw, V channels): reads of consecutive threads are consecutive channels
-// of one input pixel and writes consecutive columns of one row, both coalesced. V = 4 needs
-// c % 4 == 0 and 16-byte aligned x (8-byte aligned bf16 cols, 16-byte fp32 cols).
+// One thread per (row, kh, kw, V channels) of rows [row0, row0 + total / (k·k·c/V)): reads of
+// consecutive threads are consecutive channels of one input pixel and writes consecutive columns
+// of one row, both coalesced. V = 4 needs c % 4 == 0 and 16-byte aligned x (8-byte aligned bf16
+// cols, 16-byte fp32 cols).
 template <int V, bool BF16>
 __global__ void im2col_kernel(const float* __restrict__ x, typename ColT<V, BF16>::T* cols,
-                              ConvGeom g, int oh_n, int ow_n, size_t total) {
+                              ConvGeom g, Div cv, Div taps, Div k_n, Div ow_n, Div oh_n, int row0, int total) {
   using F = typename VecF<V>::T;
-  const int cv = g.c / V, kk = g.k * g.k;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const int c = int(i % cv);
-    const size_t t = i / cv;
-    const int j = int(t % kk);
-    const size_t row = t / kk;
-    const int ow = int(row % ow_n);
-    const size_t r2 = row / ow_n;
-    const int oh = int(r2 % oh_n);
-    const int n = int(r2 / oh_n);
-    const int ih = oh * g.stride - g.pad + j / g.k, iw = ow * g.stride - g.pad + j % g.k;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int c, j, ow, oh;
+    const int t = cv.divmod(i, c);
+    const int row = row0 + taps.divmod(t, j);
+    const int n = oh_n.divmod(ow_n.divmod(row, ow), oh);
+    int kw;
+    const int kh = k_n.divmod(j, kw);
+    const int ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
     F v{};
     if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w)
-      v = reinterpret_cast<const F*>(x)[((size_t(n) * g.h + ih) * g.w + iw) * cv + c];
-    put(cols + i, v);
+      v = reinterpret_cast<const F*>(x)[((size_t(n) * g.h + ih) * g.w + iw) * size_t(cv.d) + size_t(c)];
+    put(cols + (size_t(row0) * size_t(taps.d) * size_t(cv.d) + size_t(i)), v);
   }
 }
 
-// One thread per (n, ih, iw, V channels): the sum over the (kh, kw) whose window covers the
-// element, kh and kw descending so that oh and ow ascend (the CPU's scatter order).
+// One thread per (n, ih, iw, V channels) of pixels [pix0, ...): the sum over the (kh, kw) whose
+// window covers the element, kh and kw descending so that oh and ow ascend (the CPU's scatter
+// order).
 template <int V>
-__global__ void col2im_kernel(const float* __restrict__ dcols, float* dx, ConvGeom g, int oh_n,
-                              int ow_n, size_t total) {
+__global__ void col2im_kernel(const float* __restrict__ dcols, float* dx, ConvGeom g, Div cv, Div w_n,
+                              Div h_n, Div st, int oh_n, int ow_n, int pix0, int total) {
   using F = typename VecF<V>::T;
-  const int cv = g.c / V;
-  const size_t rowlen = size_t(g.k) * g.k * cv;  // a dcols row in F units
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const int c = int(i % cv);
-    const size_t t = i / cv;
-    const int iw = int(t % g.w);
-    const size_t t2 = t / g.w;
-    const int ih = int(t2 % g.h);
-    const int n = int(t2 / g.h);
+  const size_t rowlen = size_t(g.k) * g.k * size_t(cv.d);  // a dcols row in F units
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int c, iw, ih;
+    const int pix = pix0 + cv.divmod(i, c);
+    const int n = h_n.divmod(w_n.divmod(pix, iw), ih);
     F s{};
     for (int kh = g.k - 1; kh >= 0; --kh) {
       const int yh = ih + g.pad - kh;
-      if (yh < 0 || yh % g.stride) continue;
-      const int oh = yh / g.stride;
-      if (oh >= oh_n) continue;
+      if (yh < 0) continue;
+      int rh;
+      const int oh = st.divmod(yh, rh);
+      if (rh || oh >= oh_n) continue;
       for (int kw = g.k - 1; kw >= 0; --kw) {
         const int yw = iw + g.pad - kw;
-        if (yw < 0 || yw % g.stride) continue;
-        const int ow = yw / g.stride;
-        if (ow >= ow_n) continue;
+        if (yw < 0) continue;
+        int rw;
+        const int ow = st.divmod(yw, rw);
+        if (rw || ow >= ow_n) continue;
         const size_t row = (size_t(n) * oh_n + oh) * ow_n + ow;
-        F v = reinterpret_cast<const F*>(dcols)[row * rowlen + size_t(kh * g.k + kw) * cv + c];
+        F v = reinterpret_cast<const F*>(dcols)[row * rowlen + size_t(kh * g.k + kw) * size_t(cv.d) + size_t(c)];
 #pragma unroll
         for (int q = 0; q < V; ++q) lane(s, q) += lane(v, q);
       }
     }
-    reinterpret_cast<F*>(dx)[i] = s;
+    reinterpret_cast<F*>(dx)[size_t(pix) * size_t(cv.d) + size_t(c)] = s;
   }
 }
 
@@ -122,24 +146,19 @@ __device__ __forceinline__ bool is_nan(float v) {
 }
 
 template <int V, bool MAX>
-__global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* argmax, PoolGeom g,
-                                int oh_n, int ow_n, size_t total) {
+__global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* argmax, PoolGeom g, Div cv,
+                                Div ow_n, Div oh_n, int pix0, int total) {
   using F = typename VecF<V>::T;
-  const int cv = g.c / V;
   const float area = float(g.k * g.k);
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const int c = int(i % cv);
-    const size_t t = i / cv;
-    const int ow = int(t % ow_n);
-    const size_t t2 = t / ow_n;
-    const int oh = int(t2 % oh_n);
-    const int n = int(t2 / oh_n);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int c, ow, oh;
+    const int pix = pix0 + cv.divmod(i, c);
+    const int n = oh_n.divmod(ow_n.divmod(pix, ow), oh);
     F best{};
     int idx[V];
     for (int j = 0; j < g.k * g.k; ++j) {
-      const int ih = oh * g.stride + j / g.k, iw = ow * g.stride + j % g.k;
-      F v = reinterpret_cast<const F*>(x)[((size_t(n) * g.h + ih) * g.w + iw) * cv + c];
+      const int kh = j / g.k, ih = oh * g.stride + kh, iw = ow * g.stride + j - kh * g.k;  // once per tap
+      F v = reinterpret_cast<const F*>(x)[((size_t(n) * g.h + ih) * g.w + iw) * size_t(cv.d) + size_t(c)];
 #pragma unroll
       for (int q = 0; q < V; ++q) {
         const float e = lane(v, q);
@@ -160,10 +179,11 @@ __global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* 
 #pragma unroll
       for (int q = 0; q < V; ++q) lane(best, q) = __fdiv_rn(lane(best, q), area);
     }
-    reinterpret_cast<F*>(y)[i] = best;
+    const size_t o = size_t(pix) * size_t(cv.d) + size_t(c);
+    reinterpret_cast<F*>(y)[o] = best;
     if (MAX) {
 #pragma unroll
-      for (int q = 0; q < V; ++q) argmax[i * V + q] = idx[q];
+      for (int q = 0; q < V; ++q) argmax[o * V + q] = idx[q];
     }
   }
 }
@@ -172,30 +192,27 @@ __global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* 
 // scatter order). Max: dy where the window's argmax is this element; avg: dy / k².
 template <bool MAX>
 __global__ void pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                float* dx, PoolGeom g, int oh_n, int ow_n, size_t total) {
+                                float* dx, PoolGeom g, Div c_n, Div w_n, Div h_n, Div st, int oh_n, int ow_n,
+                                int pix0, int total) {
   const float area = float(g.k * g.k);
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const int c = int(i % g.c);
-    const size_t t = i / g.c;
-    const int iw = int(t % g.w);
-    const size_t t2 = t / g.w;
-    const int ih = int(t2 % g.h);
-    const int n = int(t2 / g.h);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int c, iw, ih;
+    const int pix = pix0 + c_n.divmod(i, c);
+    const int n = h_n.divmod(w_n.divmod(pix, iw), ih);
     // Windows oh with oh·s <= ih < oh·s + k.
-    const int oh0 = ih < g.k ? 0 : (ih - g.k) / g.stride + 1, oh1 = min(oh_n - 1, ih / g.stride);
-    const int ow0 = iw < g.k ? 0 : (iw - g.k) / g.stride + 1, ow1 = min(ow_n - 1, iw / g.stride);
+    const int oh0 = ih < g.k ? 0 : st.div(ih - g.k) + 1, oh1 = min(oh_n - 1, st.div(ih));
+    const int ow0 = iw < g.k ? 0 : st.div(iw - g.k) + 1, ow1 = min(ow_n - 1, st.div(iw));
     float s = 0.f;
     for (int oh = oh0; oh <= oh1; ++oh)
       for (int ow = ow0; ow <= ow1; ++ow) {
-        const size_t o = ((size_t(n) * oh_n + oh) * ow_n + ow) * g.c + c;
+        const size_t o = ((size_t(n) * oh_n + oh) * ow_n + ow) * size_t(g.c) + size_t(c);
         if (MAX) {
           if (argmax[o] == (ih - oh * g.stride) * g.k + (iw - ow * g.stride)) s += dy[o];
         } else {
           s += __fdiv_rn(dy[o], area);
         }
       }
-    dx[i] = s;
+    dx[size_t(pix) * size_t(g.c) + size_t(c)] = s;
   }
 }
 
@@ -234,35 +251,39 @@ __global__ void batched_transpose_kernel(const float* __restrict__ src, float* _
   }
 }
 
-// One thread per element in memory order (NHWC); the mask's element index is the NCHW one.
-__global__ void dropout_kernel(const float* x, float* y, int batch, DropoutArgs d, uint32_t thr,
-                               float scale, const StepCtl* ctl) {
+// One thread per element in memory order (NHWC) of samples [n0, ...); the mask's element index
+// is the NCHW one.
+__global__ void dropout_kernel(const float* x, float* y, DropoutArgs d, Div per, Div c_n, uint32_t thr,
+                               float scale, const StepCtl* ctl, int n0, int total) {
   const int64_t step = ctl ? ctl->step : 0;
   const int hw = d.h * d.w;
-  const size_t per = size_t(d.c) * hw, total = per * size_t(batch);
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const size_t n = i / per, m = i % per;
-    const int ch = int(m % d.c), p = int(m / d.c);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int m, ch;
+    const int n = n0 + per.divmod(i, m);
+    const int p = c_n.divmod(m, ch);
     const uint64_t key = dropout_key(d.seed, d.layer, step, d.first + int64_t(n));
-    y[i] = x[i] * (dropout_keep(key, int64_t(ch) * hw + p, thr) ? scale : 0.f);
+    const size_t at = size_t(n) * size_t(per.d) + size_t(m);
+    y[at] = x[at] * (dropout_keep(key, int64_t(ch) * hw + p, thr) ? scale : 0.f);
   }
 }
 
-// One thread per output element (n, c, y, x) of NCHW images: the draw's crop window, flipped.
-__global__ void augment_kernel(const float* __restrict__ x, float* __restrict__ out, int batch,
-                               int c, int h, int w, int pad, const int32_t* draws,
-                               const StepCtl* ctl, int64_t offset) {
+// One thread per output element (n, c, y, x) of NCHW images [n0, ...): the draw's crop window,
+// flipped.
+__global__ void augment_kernel(const float* __restrict__ x, float* __restrict__ out, Div per, Div w_n,
+                               Div h_n, int pad, const int32_t* draws, const StepCtl* ctl, int64_t offset,
+                               int n0, int total) {
   const int64_t first = (ctl ? ctl->cursor : 0) + offset;
-  const size_t per = size_t(c) * h * w, total = per * size_t(batch);
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const size_t n = i / per, m = i % per;
-    const int xx = int(m % w), yy = int(m / w % h), ch = int(m / (size_t(w) * h));
+  const int h = h_n.d, w = w_n.d;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int m, xx, yy;
+    const int n = n0 + per.divmod(i, m);
+    const int ch = h_n.divmod(w_n.divmod(m, xx), yy);
     const int32_t dr = draws[first + int64_t(n)];
     const bool flip = (dr & 1) != 0;
     const int sy = yy + ((dr >> 1) & 0xFF) - pad, sx = (flip ? w - 1 - xx : xx) + ((dr >> 9) & 0xFF) - pad;
-    out[i] = sy >= 0 && sy < h && sx >= 0 && sx < w ? x[n * per + (size_t(ch) * h + sy) * w + sx] : 0.f;
+    const size_t base = size_t(n) * size_t(per.d);
+    out[base + size_t(m)] =
+        sy >= 0 && sy < h && sx >= 0 && sx < w ? x[base + (size_t(ch) * h + sy) * w + sx] : 0.f;
   }
 }
 
@@ -277,55 +298,70 @@ bool aligned(const void* q, size_t bytes) {
   return q == nullptr || reinterpret_cast<uintptr_t>(q) % bytes == 0;
 }
 
+// Calls launch(first, count, elements) for consecutive groups of `units` units (rows, pixels,
+// samples) of `per` elements each, every group under kMaxChunk elements.
+template <class F> void in_chunks(int64_t units, int64_t per, F launch) {
+  if (units <= 0 || per <= 0) return;
+  if (per > kMaxChunk) throw Error("conv kernels: " + std::to_string(per) + " elements per unit exceed 2^31 - 1");
+  const int64_t step = std::max<int64_t>(1, kMaxChunk / per);
+  for (int64_t u = 0; u < units; u += step) {
+    const int64_t count = std::min(step, units - u);
+    launch(int(u), int(count * per));
+  }
+}
+
 }  // namespace
 
 void im2col(const float* x, const ConvGeom& g, void* cols, bool bf16_out, cudaStream_t s) {
-  const int oh = g.oh(), ow = g.ow();
-  const size_t elems = size_t(g.rows()) * size_t(g.cols());
-  if (elems == 0) return;
   const bool v4 = g.c % 4 == 0 && aligned(x, 16) && aligned(cols, bf16_out ? 8 : 16);
-  const size_t total = elems / (v4 ? 4 : 1);
-  const unsigned grid = grid_for(total);
-  if (bf16_out) {
-    if (v4) im2col_kernel<4, true><<<grid, kThreads, 0, s>>>(x, static_cast<Bf16x4*>(cols), g, oh, ow, total);
-    else im2col_kernel<1, true><<<grid, kThreads, 0, s>>>(x, static_cast<__nv_bfloat16*>(cols), g, oh, ow, total);
-  } else {
-    if (v4) im2col_kernel<4, false><<<grid, kThreads, 0, s>>>(x, static_cast<float4*>(cols), g, oh, ow, total);
-    else im2col_kernel<1, false><<<grid, kThreads, 0, s>>>(x, static_cast<float*>(cols), g, oh, ow, total);
-  }
-  DPT_CHECK_LAUNCH("im2col_kernel");
+  const int V = v4 ? 4 : 1;
+  const Div cv(g.c / V), taps(g.k * g.k), k_n(g.k), ow_n(g.ow()), oh_n(g.oh());
+  in_chunks(g.rows(), int64_t(g.k) * g.k * (g.c / V), [&](int row0, int total) {
+    const unsigned grid = grid_for(size_t(total));
+    if (bf16_out) {
+      if (v4) im2col_kernel<4, true><<<grid, kThreads, 0, s>>>(x, static_cast<Bf16x4*>(cols), g, cv, taps, k_n, ow_n, oh_n, row0, total);
+      else im2col_kernel<1, true><<<grid, kThreads, 0, s>>>(x, static_cast<__nv_bfloat16*>(cols), g, cv, taps, k_n, ow_n, oh_n, row0, total);
+    } else {
+      if (v4) im2col_kernel<4, false><<<grid, kThreads, 0, s>>>(x, static_cast<float4*>(cols), g, cv, taps, k_n, ow_n, oh_n, row0, total);
+      else im2col_kernel<1, false><<<grid, kThreads, 0, s>>>(x, static_cast<float*>(cols), g, cv, taps, k_n, ow_n, oh_n, row0, total);
+    }
+    DPT_CHECK_LAUNCH("im2col_kernel");
+  });
 }
 
 void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s) {
-  const size_t elems = size_t(g.batch) * g.h * g.w * g.c;
-  if (elems == 0) return;
   const bool v4 = g.c % 4 == 0 && aligned(dcols, 16) && aligned(dx, 16);
-  const size_t total = elems / (v4 ? 4 : 1);
-  if (v4) col2im_kernel<4><<<grid_for(total), kThreads, 0, s>>>(dcols, dx, g, g.oh(), g.ow(), total);
-  else col2im_kernel<1><<<grid_for(total), kThreads, 0, s>>>(dcols, dx, g, g.oh(), g.ow(), total);
-  DPT_CHECK_LAUNCH("col2im_kernel");
+  const int V = v4 ? 4 : 1;
+  const Div cv(g.c / V), w_n(g.w), h_n(g.h), st(g.stride);
+  in_chunks(int64_t(g.batch) * g.h * g.w, g.c / V, [&](int pix0, int total) {
+    if (v4) col2im_kernel<4><<<grid_for(size_t(total)), kThreads, 0, s>>>(dcols, dx, g, cv, w_n, h_n, st, g.oh(), g.ow(), pix0, total);
+    else col2im_kernel<1><<<grid_for(size_t(total)), kThreads, 0, s>>>(dcols, dx, g, cv, w_n, h_n, st, g.oh(), g.ow(), pix0, total);
+    DPT_CHECK_LAUNCH("col2im_kernel");
+  });
 }
 
 void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max, cudaStream_t s) {
-  const size_t elems = size_t(g.batch) * g.oh() * g.ow() * g.c;
-  if (elems == 0) return;
   const bool v4 = g.c % 4 == 0 && aligned(x, 16) && aligned(y, 16);
-  const size_t total = elems / (v4 ? 4 : 1);
-  const unsigned grid = grid_for(total);
-  if (max && v4) pool_fwd_kernel<4, true><<<grid, kThreads, 0, s>>>(x, y, argmax, g, g.oh(), g.ow(), total);
-  else if (max) pool_fwd_kernel<1, true><<<grid, kThreads, 0, s>>>(x, y, argmax, g, g.oh(), g.ow(), total);
-  else if (v4) pool_fwd_kernel<4, false><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, g.oh(), g.ow(), total);
-  else pool_fwd_kernel<1, false><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, g.oh(), g.ow(), total);
-  DPT_CHECK_LAUNCH("pool_fwd_kernel");
+  const int V = v4 ? 4 : 1;
+  const Div cv(g.c / V), ow_n(g.ow()), oh_n(g.oh());
+  in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / V, [&](int pix0, int total) {
+    const unsigned grid = grid_for(size_t(total));
+    if (max && v4) pool_fwd_kernel<4, true><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total);
+    else if (max) pool_fwd_kernel<1, true><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total);
+    else if (v4) pool_fwd_kernel<4, false><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total);
+    else pool_fwd_kernel<1, false><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total);
+    DPT_CHECK_LAUNCH("pool_fwd_kernel");
+  });
 }
 
 void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max,
                    cudaStream_t s) {
-  const size_t total = size_t(g.batch) * g.h * g.w * g.c;
-  if (total == 0) return;
-  if (max) pool_bwd_kernel<true><<<grid_for(total), kThreads, 0, s>>>(dy, argmax, dx, g, g.oh(), g.ow(), total);
-  else pool_bwd_kernel<false><<<grid_for(total), kThreads, 0, s>>>(dy, nullptr, dx, g, g.oh(), g.ow(), total);
-  DPT_CHECK_LAUNCH("pool_bwd_kernel");
+  const Div c_n(g.c), w_n(g.w), h_n(g.h), st(g.stride);
+  in_chunks(int64_t(g.batch) * g.h * g.w, g.c, [&](int pix0, int total) {
+    if (max) pool_bwd_kernel<true><<<grid_for(size_t(total)), kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, g.oh(), g.ow(), pix0, total);
+    else pool_bwd_kernel<false><<<grid_for(size_t(total)), kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, g.oh(), g.ow(), pix0, total);
+    DPT_CHECK_LAUNCH("pool_bwd_kernel");
+  });
 }
 
 void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s) {
@@ -348,19 +384,24 @@ void batched_transpose(const float* src, float* dst, int batch, int rows, int co
 }
 
 void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl, cudaStream_t s) {
-  const size_t total = size_t(batch) * d.c * d.h * d.w;
-  if (total == 0) return;
-  dropout_kernel<<<grid_for(total), kThreads, 0, s>>>(x, y, batch, d, dropout_threshold(d.p),
-                                                      float(1.0 / (1.0 - d.p)), ctl);
-  DPT_CHECK_LAUNCH("dropout_kernel");
+  const int64_t per = int64_t(d.c) * d.h * d.w;
+  const Div per_n{int(per)}, c_n{d.c};
+  const uint32_t thr = dropout_threshold(d.p);
+  const float scale = float(1.0 / (1.0 - d.p));
+  in_chunks(batch, per, [&](int n0, int total) {
+    dropout_kernel<<<grid_for(size_t(total)), kThreads, 0, s>>>(x, y, d, per_n, c_n, thr, scale, ctl, n0, total);
+    DPT_CHECK_LAUNCH("dropout_kernel");
+  });
 }
 
 void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
              const int32_t* draws, const StepCtl* ctl, int64_t offset, cudaStream_t s) {
-  const size_t total = size_t(batch) * c * h * w;
-  if (total == 0) return;
-  augment_kernel<<<grid_for(total), kThreads, 0, s>>>(x, y, batch, c, h, w, pad, draws, ctl, offset);
-  DPT_CHECK_LAUNCH("augment_kernel");
+  const int64_t per = int64_t(c) * h * w;
+  const Div per_n{int(per)}, w_n{w}, h_n{h};
+  in_chunks(batch, per, [&](int n0, int total) {
+    augment_kernel<<<grid_for(size_t(total)), kThreads, 0, s>>>(x, y, per_n, w_n, h_n, pad, draws, ctl, offset, n0, total);
+    DPT_CHECK_LAUNCH("augment_kernel");
+  });
 }
 
 }  // namespace dpt::cuda
