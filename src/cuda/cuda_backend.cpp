@@ -497,6 +497,13 @@ class CudaBackendImpl final : public CudaBackend {
   //   dx (batch,in)  : dXᶜ (in×batch)  = Wᶜ·dZᶜ
   void linear_forward(const float* x, const float* w, const float* b, float* z, float* a,
                       int batch, int in, int out, Act act) override {
+    linear_fwd(x, w, b, z, a, batch, in, out, act, true);
+  }
+
+  // a16_twin: bf16 also writes bf16(a) for the next GEMMs (a conv's output goes to pooling or
+  // im2col instead, which read fp32).
+  void linear_fwd(const float* x, const float* w, const float* b, float* z, float* a, int batch,
+                  int in, int out, Act act, bool a16_twin) {
     cudaStream_t s = stream_.get();
     const size_t n = size_t(batch) * size_t(out);
     // With cuBLASLt the GEMM's epilogue adds the bias (z = x·Wᵀ + b written once), and the
@@ -513,7 +520,7 @@ class CudaBackendImpl final : public CudaBackend {
     note_write(a, n * sizeof(float));
     // bf16: the epilogue also writes bf16(a), the operand of the next layer's forward GEMM and of
     // that layer's weight-gradient GEMM.
-    void* a16 = bf16() ? twin_slot(a, n) : nullptr;
+    void* a16 = bf16() && a16_twin ? twin_slot(a, n) : nullptr;
     cuda::bias_act_forward(z, a, biased ? nullptr : b, batch, out, act, s, a16);
     if (a16) twins_[a].valid = n;
   }
@@ -720,7 +727,7 @@ class CudaBackendImpl final : public CudaBackend {
     note_write(cols, n * sizeof(float));
     cuda::im2col(x, g, c16, true, stream_.get());
     twins_[cols].valid = n;
-    linear_forward(cols, w, b, z, a, g.rows(), g.cols(), g.out, act);
+    linear_fwd(cols, w, b, z, a, g.rows(), g.cols(), g.out, act, false);
   }
   void col2im(const float* dcols, const ConvGeom& g, float* dx) override {
     note_write(dx, size_t(g.batch) * g.h * g.w * g.c * sizeof(float));
