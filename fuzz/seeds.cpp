@@ -33,6 +33,17 @@ int main(int argc, char** argv) {
   ck.tensors.push_back({"model/fc0/weight", {2, 3}, {1, 2, 3, 4, 5, 6}});
   ck.tensors.push_back({"model/fc0/bias", {2}, {0.5f, -0.5f}});
   dpt::write_checkpoint((dir / "ckpt" / "ckpt-000000003.h5").string(), ck);
+  // A layer list's checkpoint: model and input_shape attributes, a conv tensor of rank 4.
+  dpt::Checkpoint cnn = ck;
+  cnn.layers.clear();
+  cnn.model = "conv(2,3,stride=1,pad=1) relu flatten linear(2)";
+  cnn.input_shape = {1, 3, 3};
+  cnn.config = "[model]\nlayers = " + cnn.model + "\n";
+  cnn.tensors = {{"model/conv0/weight", {2, 1, 3, 3}, std::vector<float>(18, 0.25f)},
+                 {"model/conv0/bias", {2}, {0.1f, -0.1f}},
+                 {"model/fc0/weight", {2, 18}, std::vector<float>(36, -0.5f)},
+                 {"model/fc0/bias", {2}, {0.f, 1.f}}};
+  dpt::write_checkpoint((dir / "ckpt" / "ckpt-000000004.h5").string(), cnn);
 
   dpt::Config c;
   c.train_file = "train.h5";

@@ -157,7 +157,7 @@ Shapes expected_layers(const Checkpoint& ck, std::string* problem) {
   return s;
 }
 
-// who: what the shapes come from, for the message ("layers" or "the model").
+// who: what the shapes come from, for the message ("layers require", "the model requires").
 std::string tensor_problem(const Shapes& layers, const char* who, const Tensor& t) {
   std::string p = name_problem(t.name);
   if (!p.empty()) return p;
@@ -180,8 +180,7 @@ std::string tensor_problem(const Shapes& layers, const char* who, const Tensor& 
     return "tensor " + t.name + " names layer " + parts[parts.size() - 2] + ", which the model does not have";
   const std::vector<int64_t>& want = leaf == "weight" ? it->second.first : it->second.second;
   if (t.shape != want)
-    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " + who + " require " +
-           shape_str(want);
+    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " + who + " " + shape_str(want);
   return "";
 }
 
@@ -193,7 +192,7 @@ std::string layout_problem(const Checkpoint& ck) {
   if (ck.tensors.size() > kMaxTensors) return "too many tensors";
   std::set<std::string> names;
   for (const Tensor& t : ck.tensors) {
-    p = tensor_problem(layers, ck.model.empty() ? "layers" : "the model", t);
+    p = tensor_problem(layers, ck.model.empty() ? "layers require" : "the model requires", t);
     if (!p.empty()) return p;
     if (!names.insert(t.name).second) return "tensor " + t.name + " appears twice";
   }

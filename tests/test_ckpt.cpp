@@ -467,3 +467,75 @@ TEST(Ckpt, SigkillDuringSaveNeverLeavesADamagedCheckpoint) {
   std::printf("save takes %.0f us; %lld of 10 children killed mid-save, newest step %lld\n",
               save_us, (long long)killed, (long long)latest);
 }
+
+// A layer list's checkpoint: `model` and `input_shape` instead of `layers`, conv tensors of
+// rank 4, all checked against the list planned on that input.
+TEST(Ckpt, LayerListRoundTripAndShapeChecks) {
+  std::string dir = test_dir();
+  Checkpoint ck = make_ckpt({5, 4, 3}, 9);
+  ck.layers.clear();
+  ck.model = "conv(4,3,stride=1,pad=1) relu maxpool(2,stride=2) flatten linear(3)";
+  ck.input_shape = {2, 4, 4};
+  ck.tensors.clear();
+  for (std::string g : {"model", "optimizer/exp_avg", "optimizer/exp_avg_sq"}) {
+    ck.tensors.push_back(make_tensor(g + "/conv0/weight", {4, 2, 3, 3}));
+    ck.tensors.push_back(make_tensor(g + "/conv0/bias", {4}));
+    ck.tensors.push_back(make_tensor(g + "/fc0/weight", {3, 16}));
+    ck.tensors.push_back(make_tensor(g + "/fc0/bias", {3}));
+  }
+  const std::string p = dir + "/cnn.h5";
+  dpt::write_checkpoint(p, ck);
+  Checkpoint back = dpt::read_checkpoint(p);
+  EXPECT_EQ(back.model, ck.model);
+  EXPECT_EQ(back.input_shape, ck.input_shape);
+  EXPECT_TRUE(back.layers.empty());
+  ASSERT_EQ(back.tensors.size(), ck.tensors.size());
+  const Tensor* w = back.find("model/conv0/weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{4, 2, 3, 3}));
+  EXPECT_EQ(w->data, ck.find("model/conv0/weight")->data);
+
+  // The writer refuses what the reader would: a wrong conv shape, a missing tensor, a layer the
+  // model lacks, an unusable list or input shape.
+  auto refused = [&](Checkpoint bad) {
+    try {
+      dpt::write_checkpoint(dir + "/bad.h5", bad);
+    } catch (const dpt::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Checkpoint bad = ck;
+  bad.tensors[0] = make_tensor("model/conv0/weight", {4, 2, 5, 5});
+  EXPECT_TRUE(contains(refused(bad), "model/conv0/weight has shape (4, 2, 5, 5) but the model requires (4, 2, 3, 3)"));
+  bad = ck;
+  bad.tensors.erase(bad.tensors.begin() + 1);
+  EXPECT_TRUE(contains(refused(bad), "model/conv0/bias is missing"));
+  bad = ck;
+  bad.tensors.push_back(make_tensor("model/conv1/bias", {4}));
+  EXPECT_TRUE(contains(refused(bad), "names layer conv1, which the model does not have"));
+  bad = ck;
+  bad.model = "conv(4,9) flatten linear(3)";
+  EXPECT_TRUE(contains(refused(bad), "model attribute: layer 1"));
+  bad = ck;
+  bad.input_shape = {2, 4};
+  EXPECT_TRUE(contains(refused(bad), "input_shape has 2 entries"));
+
+  // The same checks on read: a file whose model attribute was edited (and re-sealed).
+  const std::string q = dir + "/edited.h5";
+  dpt::write_checkpoint(q, ck);
+  {
+    hid_t f = H5Fopen(q.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Adelete(f, "model");
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, H5T_VARIABLE);
+    hid_t s = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, "model", t, s, H5P_DEFAULT, H5P_DEFAULT);
+    const char* text = "conv(4,5,stride=1,pad=1) relu maxpool(2,stride=2) flatten linear(3)";
+    H5Awrite(a, t, &text);
+    H5Aclose(a), H5Sclose(s), H5Tclose(t), H5Fclose(f);
+  }
+  dpt::seal_checkpoint(q);
+  const std::string msg = input_error([&] { dpt::read_checkpoint(q); });
+  EXPECT_TRUE(contains(msg, "model/conv0/weight has shape (4, 2, 3, 3) but the model requires (4, 2, 5, 5)")) << msg;
+}
