@@ -164,7 +164,7 @@ if want cnn; then
   # network on 1x28x28, and a compute-bound network on 3x64x64. The GEMM ceiling (8192^3, as
   # torch.matmul reaches it) for the fraction of it the large network's model TFLOP/s is. Then
   # inputs/cnn.ini end to end on Fashion-MNIST (1 GPU).
-  CNN="conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(128) relu dropout(0.25) linear(10)"
+  CNN="conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(256) relu dropout(0.25) linear(10)"
   BIG="conv(128,3,pad=1) relu conv(128,3,pad=1) relu maxpool(2) conv(256,3,pad=1) relu conv(256,3,pad=1) relu maxpool(2) flatten linear(10)"
   [[ ${SKIP_TORCH:-0} == 1 ]] || python3 bench/torch_step.py --gemm --layers 784,10 --batch 256 --precision bf16 --modes eager --steps 10 > "$OUT/cnn-gemm.jsonl" 2>&1
   for p in bf16 tf32; do
