@@ -234,7 +234,9 @@ void Model::build_ops() {
         g.batch = max_batch_;
         op->cols = Buffer<float>(be_, size_t(g.rows()) * size_t(g.cols()));
         op->z = buf(p.out);
-        if (act != Act::none) op->a = buf(p.out);
+        // relu, tanh and sigmoid differentiate from a alone (relu: a > 0 exactly where z > 0),
+        // so a overwrites z in place: one pass over the output less. gelu needs z.
+        if (act == Act::gelu) op->a = buf(p.out);
         break;
       }
       case LayerKind::maxpool:
@@ -327,7 +329,7 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         ConvGeom g = op.cg;
         g.batch = batch;
         const LayerSlice& s = slices_[size_t(op.param)];
-        float* a = op.act == Act::none ? op.z.data() : op.a.data();
+        float* a = op.a.data() ? op.a.data() : op.z.data();
         be_.conv_forward(cur, params_.data() + s.w_off, params_.data() + s.b_off, op.cols.data(), op.z.data(), a, g, op.act);
         cur = a;
         break;
@@ -401,7 +403,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       ConvGeom g = op.cg;
       g.batch = batch;
       const LayerSlice& s = slices_[size_t(op.param)];
-      const float* a = op.act == Act::none ? op.z.data() : op.a.data();
+      const float* a = op.a.data() ? op.a.data() : op.z.data();
       be_.conv_backward(params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
                         grads_.data() + s.w_off, grads_.data() + s.b_off, first ? nullptr : grad_[nxt].data(),
                         accumulate);

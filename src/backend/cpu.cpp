@@ -50,6 +50,16 @@ DPT_SIMD void relu_forward(const float* __restrict z, float* __restrict a, size_
   for (size_t i = 0; i < n; ++i) a[i] = z[i] > 0.f ? z[i] : 0.f;
 }
 
+DPT_SIMD void relu_inplace(float* __restrict z, size_t n) {
+  for (size_t i = 0; i < n; ++i) z[i] = z[i] > 0.f ? z[i] : 0.f;
+}
+
+// a = relu(z), in place when a == z (__restrict forbids relu_forward on one buffer).
+void relu(const float* z, float* a, size_t n) {
+  if (a == z) relu_inplace(a, n);
+  else relu_forward(z, a, n);
+}
+
 DPT_SIMD void relu_backward(float* __restrict da, const float* __restrict z, size_t n) {
   for (size_t i = 0; i < n; ++i) da[i] = z[i] > 0.f ? da[i] : 0.f;
 }
@@ -157,7 +167,7 @@ class CpuBackend final : public Backend {
     }
     const size_t n = size_t(batch) * out;
     if (act == Act::relu) {
-      relu_forward(z, a, n);
+      relu(z, a, n);
       return;
     }
     for (size_t i = 0; i < n; ++i) a[i] = act_fwd(act, z[i]);
@@ -206,7 +216,7 @@ class CpuBackend final : public Backend {
 
   void act_forward(const float* z, float* a, size_t n, Act act) override {
     if (act == Act::relu) {
-      relu_forward(z, a, n);
+      relu(z, a, n);
     } else if (act == Act::none) {
       if (a != z) std::memcpy(a, z, n * sizeof(float));
     } else {
