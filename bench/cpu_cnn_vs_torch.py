@@ -92,7 +92,7 @@ def torch_worker(threads, steps, warm, time_cap, data, channels_last):
 def dptrain_rate(a, tmp, n, extra, env):
     metrics = os.path.join(tmp, f"m{n}.jsonl")
     cmd = [shutil.which("mpirun"), "-np", "2", os.path.join(ROOT, "dptrain"), "--config", "inputs/cnn.ini",
-           "--train.steps", str(a.steps), "--checkpoint.dir", "", "--data.test", "",
+           "--train.steps", str(a.steps), "--checkpoint.dir", "", "--checkpoint.every_steps", "0", "--data.test", "",
            "--log.every_steps", str(a.log_every), "--log.progress", "false", "--log.metrics", metrics] + extra
     r = sh(cmd, cwd=ROOT, env=env)
     if r.returncode != 0:

@@ -380,19 +380,21 @@ void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stat
 
 void Model::backward(const float* x, int batch, bool accumulate, const PassHooks& hooks) {
   // grad_[cur] holds dLoss/d(the op's output): the logits' gradient from loss() first.
+  // Below the first op with parameters there are only the data and what was done to it
+  // (layout, dropout, ...): nothing needs a gradient there, so that op computes no input
+  // gradient and the ones below it are skipped.
+  size_t lowest = 0;
+  while (lowest < ops_.size() && ops_[lowest]->kind != OpKind::conv && ops_[lowest]->kind != OpKind::linear_run)
+    ++lowest;
   int cur = 0;
-  for (size_t i = ops_.size(); i-- > 0;) {
-    Op& op = *ops_[i];
-    // The first op's input is the data: it needs no gradient, so only parameters are left there.
-    if (i == 0 && op.kind != OpKind::conv && op.kind != OpKind::linear_run) break;
-    backward_op(op, i == 0 ? x : ops_[i - 1]->y, batch, accumulate, hooks, cur);
-  }
+  for (size_t i = ops_.size(); i-- > lowest;)
+    backward_op(*ops_[i], i == 0 ? x : ops_[i - 1]->y, batch, accumulate, hooks, cur, i > lowest);
 }
 
 // One op's backward from grad_[cur]; cur moves to the buffer holding its input's gradient.
 void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks,
-                        int& cur) {
-  const bool first = &op == ops_.front().get();
+                        int& cur, bool want_dx) {
+  const bool first = !want_dx;
   const int nxt = (cur + 1) % 3, spare = (cur + 2) % 3;
   float* d = grad_[cur].data();
   const size_t n = size_t(batch) * size_t(op.out.size());

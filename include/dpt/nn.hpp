@@ -125,7 +125,8 @@ class Model {
   struct Op;
   void build(int max_batch, ArenaLayout layout);
   void build_ops();
-  void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur);
+  void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur,
+                   bool want_dx);
 
   Backend& be_;
   std::vector<int> widths_;  // the MLP widths form, else empty
