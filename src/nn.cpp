@@ -29,6 +29,15 @@ std::vector<int> parse_layers(const std::string& s) {
   return out;
 }
 
+std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers) {
+  std::vector<TensorSeg> t;
+  for (const LayerSlice& l : layers) {
+    t.push_back({l.w_off, l.b_off, true});
+    t.push_back({l.b_off, l.end(), false});
+  }
+  return t;
+}
+
 MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch)
     : be_(be), widths_(std::move(layers)), act_(act), max_batch_(max_batch) {
   size_t off = 0;

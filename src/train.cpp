@@ -156,7 +156,7 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
   if (test) check_shape(cfg, test->path, test->dim, test->num_classes);
   const int max_batch = std::max(cfg.batch_per_rank, 1024);
   model_ = std::make_unique<MLP>(be, cfg.layers, parse_act(cfg.activation), max_batch);
-  opt_ = std::make_unique<Optimizer>(be, cfg, model_->num_params());
+  opt_ = std::make_unique<Optimizer>(be, cfg, model_->num_params(), param_tensors(model_->layers()));
   x_ = Buffer<float>(be, size_t(max_batch) * size_t(cfg.layers.front()));
   y_ = Buffer<int32_t>(be, size_t(max_batch));
   stats_ = Buffer<float>(be, 2);

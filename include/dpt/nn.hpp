@@ -20,6 +20,10 @@ struct LayerSlice {
   size_t end() const { return b_off + size_t(out); }
 };
 
+// The parameter tensors of layer slices in arena order, as the layer-wise optimizers take them:
+// each weight (adapting), then its bias (1-D: no trust ratio, no weight decay).
+std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers);
+
 // Parses "784,256,128,10"; throws InputError.
 std::vector<int> parse_layers(const std::string& s);
 
@@ -29,6 +33,7 @@ class MLP {
 
   int num_layers() const { return int(slices_.size()); }
   const LayerSlice& layer(int i) const { return slices_[size_t(i)]; }
+  const std::vector<LayerSlice>& layers() const { return slices_; }
   const std::vector<int>& widths() const { return widths_; }
   Act activation() const { return act_; }
   size_t num_params() const { return n_params_; }

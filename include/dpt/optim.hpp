@@ -1,6 +1,8 @@
 // Optimizers (SGD, momentum, Nesterov, Adam, AdamW with torch.optim's formulas and defaults) as
-// one fused update over the flat parameter arena, and the learning-rate rules: scaling with the
-// global batch, warm-up, schedules. Knows nothing of layers.
+// one fused update over the flat parameter arena; LARS and LAMB as two passes over it (per-tensor
+// sums, then the update with each tensor's trust ratio); and the learning-rate rules: scaling
+// with the global batch, warm-up, schedules. Knows nothing of layers: the tensors come as
+// arena segments.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,7 +15,9 @@ namespace dpt {
 
 class Optimizer {
  public:
-  Optimizer(Backend& be, const Config& cfg, size_t n);
+  // tensors: the model's parameter tensors in arena order (LARS and LAMB take a trust ratio per
+  // tensor); empty means one adapting tensor over the whole arena.
+  Optimizer(Backend& be, const Config& cfg, size_t n, std::vector<TensorSeg> tensors = {});
 
   // One update of params with grads at learning rate lr; counts the step.
   void step(float* params, const float* grads, double lr);
@@ -21,12 +25,24 @@ class Optimizer {
   // skipped when ctl->bad; all read on the device (see StepCtl).
   void step_at(float* params, const float* grads, const float* lr_table, const StepCtl* ctl);
 
+  // LARS and LAMB, for a caller that updates the arena by ranges (gradient buckets, shards):
+  // layer_sums_at(lo, n) fills layer_sums() (2 floats per tensor, on the backend) from the
+  // range [lo, lo + n); a sharded caller adds them over its ranks; layer_apply_at(lo, n)
+  // updates the range. params and grads are the whole arena's (the state too).
+  bool layerwise() const { return h_.kind == OptKind::lars || h_.kind == OptKind::lamb; }
+  const std::vector<TensorSeg>& tensors() const { return segs_; }
+  float* layer_sums() { return sums_.data(); }
+  void layer_sums_at(const float* params, const float* grads, size_t lo, size_t n,
+                     const float* lr_table, const StepCtl* ctl);
+  void layer_apply_at(float* params, const float* grads, size_t lo, size_t n,
+                      const float* lr_table, const StepCtl* ctl);
+
   OptKind kind() const { return h_.kind; }
   int64_t steps_taken() const { return h_.t - 1; }
   void set_steps_taken(int64_t t) { h_.t = t + 1; }
 
   // State arrays (flat, same layout as the parameters) with their torch.optim names:
-  // "momentum_buffer" (momentum, nesterov), "exp_avg" and "exp_avg_sq" (adam, adamw).
+  // "momentum_buffer" (momentum, nesterov, lars), "exp_avg" and "exp_avg_sq" (adam, adamw, lamb).
   struct State { std::string name; float* data; };
   std::vector<State> state();
   size_t size() const { return n_; }
@@ -36,7 +52,13 @@ class Optimizer {
   size_t n_;
   OptimStep h_;
   Buffer<float> s1_, s2_;
+  std::vector<TensorSeg> segs_;
+  Buffer<float> sums_;  // (2 × tensors) LARS/LAMB: Σ w², Σ d² per tensor
 };
+
+// The trust coefficient a config asks for: train.trust_coefficient, or where it is 0 the
+// optimizer's own default (LARS 0.001 as in You et al. 2017; LAMB 1).
+double trust_coefficient(const Config& cfg);
 
 // Learning rate at each step. Global batch G = batch_per_rank × world × accumulate;
 // lr_scaling multiplies lr by G/base_batch (linear) or its square root (sqrt). Warm-up ramps
