@@ -132,7 +132,7 @@ def tta(rec, out):
     pts = []
     for r in check:
         base = one.get((r["variant"], r["global_batch"] / r["ranks"]))
-        if finite(base) and finite(r["measured_s"]):
+        if finite(base) and finite(r["measured_s"]) and r["measured_s"] > 0:
             pts.append((r["ranks"], base / r["measured_s"]))
     if pts:
         ax.scatter(*zip(*pts), marker="o", s=60, color="black", zorder=5, label="measured (same batch per rank)")

@@ -197,13 +197,15 @@ std::string md_of(const Report& r, const std::string& command, const std::string
   return o.str();
 }
 
-// bench/plot_scaling.py: beside the working folder's bench/, or the executable's parent's.
+// bench/plot_scaling.py: in the working folder's bench/, or in the bench/ of a folder above the
+// executable (build/bench-scaling, build/tests/test_bench: the repository); DPT_PLOT_SCRIPT wins.
 std::string plot_script() {
   if (const char* e = std::getenv("DPT_PLOT_SCRIPT")) return e;
   std::vector<fs::path> where{fs::current_path() / "bench"};
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) where.push_back(exe.parent_path().parent_path() / "bench");
+  if (!ec)
+    for (fs::path d = exe.parent_path(); d.has_relative_path(); d = d.parent_path()) where.push_back(d / "bench");
   for (const fs::path& d : where)
     if (fs::exists(d / "plot_scaling.py")) return (d / "plot_scaling.py").string();
   return "";
@@ -233,6 +235,7 @@ std::string draw_plots(const Settings& s, const fs::path& dir) {
   if (py.empty())
     return "plots not drawn: no python3 with matplotlib here (Debian: python3-matplotlib); draw them with: " + how;
   const std::string cmd = py + " " + quoted(script) + " " + quoted(dir.string()) + " 2>&1";
+  std::fflush(stdout);  // the tables first, then what the script prints
   if (std::system(cmd.c_str()) != 0) return "plots not drawn: " + how + " failed (see its output above)";
   return "";
 }
