@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-          libboost-program-options-dev libopenblas-dev libgtest-dev zlib1g-dev
-          dataset-fashion-mnist python3-torch python3-h5py python3-numpy
+          libboost-program-options-dev libopenblas-dev libgtest-dev zlib1g-dev nlohmann-json3-dev
+          dataset-fashion-mnist python3-torch python3-h5py python3-numpy python3-matplotlib
           slurm-wlm slurm-wlm-basic-plugins munge clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do

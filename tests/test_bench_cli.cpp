@@ -121,8 +121,8 @@ TEST_F(BenchCli, GridAloneWithLarsAndLamb) {
   EXPECT_EQ(r.out.find("# Weak and strong scaling"), std::string::npos) << r.out;
   const std::string cmd = "python3 -c \"import json,sys; d=json.load(open('" + (out / "records.json").string() +
                           "')); t=d['tables']; v=set(r['variant'] for r in t['grid']['rows']); sys.exit(0 if "
-                          "'scaling' not in t and len(t['grid']['rows']) == 6 and v == {'sgd sqrt +warm-up', "
-                          "'lars sqrt +warm-up', 'lamb sqrt +warm-up'} else 1)\"";
+                          "'scaling' not in t and len(t['grid']['rows']) == 6 and v == {'sgd:0.1 sqrt +warm-up', "
+                          "'lars:2 sqrt +warm-up', 'lamb:0.01 sqrt +warm-up'} else 1)\"";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(out / "records.json");
 }
 

@@ -66,6 +66,7 @@ struct Settings {
   int grid_min_steps = 0;         // every run takes at least this many steps
   int grid_max_batch_per_rank = 4096;  // larger per-rank batches use train.accumulate
   double warmup_epochs = 0.5;
+  int grid_warmup_min_steps = 0;  // warm-up on: at least this many steps (large batches)
   double target_accuracy = 0.85;
   int grid_evals = 10;  // evaluations per run (time-to-target resolution)
   bool grid_check = true;  // measure the predicted fastest setting on every subset
@@ -240,7 +241,7 @@ double interp_loglog(const std::vector<std::pair<double, double>>& pts, double x
 // Epochs the samples of `steps` steps of `global_batch` make of a training set of `rows`.
 double epochs_of(double steps, double global_batch, double rows);
 
-// A grid setting: optimizer (with its base lr), lr rule, warm-up.
+// A grid setting's name: optimizer:lr as grid.optimizers gives it, lr rule, warm-up.
 std::string variant_name(const std::string& optimizer, const std::string& rule, bool warmup);
 
 // The fastest way to the target for one variant on `ranks` ranks: over the grid's global batches

@@ -36,16 +36,21 @@ struct Variant {
 };
 
 std::vector<Variant> variants(const Settings& s) {
-  std::vector<std::pair<std::string, double>> opts;
-  for (const std::string& o : s.grid_optimizers) {
-    const auto c = o.find(':');
-    opts.push_back({o.substr(0, c), std::stod(o.substr(c + 1))});
+  std::vector<std::string> entries = s.grid_optimizers;
+  if (entries.empty()) {
+    char lr[32];
+    std::snprintf(lr, sizeof lr, "%g", s.grid_base.lr);
+    entries.push_back(s.grid_base.optimizer + ":" + lr);
   }
-  if (opts.empty()) opts.push_back({s.grid_base.optimizer, s.grid_base.lr});
   std::vector<Variant> out;
-  for (auto& [opt, lr] : opts)
+  for (const std::string& e : entries) {
+    const auto c = e.find(':');
+    const std::string opt = e.substr(0, c);
+    const double lr = std::stod(e.substr(c + 1));
+    // Named by the entry as written (optimizer:lr), so one optimizer may appear with two lrs.
     for (const std::string& rule : s.grid_rules)
-      for (int warm : s.grid_warmup) out.push_back({opt, rule, variant_name(opt, rule, warm != 0), lr, warm != 0});
+      for (int warm : s.grid_warmup) out.push_back({opt, rule, variant_name(e, rule, warm != 0), lr, warm != 0});
+  }
   return out;
 }
 
@@ -104,7 +109,8 @@ Outcome train_run(const Settings& s, Backend& be, Comm& comm, const Variant& v, 
   o.total = std::max<int64_t>(s.grid_min_steps, int64_t(std::ceil(s.grid_epochs * double(train.n) / sh.B)));
   c.epochs = int((o.total + per_epoch - 1) / per_epoch);
   c.steps = o.total;
-  c.warmup_steps = v.warm ? std::max<int64_t>(1, std::llround(s.warmup_epochs * double(train.n) / sh.B)) : 0;
+  const int64_t warm = std::max<int64_t>({1, s.grid_warmup_min_steps, std::llround(s.warmup_epochs * double(train.n) / sh.B)});
+  c.warmup_steps = v.warm ? std::min(warm, o.total) : 0;
   c.eval_every = std::max<int64_t>(1, o.total / s.grid_evals);
   c.log_every = c.eval_every;
   c.metrics_file = metrics;
@@ -396,7 +402,8 @@ GridResult measure_grid(Context& cx, std::vector<std::string>& notes) {
                       " (the lr rules scale from it), schedule " + base.schedule + "; one rank (the same samples in the same "
                       "order as on any rank count).",
                   "budget: " + std::to_string(s.grid_epochs) + " epoch(s), at least " + std::to_string(s.grid_min_steps) +
-                      " steps; warm-up on = a linear ramp over " + std::to_string(s.warmup_epochs) + " epoch(s); " +
+                      " steps; warm-up on = a linear ramp over " + std::to_string(s.warmup_epochs) + " epoch(s), at least " +
+                      std::to_string(s.grid_warmup_min_steps) + " steps; " +
                       std::to_string(s.grid_evals) + " evaluations per run; target accuracy " + std::to_string(s.target_accuracy) + ".",
                   "steps->tgt: interpolated between the last evaluation below the target and the first at or above it "
                   "(the first evaluation when already there); t->target the same on the training clock (evaluations taken "

@@ -204,6 +204,7 @@ std::vector<Key> key_table() {
          s.grid_check = v == "true";
        }},
       {"grid.warmup_epochs", "length of the warm-up when on, in epochs", D(&Settings::warmup_epochs, 0)},
+      {"grid.warmup_min_steps", "the warm-up, when on, lasts at least this many steps", I(&Settings::grid_warmup_min_steps, 0)},
       {"grid.target_accuracy", "test accuracy whose time-to-reach is reported", D(&Settings::target_accuracy, 0)},
       {"grid.evals_per_run", "evaluations per grid run", I(&Settings::grid_evals, 1)},
       {"predict.max_ranks", "largest rank count the alpha-beta model predicts", I(&Settings::predict_max_ranks, 1)},
@@ -361,6 +362,7 @@ std::string settings_text(const Settings& s) {
   for (int w : s.grid_warmup) os << (w ? " on" : " off");
   os << "\nepochs = " << s.grid_epochs << "\nmin_steps = " << s.grid_min_steps
      << "\nmax_batch_per_rank = " << s.grid_max_batch_per_rank << "\nwarmup_epochs = " << s.warmup_epochs
+     << "\nwarmup_min_steps = " << s.grid_warmup_min_steps
      << "\ntarget_accuracy = " << s.target_accuracy << "\nevals_per_run = " << s.grid_evals
      << "\ncheck = " << (s.grid_check ? "true" : "false")
      << "\n[predict]\nmax_ranks = " << s.predict_max_ranks << "\n[report]\nout = " << s.out_dir
