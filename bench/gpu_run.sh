@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, and
-# bench-step beside the PyTorch peer, logs under $OUT. Expects the executables built here in
+# One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run,
+# bench-step beside the PyTorch peer, the batch-size / lr grid with time to target, logs under $OUT. Expects the executables built here in
 # .gpu/bin, the OpenBLAS runtime in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
 # .gpu/fashion (see bench/README.md, "GPU").
 set -uo pipefail
@@ -122,6 +122,26 @@ if want scaling; then
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
   timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
   echo "bench-scaling rc=$?"; grep -A12 -i "findings" "$OUT/scaling-stdout.log" | head -20
+fi
+if want grid; then
+  # The batch-size / learning-rate grid and time to target (bench/scaling.ini [grid]: nesterov, LARS
+  # and LAMB x none/linear/sqrt x warm-up, global batch 64-32768 on one GPU; ~1.5-2 min on one
+  # H200), then, where inputs/cnn.ini exists, the same for the CNN (a smaller grid: CNN_GRID_ARGS).
+  # On G GPUs the grid still trains on one; the step times, the check run (the setting predicted
+  # fastest on G GPUs, trained on 1 and on G: measured against predicted time to target) and the
+  # allreduce fit use them all. GRID_ARGS adds overrides (a subset: --grid.global_batches 64,4096).
+  G=$(nvidia-smi -L | wc -l)
+  [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  sections=grid; ((G > 1)) && sections=grid,allreduce
+  timeout ${GRID_TIMEOUT:-420} mpirun -np $G $B/bench-scaling --config bench/scaling.ini --report.sections $sections \
+    ${GRID_ARGS:-} --out "$OUT/grid-mlp" > "$OUT/grid-mlp.log" 2>&1
+  echo "grid mlp rc=$?"; sed -n '/^# Findings/,$p' "$OUT/grid-mlp.log" | head -40
+  if [ -f inputs/cnn.ini ]; then
+    timeout ${GRID_TIMEOUT:-420} mpirun -np $G $B/bench-scaling --config bench/scaling.ini --grid.config inputs/cnn.ini \
+      --report.sections $sections ${CNN_GRID_ARGS:---grid.global_batches 64,256,1024,4096,16384,32768 --grid.lr_rules linear,sqrt --grid.warmup on --grid.epochs 5} \
+      --out "$OUT/grid-cnn" > "$OUT/grid-cnn.log" 2>&1
+    echo "grid cnn rc=$?"; sed -n '/^# Findings/,$p' "$OUT/grid-cnn.log" | head -40
+  fi
 fi
 if want multi; then
   # Issue 7's list in one call, for a host with G GPUs (nvidia-h200-x2/x4/x8): NCCL across real

@@ -63,6 +63,13 @@ TEST(Config, ErrorsNameKeyValueAndFile) {
   e = error_of(std::string(kMinimal) + "[train]\noptimizer = lion\n");
   EXPECT_NE(e.find("train.optimizer = 'lion'"), std::string::npos) << e;
   EXPECT_NE(e.find("adamw"), std::string::npos) << e;
+  EXPECT_NE(e.find("lamb"), std::string::npos) << e;
+
+  e = error_of(std::string(kMinimal) + "[train]\noptimizer = lars\ntrust_coefficient = -0.1\n");
+  EXPECT_NE(e.find("train.trust_coefficient = '-0.1'"), std::string::npos) << e;
+  EXPECT_NE(e.find("test.ini"), std::string::npos) << e;
+  e = error_of(kMinimal, {"--train.trust_clip", "inf"});
+  EXPECT_NE(e.find("train.trust_clip"), std::string::npos) << e;
 
   e = error_of(std::string(kMinimal) + "[train]\nlr = 0.1\nlr = 0.2\n");
   EXPECT_NE(e.find("lr"), std::string::npos) << e;
