@@ -125,7 +125,7 @@ if want scaling; then
 fi
 if want grid; then
   # The batch-size / learning-rate grid and time to target (bench/scaling.ini [grid]: nesterov, LARS
-  # and LAMB x none/linear/sqrt x warm-up, global batch 64-32768 on one GPU; ~1.5-2 min on one
+  # and LAMB x none/linear/sqrt x warm-up, global batch 64-32768 on one GPU; estimated 1.5-2 min on one
   # H200), then, where inputs/cnn.ini exists, the same for the CNN (a smaller grid: CNN_GRID_ARGS).
   # On G GPUs the grid still trains on one; the step times, the check run (the setting predicted
   # fastest on G GPUs, trained on 1 and on G: measured against predicted time to target) and the

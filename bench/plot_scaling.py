@@ -120,7 +120,7 @@ def tta(rec, out):
     meas = [(r["ranks"], r["measured_s"]) for r in check if finite(r["measured_s"])]
     if meas:
         ax.scatter(*zip(*meas), marker="o", s=60, color="black", zorder=5,
-                   label=f"measured: {check[0]['variant']}, {check[0]['batch_per_rank']:.0f}/rank")
+                   label=f"measured: {check[0]['variant']}, global batch {check[0]['global_batch']:.0f}")
     finish(fig, ax, os.path.join(out, "time-to-target-vs-ranks.svg"), "Time to the target accuracy vs ranks (GPUs)",
            "ranks", "seconds to target", logy=True)
     fig, ax = plt.subplots(figsize=(9, 5))
@@ -131,11 +131,12 @@ def tta(rec, out):
     one = {(r["variant"], r["global_batch"]): r["measured_s"] for r in check if r["ranks"] == 1}
     pts = []
     for r in check:
-        base = one.get((r["variant"], r["global_batch"] / r["ranks"]))
+        base = one.get((r["variant"], r["global_batch"]))
         if finite(base) and finite(r["measured_s"]) and r["measured_s"] > 0:
             pts.append((r["ranks"], base / r["measured_s"]))
     if pts:
-        ax.scatter(*zip(*pts), marker="o", s=60, color="black", zorder=5, label="measured (same batch per rank)")
+        ax.scatter(*zip(*pts), marker="o", s=60, color="black", zorder=5,
+                   label=f"measured: {check[0]['variant']}, global batch {check[0]['global_batch']:.0f}")
     finish(fig, ax, os.path.join(out, "tta-speedup-vs-ranks.svg"), "Time-to-target speed-up vs ranks (GPUs)",
            "ranks", "time on 1 rank / time on N", logy=True)
 

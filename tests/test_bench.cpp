@@ -247,10 +247,13 @@ TEST(BenchTimeToTarget, StepModelAddsTheRingBeyondTheMeasuredRanks) {
   ring.bus_bw = 1e9;
   const StepTime f = step_model(st, "sgd", &ring, 1e6);
   EXPECT_DOUBLE_EQ(f(2, 256), 3e-3);  // measured: the table wins
-  // Four ranks at b = 128: 1 ms + ring(1 MB, 4) = 6 hops × 10 us + 1.5 × 1e6 / 1e9 s.
-  EXPECT_NEAR(f(4, 128), 1e-3 + 60e-6 + 1.5e-3, 1e-12);
+  // Four ranks at b = 128: two ranks' 2 ms + ring(1 MB, 4) − ring(1 MB, 2) =
+  // (6 hops × 10 us + 1.5 × 1e6 / 1e9 s) − (2 hops × 10 us + 1e6 / 1e9 s).
+  EXPECT_NEAR(f(4, 128), 2e-3 + (60e-6 + 1.5e-3) - (20e-6 + 1e-3), 1e-12);
+  // b = 96 did not run on two ranks: the one-rank curve, interpolated, + ring(8).
   EXPECT_NEAR(f(8, 96), interp_loglog({{64, 1e-3}, {128, 1e-3}}, 96) + ring.seconds(1e6, 8), 1e-12);
-  EXPECT_TRUE(std::isnan(f(4, 4096)));  // beyond the one-rank curve: unknown
+  EXPECT_TRUE(std::isnan(f(4, 4096)));  // beyond every measured curve: unknown
+  EXPECT_TRUE(std::isnan(f(2, 96)));    // inside the measured ranks: only what was measured
   EXPECT_TRUE(step_measured(st, "sgd", 2, 64));
   EXPECT_FALSE(step_measured(st, "sgd", 4, 64));
   EXPECT_FALSE(step_measured(st, "adam", 1, 64));  // per optimizer
@@ -286,10 +289,10 @@ TEST(BenchTimeToTarget, CriticalBatchAndTimeToTargetTables) {
   EXPECT_NEAR(t.at(a2, "speedup")->num, 0.220 / 0.300, 1e-12);
   EXPECT_DOUBLE_EQ(t.at(a2, "measured_s")->num, 0.33);  // the check run of the same batch
   EXPECT_EQ(t.at(a2, "step_source")->text, "measured");
-  // Four ranks: 1-rank step at B/4 + the ring (6 × 10 us + 1.5 ms): B = 512 → 100 × 2.56 ms.
+  // Four ranks: the two-rank step at B/4 + the ring's extra 0.54 ms: B = 512 → 100 × 2.54 ms.
   EXPECT_EQ(t.at(a4, "step_source")->text, "model");
   EXPECT_EQ(t.at(a4, "global_batch")->num, 512);
-  EXPECT_NEAR(t.at(a4, "predicted_s")->num, 100 * (1e-3 + 60e-6 + 1.5e-3), 1e-9);
+  EXPECT_NEAR(t.at(a4, "predicted_s")->num, 100 * (2e-3 + 0.54e-3), 1e-9);
   // One "*" per rank count, on the fastest variant there.
   for (int n : {1, 2, 4}) {
     int stars = 0;

@@ -6,6 +6,7 @@
 // difference). Then the setting predicted fastest to the target on the most ranks is trained
 // on every subset and its time to target measured.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -256,7 +257,169 @@ Table check_table() {
                {},
                {"predicted = steps to target of the grid's one-rank run at this global batch x the measured step "
                 "time on N ranks (table steps); measured = this run's training seconds to the target (interpolated "
-                "between evaluations, evaluations taken out); error = measured / predicted - 1."}};
+                "between evaluations, evaluations taken out); error = measured / predicted - 1.",
+                "the setting: the variant and global batch predicted fastest on the most ranks, run on every rank count "
+                "with that global batch (split over the ranks)."}};
+}
+
+// The three parts of measure_grid over one dataset and one list of variants.
+class GridSweep {
+ public:
+  GridSweep(Context& cx, const Dataset& train, const Dataset& test, std::vector<std::string>& notes)
+      : cx_(cx), s_(*cx.s), train_(train), test_(test), notes_(notes), vs_(variants(s_)),
+        ns_(subset_sizes(cx.size, s_.max_ranks)), mdir_(fs::path(s_.out_dir) / "grid-metrics") {
+    if (cx.rank == 0) fs::create_directories(mdir_);
+  }
+
+  // 1. Every variant at every global batch, on the first rank alone.
+  void run_grid(GridResult& g) {
+    SubComm sub(cx_.world, 1);
+    if (sub.member()) {
+      auto comm = subset_comm(cx_, sub.get());
+      for (int B : s_.grid_batches) {
+        const Shape sh = shape_for(B, 1, s_.grid_max_batch_per_rank);
+        if (!sh.ok || B > train_.n) {
+          notes_.push_back("grid: global batch " + std::to_string(B) + " skipped (larger than the training set, or not "
+                           "reachable with grid.max_batch_per_rank and accumulation by halving)");
+          continue;
+        }
+        for (const Variant& v : vs_) {
+          const Outcome o = train_run(s_, *cx_.be, *comm, v, sh, train_, test_, metrics_for(v, sh));
+          g.grid.rows.push_back(grid_row(v, sh, o, double(train_.n)));
+          char line[160];
+          std::snprintf(line, sizeof line, "grid: B=%d %s: best accuracy %.4f, %s", B, v.name.c_str(), o.best,
+                        g.grid.rows.back().back().text.c_str());
+          log::info(line);
+        }
+      }
+      Config pc = s_.grid_base;  // the model alone: no checkpoint to read or write
+      pc.resume = "none";
+      pc.ckpt_dir.clear();
+      pc.ckpt_at_start = false;
+      pc.metrics_file.clear();
+      Trainer probe(pc, *cx_.be, *comm, &train_, nullptr);
+      g.params = int64_t(probe.model().num_params());
+    }
+    idle_barrier(cx_.world);
+    DPT_CHECK_MPI(MPI_Bcast(&g.params, 1, MPI_INT64_T, 0, cx_.world));
+  }
+
+  // 2. The step time of every per-rank batch the grid's global batches give on each subset.
+  void measure_steps(GridResult& g) {
+    std::vector<std::string> opts;
+    for (const Variant& v : vs_)
+      if (std::find(opts.begin(), opts.end(), v.optimizer) == opts.end()) opts.push_back(v.optimizer);
+    for (int n : ns_) {
+      SubComm sub(cx_.world, n);
+      if (sub.member()) {
+        auto comm = subset_comm(cx_, sub.get());
+        for (int B : s_.grid_batches) {
+          const Shape sh = shape_for(B, n, s_.grid_max_batch_per_rank);
+          if (!sh.ok || B > train_.n) continue;
+          for (const std::string& o : opts) {
+            Variant v;
+            v.optimizer = o;
+            const double st = step_seconds(s_, *cx_.be, *comm, v, sh, train_);
+            g.steps.rows.push_back({txt(o), num(n), num(sh.b * sh.acc), num(sh.acc), num(B), num(st * 1e3)});
+          }
+        }
+      }
+      idle_barrier(cx_.world);
+    }
+  }
+
+  // 3. The setting predicted fastest on the most ranks (rank 0 decides, every rank learns it),
+  // trained on every subset at the same global batch: the same samples in the same order, so
+  // the grid's steps to target hold for each, and only the step time differs.
+  void run_checks(GridResult& g) {
+    int pick[2] = {-1, 0};  // variant index, global batch
+    if (cx_.rank == 0 && s_.grid_check) pick_fastest(g, pick);
+    DPT_CHECK_MPI(MPI_Bcast(pick, 2, MPI_INT, 0, cx_.world));
+    if (pick[0] < 0) {
+      if (s_.grid_check)
+        notes_.push_back("grid: no check run (no setting reached the target with a measured step time on " +
+                         std::to_string(ns_.back()) + " rank(s))");
+      return;
+    }
+    const Variant& v = vs_[size_t(pick[0])];
+    for (int n : ns_) {
+      const Shape sh = shape_for(pick[1], n, s_.grid_max_batch_per_rank);
+      SubComm sub(cx_.world, n);
+      if (sub.member() && sh.ok) {
+        auto comm = subset_comm(cx_, sub.get());
+        const Outcome o = train_run(s_, *cx_.be, *comm, v, sh, train_, test_, metrics_for(v, sh));
+        if (cx_.rank == 0) g.check.rows.push_back(check_row(g, v, sh, o));
+      }
+      idle_barrier(cx_.world);
+    }
+  }
+
+ private:
+  Context& cx_;
+  const Settings& s_;
+  const Dataset &train_, &test_;
+  std::vector<std::string>& notes_;
+  const std::vector<Variant> vs_;
+  const std::vector<int> ns_;
+  const fs::path mdir_;
+
+  std::string metrics_for(const Variant& v, const Shape& sh) const {
+    std::string name = v.name + " B" + std::to_string(sh.B) + " n" + std::to_string(sh.n);
+    for (char& ch : name)  // a plain file name: letters, digits, '.', '-', '_'
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = ch == ' ' ? '-' : '_';
+    return (mdir_ / (name + ".jsonl")).string();
+  }
+
+  // Only global batches every subset can run (split over n ranks, within grid.max_batch_per_rank).
+  void pick_fastest(const GridResult& g, int pick[2]) const {
+    const int top = ns_.back();
+    auto on_every_subset = [&](int B) {
+      for (int n : ns_)
+        if (!shape_for(B, n, s_.grid_max_batch_per_rank).ok) return false;
+      return true;
+    };
+    double best = INFINITY;
+    const Table& t = g.grid;
+    for (size_t i = 0; i < vs_.size(); ++i) {
+      const StepTime measured = step_model(g.steps, vs_[i].optimizer, nullptr, 0);
+      for (size_t r = 0; r < t.rows.size(); ++r) {
+        if (t.at(r, "variant")->text != vs_[i].name || t.at(r, "status")->text != "ok" ||
+            t.at(r, "steps_to_target")->empty || !on_every_subset(int(t.at(r, "global_batch")->num)))
+          continue;
+        const int B = int(t.at(r, "global_batch")->num);
+        const double sec = t.at(r, "steps_to_target")->num * measured(top, double(B) / top);
+        if (sec < best) best = sec, pick[0] = int(i), pick[1] = B;
+      }
+    }
+  }
+
+  std::vector<Cell> check_row(const GridResult& g, const Variant& v, const Shape& sh, const Outcome& o) const {
+    double steps = NAN;
+    for (size_t i = 0; i < g.grid.rows.size(); ++i)
+      if (g.grid.at(i, "variant")->text == v.name && g.grid.at(i, "global_batch")->num == sh.B)
+        steps = g.grid.at(i, "steps_to_target")->num;
+    const double pred = steps * step_model(g.steps, v.optimizer, nullptr, 0)(sh.n, double(sh.B) / sh.n);
+    const bool hit = o.cross.reached && o.status == "ok";
+    return {txt(v.name), num(sh.n), num(sh.B), num(sh.b), num(sh.acc), num(steps), num(pred),
+            hit ? num(o.cross.seconds) : none(), hit ? num(100.0 * (o.cross.seconds / pred - 1.0)) : none(),
+            txt(o.status == "ok" && !o.cross.reached ? "not reached" : o.status)};
+  }
+};
+
+std::vector<std::string> grid_notes(const Settings& s) {
+  const Config& base = s.grid_base;
+  return {"dataset: " + base.train_file + " / " + base.test_file + "; base_batch " + std::to_string(base.base_batch) +
+              " (the lr rules scale from it), schedule " + base.schedule + "; one rank (the same samples in the same "
+              "order as on any rank count).",
+          "budget: " + std::to_string(s.grid_epochs) + " epoch(s), at least " + std::to_string(s.grid_min_steps) +
+              " steps; warm-up on = a linear ramp over " + std::to_string(s.warmup_epochs) + " epoch(s), at least " +
+              std::to_string(s.grid_warmup_min_steps) + " steps; " + std::to_string(s.grid_evals) +
+              " evaluations per run; target accuracy " + std::to_string(s.target_accuracy) + ".",
+          "steps->tgt: interpolated between the last evaluation below the target and the first at or above it "
+          "(the first evaluation when already there); t->target the same on the training clock (evaluations taken "
+          "out, timed alone as the median of 3); empty = not reached or diverged (non-finite loss, "
+          "train.on_nonfinite = stop).",
+          "per-run metrics in grid-metrics/*.jsonl."};
 }
 
 }  // namespace
@@ -268,148 +431,22 @@ GridResult measure_grid(Context& cx, std::vector<std::string>& notes) {
     notes.push_back("grid: not run (grid.enabled = false or report.sections without grid)");
     return g;
   }
-  const Config& base = s.grid_base;
   // Every rank checks the files alike, so a missing dataset skips the grid everywhere.
   std::string missing;
-  for (const std::string& f : {base.train_file, base.test_file})
+  for (const std::string& f : {s.grid_base.train_file, s.grid_base.test_file})
     if (!fs::exists(f)) missing += (missing.empty() ? "" : ", ") + f;
   if (!missing.empty()) {
     notes.push_back("grid: skipped, dataset not found: " + missing + " (make it with ./dpdata fashion-mnist --out-dir data)");
     log::warn(notes.back());
     return g;
   }
-  const Dataset train = load_dataset(base.train_file), test = load_dataset(base.test_file);
+  const Dataset train = load_dataset(s.grid_base.train_file), test = load_dataset(s.grid_base.test_file);
   g.train_rows = train.n;
-  const std::vector<Variant> vs = variants(s);
-  const fs::path mdir = fs::path(s.out_dir) / "grid-metrics";
-  if (cx.rank == 0) fs::create_directories(mdir);
-  auto metrics_for = [&](const Variant& v, const Shape& sh) {
-    std::string name = v.name + " B" + std::to_string(sh.B) + " n" + std::to_string(sh.n);
-    for (char& ch : name) ch = ch == ' ' ? '-' : ch == '+' ? 'w' : ch;
-    return (mdir / (name + ".jsonl")).string();
-  };
-
-  // 1. The grid, on the first rank alone.
-  {
-    SubComm sub(cx.world, 1);
-    if (sub.member()) {
-      auto comm = subset_comm(cx, sub.get());
-      for (int B : s.grid_batches) {
-        const Shape sh = shape_for(B, 1, s.grid_max_batch_per_rank);
-        if (!sh.ok || B > train.n) {
-          notes.push_back("grid: global batch " + std::to_string(B) + " skipped (larger than the training set, or not "
-                          "reachable with grid.max_batch_per_rank and accumulation by halving)");
-          continue;
-        }
-        for (const Variant& v : vs) {
-          const Outcome o = train_run(s, *cx.be, *comm, v, sh, train, test, metrics_for(v, sh));
-          g.grid.rows.push_back(grid_row(v, sh, o, double(train.n)));
-          char line[160];
-          std::snprintf(line, sizeof line, "grid: B=%d %s: best accuracy %.4f, %s", B, v.name.c_str(), o.best,
-                        g.grid.rows.back().back().text.c_str());
-          log::info(line);
-        }
-      }
-      Config pc = base;  // the model alone: no checkpoint to read or write
-      pc.resume = "none";
-      pc.ckpt_dir.clear();
-      pc.ckpt_at_start = false;
-      pc.metrics_file.clear();
-      Trainer probe(pc, *cx.be, *comm, &train, nullptr);
-      g.params = int64_t(probe.model().num_params());
-    }
-    idle_barrier(cx.world);
-  }
-  DPT_CHECK_MPI(MPI_Bcast(&g.params, 1, MPI_INT64_T, 0, cx.world));
-
-  // 2. Step times of every per-rank batch the grid's global batches give on each subset.
-  std::vector<std::string> opts;
-  for (const Variant& v : vs)
-    if (std::find(opts.begin(), opts.end(), v.optimizer) == opts.end()) opts.push_back(v.optimizer);
-  const std::vector<int> ns = subset_sizes(cx.size, s.max_ranks);
-  for (int n : ns) {
-    SubComm sub(cx.world, n);
-    if (sub.member()) {
-      auto comm = subset_comm(cx, sub.get());
-      for (int B : s.grid_batches) {
-        const Shape sh = shape_for(B, n, s.grid_max_batch_per_rank);
-        if (!sh.ok || B > train.n) continue;
-        for (const std::string& o : opts) {
-          Variant v;
-          v.optimizer = o;
-          const double st = step_seconds(s, *cx.be, *comm, v, sh, train);
-          g.steps.rows.push_back({txt(o), num(n), num(sh.b * sh.acc), num(sh.acc), num(B), num(st * 1e3)});
-        }
-      }
-    }
-    idle_barrier(cx.world);
-  }
-
-  // 3. The setting predicted fastest on the most ranks, trained on every subset.
-  int pick[2] = {-1, 0};  // variant index, per-rank batch
-  const int top = ns.back();
-  if (cx.rank == 0 && s.grid_check) {
-    // Only per-rank batches b whose n·b is a grid batch on every subset (the check compares
-    // with the grid's run at that batch).
-    auto on_every_subset = [&](int B) {
-      for (int n : ns)
-        if (std::find(s.grid_batches.begin(), s.grid_batches.end(), B / top * n) == s.grid_batches.end()) return false;
-      return B % top == 0;
-    };
-    double best = INFINITY;
-    for (size_t i = 0; i < vs.size(); ++i) {
-      const StepTime measured = step_model(g.steps, vs[i].optimizer, nullptr, 0);
-      for (size_t r = 0; r < g.grid.rows.size(); ++r) {
-        const Table& t = g.grid;
-        if (t.at(r, "variant")->text != vs[i].name || t.at(r, "status")->text != "ok" || t.at(r, "steps_to_target")->empty ||
-            !on_every_subset(int(t.at(r, "global_batch")->num)))
-          continue;
-        const int B = int(t.at(r, "global_batch")->num);
-        const double sec = t.at(r, "steps_to_target")->num * measured(top, B / top);
-        if (sec < best) best = sec, pick[0] = int(i), pick[1] = B / top;
-      }
-    }
-  }
-  DPT_CHECK_MPI(MPI_Bcast(pick, 2, MPI_INT, 0, cx.world));
-  if (pick[0] >= 0) {
-    const Variant& v = vs[size_t(pick[0])];
-    for (int n : ns) {
-      const Shape sh = shape_for(pick[1] * n, n, s.grid_max_batch_per_rank);
-      SubComm sub(cx.world, n);
-      if (sub.member() && sh.ok) {
-        auto comm = subset_comm(cx, sub.get());
-        const Outcome o = train_run(s, *cx.be, *comm, v, sh, train, test, metrics_for(v, sh));
-        if (cx.rank == 0) {
-          double steps = NAN;
-          for (size_t i = 0; i < g.grid.rows.size(); ++i)
-            if (g.grid.at(i, "variant")->text == v.name && g.grid.at(i, "global_batch")->num == sh.B)
-              steps = g.grid.at(i, "steps_to_target")->num;
-          const double pred = steps * step_model(g.steps, v.optimizer, nullptr, 0)(n, pick[1]);
-          const bool hit = o.cross.reached && o.status == "ok";
-          g.check.rows.push_back({txt(v.name), num(n), num(sh.B), num(sh.b), num(sh.acc), num(steps), num(pred),
-                                  hit ? num(o.cross.seconds) : none(),
-                                  hit ? num(100.0 * (o.cross.seconds / pred - 1.0)) : none(),
-                                  txt(o.status == "ok" && !o.cross.reached ? "not reached" : o.status)});
-        }
-      }
-      idle_barrier(cx.world);
-    }
-  } else if (s.grid_check) {
-    notes.push_back("grid: no check run (no setting reached the target with a measured step time on " + std::to_string(top) + " rank(s))");
-  }
-
-  g.grid.notes = {"dataset: " + base.train_file + " / " + base.test_file + "; base_batch " + std::to_string(base.base_batch) +
-                      " (the lr rules scale from it), schedule " + base.schedule + "; one rank (the same samples in the same "
-                      "order as on any rank count).",
-                  "budget: " + std::to_string(s.grid_epochs) + " epoch(s), at least " + std::to_string(s.grid_min_steps) +
-                      " steps; warm-up on = a linear ramp over " + std::to_string(s.warmup_epochs) + " epoch(s), at least " +
-                      std::to_string(s.grid_warmup_min_steps) + " steps; " +
-                      std::to_string(s.grid_evals) + " evaluations per run; target accuracy " + std::to_string(s.target_accuracy) + ".",
-                  "steps->tgt: interpolated between the last evaluation below the target and the first at or above it "
-                  "(the first evaluation when already there); t->target the same on the training clock (evaluations taken "
-                  "out, timed alone as the median of 3); empty = not reached or diverged (non-finite loss, "
-                  "train.on_nonfinite = stop).",
-                  "per-run metrics in grid-metrics/*.jsonl."};
+  GridSweep sweep(cx, train, test, notes);
+  sweep.run_grid(g);
+  sweep.measure_steps(g);
+  sweep.run_checks(g);
+  g.grid.notes = grid_notes(s);
   return g;
 }
 

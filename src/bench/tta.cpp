@@ -108,12 +108,23 @@ StepTime step_model(const Table& steps, const std::string& optimizer, const Ring
   for (int n : ns) curves[n] = step_curve(steps, optimizer, n);
   const RingModel r = ring ? *ring : RingModel{};
   const bool have_ring = ring != nullptr;
-  return [curves, r, have_ring, gradient_bytes](int n, double b) {
-    auto it = curves.find(n);
-    if (it != curves.end())
-      for (auto& [x, y] : it->second)
-        if (x == b) return y;
-    if (n == 1 || !have_ring || !curves.count(1)) return double(NAN);
+  const int top = ns.empty() ? 0 : *ns.rbegin();
+  return [curves, r, have_ring, gradient_bytes, top](int n, double b) {
+    auto exact = [&](int m) {
+      auto it = curves.find(m);
+      if (it != curves.end())
+        for (auto& [x, y] : it->second)
+          if (x == b) return y;
+      return double(NAN);
+    };
+    const double here = exact(n);
+    if (!std::isnan(here) || n <= top || !have_ring) return here;  // a measured count: only what it ran
+    // Beyond the measured ranks: the largest measured count's step at b plus the allreduce the
+    // ring adds from there (what that count measured, contention included, is kept) ...
+    if (top > 1 && !std::isnan(exact(top)))
+      return exact(top) + r.seconds(gradient_bytes, n) - r.seconds(gradient_bytes, top);
+    // ... else the one-rank step at b (log-log interpolated) plus the ring's allreduce.
+    if (!curves.count(1)) return double(NAN);
     return interp_loglog(curves.at(1), b) + r.seconds(gradient_bytes, n);
   };
 }
@@ -224,8 +235,10 @@ Table time_to_target_table(const Settings& s, const GridResult& g, const std::ve
     std::snprintf(buf, sizeof buf, "no allreduce fit (one rank, or the allreduce section skipped): only measured rank counts are predicted.");
   t.notes = {"predicted = steps to target at that global batch (the grid, one rank) x step time on N ranks at B / N per rank; "
              "the fastest global batch per variant and N; * = the fastest variant at that N.",
-             "step from: measured = the steps table (this launch); model = the one-rank step at B / N (log-log "
-             "interpolated) + the ring model's allreduce, not hidden (one gradient bucket, reduced after backward).",
+             "step from: measured = the steps table (this launch); model = beyond the measured ranks, the largest "
+             "measured count's step at B / N + the ring's allreduce time added from there to N (or, where that count "
+             "did not run B / N, the one-rank step, log-log interpolated, + the ring's allreduce); nothing hidden "
+             "(one gradient bucket, reduced after backward).",
              buf,
              "measured: a check run of that variant and batch on N ranks (table check); speed-up = predicted time on 1 rank / on N."};
   return t;
