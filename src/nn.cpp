@@ -1,5 +1,6 @@
 #include "dpt/nn.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -31,10 +32,11 @@ std::vector<int> parse_layers(const std::string& s) {
 
 std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers) {
   std::vector<TensorSeg> t;
-  for (const LayerSlice& l : layers) {
-    t.push_back({l.w_off, l.b_off, true});
-    t.push_back({l.b_off, l.end(), false});
+  for (const LayerSlice& l : layers) {  // from each slice's own offsets: weight and bias may lie apart
+    t.push_back({l.w_off, l.w_off + size_t(l.in) * size_t(l.out), true});
+    t.push_back({l.b_off, l.b_off + size_t(l.out), false});
   }
+  std::sort(t.begin(), t.end(), [](const TensorSeg& a, const TensorSeg& b) { return a.begin < b.begin; });
   return t;
 }
 

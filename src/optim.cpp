@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "dpt/check.hpp"
 
 namespace dpt {
 
@@ -41,8 +44,8 @@ Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n, std::vector<Tenso
 void Optimizer::step(float* params, const float* grads, double lr) {
   h_.lr = float(lr);
   if (layerwise()) {
-    layer_sums_at(params, grads, 0, n_, nullptr, nullptr);
-    layer_apply_at(params, grads, 0, n_, nullptr, nullptr);
+    layer_sums_at(params, grads, 0, 0, n_, nullptr, nullptr);
+    layer_apply_at(params, grads, 0, 0, n_, nullptr, nullptr);
   } else {
     be_.optimizer_step(params, grads, s1_.data(), s2_.data(), n_, h_);
   }
@@ -52,23 +55,25 @@ void Optimizer::step(float* params, const float* grads, double lr) {
 void Optimizer::step_at(float* params, const float* grads, const float* lr_table,
                         const StepCtl* ctl) {
   if (layerwise()) {
-    layer_sums_at(params, grads, 0, n_, lr_table, ctl);
-    layer_apply_at(params, grads, 0, n_, lr_table, ctl);
+    layer_sums_at(params, grads, 0, 0, n_, lr_table, ctl);
+    layer_apply_at(params, grads, 0, 0, n_, lr_table, ctl);
     return;
   }
   be_.optimizer_step_at(params, grads, s1_.data(), s2_.data(), n_, h_, lr_table, ctl);
 }
 
-void Optimizer::layer_sums_at(const float* params, const float* grads, size_t lo, size_t n,
+void Optimizer::layer_sums_at(const float* params, const float* grads, size_t lo, size_t state_at, size_t count,
                               const float* lr_table, const StepCtl* ctl) {
-  float* s2 = s2_.data() ? s2_.data() + lo : nullptr;
-  be_.layer_sums(params + lo, grads + lo, s1_.data() + lo, s2, lo, n, segs_, h_, lr_table, ctl, sums_.data());
+  if (state_at + count > n_) throw Error("optimizer: state range outside its " + std::to_string(n_) + " elements");
+  float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
+  be_.layer_sums(params, grads, s1_.data() + state_at, s2, lo, count, segs_, h_, lr_table, ctl, sums_.data());
 }
 
-void Optimizer::layer_apply_at(float* params, const float* grads, size_t lo, size_t n,
+void Optimizer::layer_apply_at(float* params, const float* grads, size_t lo, size_t state_at, size_t count,
                                const float* lr_table, const StepCtl* ctl) {
-  float* s2 = s2_.data() ? s2_.data() + lo : nullptr;
-  be_.layer_apply(params + lo, grads + lo, s1_.data() + lo, s2, lo, n, segs_, sums_.data(), h_, lr_table, ctl);
+  if (state_at + count > n_) throw Error("optimizer: state range outside its " + std::to_string(n_) + " elements");
+  float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
+  be_.layer_apply(params, grads, s1_.data() + state_at, s2, lo, count, segs_, sums_.data(), h_, lr_table, ctl);
 }
 
 std::vector<Optimizer::State> Optimizer::state() {

@@ -152,9 +152,9 @@ class Backend {
   virtual bool all_finite(const float* p, size_t n) = 0;
 
   // ---- the layer-wise optimizers (LARS, LAMB): two passes over any range of the arena ----
-  // The range is arena elements [lo, lo + n); p, g, s1, s2 point at its first element; segs are
-  // the model's tensors in arena coordinates, in arena order (the range may cut the first and
-  // the last). lr and t come from h, or, with ctl, from lr_table[ctl->step] and
+  // The range is arena elements [lo, lo + n); p, g, s1, s2 point at its first element (the state
+  // may be a shard's own); segs are the model's tensors in arena coordinates, not overlapping
+  // (the range may cut some). lr and t come from h, or, with ctl, from lr_table[ctl->step] and
   // ctl->updates + 1; with ctl->bad neither pass does anything. A caller holding the arena in
   // shards adds `sums` over its ranks between the two passes.
   // (a) layer_sums: sums[2i] = Σ w², sums[2i+1] = Σ d² over segment i's elements inside the

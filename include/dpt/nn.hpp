@@ -20,8 +20,9 @@ struct LayerSlice {
   size_t end() const { return b_off + size_t(out); }
 };
 
-// The parameter tensors of layer slices in arena order, as the layer-wise optimizers take them:
-// each weight (adapting), then its bias (1-D: no trust ratio, no weight decay).
+// The parameter tensors of layer slices, as the layer-wise optimizers take them, in arena order:
+// each weight (adapting) and each bias (1-D: no trust ratio, no weight decay), wherever the
+// arena layout puts them.
 std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers);
 
 // Parses "784,256,128,10"; throws InputError.

@@ -25,16 +25,19 @@ class Optimizer {
   // skipped when ctl->bad; all read on the device (see StepCtl).
   void step_at(float* params, const float* grads, const float* lr_table, const StepCtl* ctl);
 
-  // LARS and LAMB, for a caller that updates the arena by ranges (gradient buckets, shards):
-  // layer_sums_at(lo, n) fills layer_sums() (2 floats per tensor, on the backend) from the
-  // range [lo, lo + n); a sharded caller adds them over its ranks; layer_apply_at(lo, n)
-  // updates the range. params and grads are the whole arena's (the state too).
+  // LARS and LAMB, for a caller that updates the arena by ranges (gradient buckets, shards), in
+  // two calls per range: layer_sums_at fills layer_sums() (2 floats per tensor, on the backend)
+  // from arena elements [lo, lo + count); a sharded caller adds them over its ranks; then
+  // layer_apply_at updates the range. params and grads point at the range's first element (as
+  // for step_at), lo is its offset in the arena (where the tensors are), state_at the offset of
+  // its state. Nothing happens when ctl->bad, so the non-finite verdict must be in ctl before
+  // layer_sums_at (LAMB advances its moments there).
   bool layerwise() const { return h_.kind == OptKind::lars || h_.kind == OptKind::lamb; }
   const std::vector<TensorSeg>& tensors() const { return segs_; }
   float* layer_sums() { return sums_.data(); }
-  void layer_sums_at(const float* params, const float* grads, size_t lo, size_t n,
+  void layer_sums_at(const float* params, const float* grads, size_t lo, size_t state_at, size_t count,
                      const float* lr_table, const StepCtl* ctl);
-  void layer_apply_at(float* params, const float* grads, size_t lo, size_t n,
+  void layer_apply_at(float* params, const float* grads, size_t lo, size_t state_at, size_t count,
                       const float* lr_table, const StepCtl* ctl);
 
   OptKind kind() const { return h_.kind; }
