@@ -250,9 +250,14 @@ TEST(BenchTimeToTarget, StepModelAddsTheRingBeyondTheMeasuredRanks) {
   // Four ranks at b = 128: two ranks' 2 ms + ring(1 MB, 4) − ring(1 MB, 2) =
   // (6 hops × 10 us + 1.5 × 1e6 / 1e9 s) − (2 hops × 10 us + 1e6 / 1e9 s).
   EXPECT_NEAR(f(4, 128), 2e-3 + (60e-6 + 1.5e-3) - (20e-6 + 1e-3), 1e-12);
-  // b = 96 did not run on two ranks: the one-rank curve, interpolated, + ring(8).
-  EXPECT_NEAR(f(8, 96), interp_loglog({{64, 1e-3}, {128, 1e-3}}, 96) + ring.seconds(1e6, 8), 1e-12);
-  EXPECT_TRUE(std::isnan(f(4, 4096)));  // beyond every measured curve: unknown
+  // b = 96 did not run on two ranks: their curve, interpolated (2 ms at 64 and 128), + the extra.
+  EXPECT_NEAR(f(8, 96), 2e-3 + ring.seconds(1e6, 8) - ring.seconds(1e6, 2), 1e-12);
+  EXPECT_NEAR(f(8, 192), interp_loglog({{128, 2e-3}, {256, 3e-3}}, 192) + ring.seconds(1e6, 8) - ring.seconds(1e6, 2), 1e-12);
+  EXPECT_TRUE(std::isnan(f(4, 1024)));  // beyond the two-rank curve (it ran up to 256): unknown
+  // One measured count only: its (one-rank) curve + the whole ring, ring(1) being 0.
+  Table one = st;
+  one.rows.resize(6);
+  EXPECT_NEAR(step_model(one, "sgd", &ring, 1e6)(4, 1024), 8e-3 + ring.seconds(1e6, 4), 1e-12);
   EXPECT_TRUE(std::isnan(f(2, 96)));    // inside the measured ranks: only what was measured
   EXPECT_TRUE(step_measured(st, "sgd", 2, 64));
   EXPECT_FALSE(step_measured(st, "sgd", 4, 64));

@@ -256,10 +256,10 @@ struct TtaPoint {
 using StepTime = std::function<double(int ranks, double batch_per_rank)>;
 TtaPoint fastest_to_target(const Table& grid, const std::string& variant, int ranks, double min_b,
                            const StepTime& step_at);
-// Step seconds of `optimizer` at (ranks, b): the steps table where measured; beyond the largest
-// measured rank count n (ring given): its step at b + ring(ranks) − ring(n), or where n did not
-// run b, the 1-rank time at b (interpolated in log-log) + ring(ranks) — the allreduce of the
-// gradient (bytes), one bucket reduced after the backward pass, so nothing overlaps it.
+// Step seconds of `optimizer` at (ranks, b): the steps table on the rank counts it measured;
+// beyond the largest, n (ring given): n's step at b (log-log interpolated between its batches)
+// + ring(ranks) − ring(n), the allreduce of the gradient (bytes) added — one bucket reduced
+// after the backward pass, so nothing overlaps it.
 StepTime step_model(const Table& steps, const std::string& optimizer, const RingModel* ring, double gradient_bytes);
 bool step_measured(const Table& steps, const std::string& optimizer, int ranks, double batch_per_rank);
 

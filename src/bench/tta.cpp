@@ -119,13 +119,10 @@ StepTime step_model(const Table& steps, const std::string& optimizer, const Ring
     };
     const double here = exact(n);
     if (!std::isnan(here) || n <= top || !have_ring) return here;  // a measured count: only what it ran
-    // Beyond the measured ranks: the largest measured count's step at b plus the allreduce the
-    // ring adds from there (what that count measured, contention included, is kept) ...
-    if (top > 1 && !std::isnan(exact(top)))
-      return exact(top) + r.seconds(gradient_bytes, n) - r.seconds(gradient_bytes, top);
-    // ... else the one-rank step at b (log-log interpolated) plus the ring's allreduce.
-    if (!curves.count(1)) return double(NAN);
-    return interp_loglog(curves.at(1), b) + r.seconds(gradient_bytes, n);
+    // Beyond the measured ranks: the largest measured count's step at b (log-log interpolated
+    // between the batches it ran) plus the allreduce time the ring adds from there to n, so what
+    // that count measured (contention for shared cores or links included) is kept.
+    return interp_loglog(curves.at(top), b) + r.seconds(gradient_bytes, n) - r.seconds(gradient_bytes, top);
   };
 }
 
@@ -236,9 +233,8 @@ Table time_to_target_table(const Settings& s, const GridResult& g, const std::ve
   t.notes = {"predicted = steps to target at that global batch (the grid, one rank) x step time on N ranks at B / N per rank; "
              "the fastest global batch per variant and N; * = the fastest variant at that N.",
              "step from: measured = the steps table (this launch); model = beyond the measured ranks, the largest "
-             "measured count's step at B / N + the ring's allreduce time added from there to N (or, where that count "
-             "did not run B / N, the one-rank step, log-log interpolated, + the ring's allreduce); nothing hidden "
-             "(one gradient bucket, reduced after backward).",
+             "measured count's step at B / N (log-log interpolated between its batches) + the ring's allreduce time "
+             "added from there to N; nothing hidden (one gradient bucket, reduced after backward).",
              buf,
              "measured: a check run of that variant and batch on N ranks (table check); speed-up = predicted time on 1 rank / on N."};
   return t;
