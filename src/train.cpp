@@ -496,8 +496,10 @@ void Trainer::log_step(TrainResult& res) {
 void Trainer::log_eval(const EvalResult& e) {
   if (comm_.rank() != 0) return;
   std::ostringstream js;
+  // time_s: when the evaluation ended (the step's record has when it began).
   js << "{\"eval\": \"test\", \"step\": " << step_ << ", \"epoch\": " << epoch_ + 1
-     << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy) << "}";
+     << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy)
+     << ", \"time_s\": " << fmt("%.3f", seconds_since(t0_)) << "}";
   metrics_->write(js.str());
   log::info("eval  step " + std::to_string(step_) + "  test loss " + fmt("%.4f", e.loss) +
             "  accuracy " + fmt("%.4f", e.accuracy) + "  (" + std::to_string(e.n) + " samples)");

@@ -176,6 +176,30 @@ TEST(BenchTimeToTarget, CrossingIsInterpolatedBetweenEvaluations) {
   EXPECT_DOUBLE_EQ(epochs_of(25, 2400, 60000), 1.0);
 }
 
+TEST(BenchTimeToTarget, EvaluationsAreTakenOutOfTheTrainingClock) {
+  // Step 10 logged at 1.0 s, its evaluation ends at 1.5 s; step 20 at 2.5 s, evaluation to 2.7 s;
+  // step 30 at 3.7 s, its evaluation without time_s (eval_s = 0.4 s is used for it).
+  const std::string m =
+      "{\"step\": 10, \"epoch\": 1, \"loss\": 1.0, \"lr\": 0.1, \"samples_per_s\": 1, \"time_s\": 1.000}\n"
+      "{\"eval\": \"test\", \"step\": 10, \"epoch\": 1, \"loss\": 0.9, \"accuracy\": 0.6, \"time_s\": 1.500}\n"
+      "{\"step\": 20, \"epoch\": 1, \"loss\": 0.8, \"lr\": 0.1, \"samples_per_s\": 1, \"time_s\": 2.500}\n"
+      "{\"eval\": \"test\", \"step\": 20, \"epoch\": 1, \"loss\": 0.7, \"accuracy\": 0.8, \"time_s\": 2.700}\n"
+      "not json\n"
+      "{\"step\": 30, \"epoch\": 1, \"loss\": 0.6, \"lr\": 0.1, \"samples_per_s\": 1, \"time_s\": 3.700}\n"
+      "{\"eval\": \"test\", \"step\": 30, \"epoch\": 1, \"loss\": 0.5, \"accuracy\": 0.9}\n";
+  double total = 0;
+  const auto ev = evals_from_metrics(m, 0.4, total);
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_DOUBLE_EQ(ev[0].seconds, 1.0);
+  EXPECT_DOUBLE_EQ(ev[1].seconds, 2.0);        // 2.5 − 0.5
+  EXPECT_NEAR(ev[2].seconds, 3.0, 1e-12);      // 3.7 − 0.5 − 0.2
+  EXPECT_NEAR(total, 0.5 + 0.2 + 0.4, 1e-12);  // the last one's from eval_s
+  EXPECT_DOUBLE_EQ(ev[1].accuracy, 0.8);
+  const Crossing c = first_crossing(ev, 0.7);
+  EXPECT_DOUBLE_EQ(c.step, 15);
+  EXPECT_DOUBLE_EQ(c.seconds, 1.5);
+}
+
 TEST(BenchTimeToTarget, LogLogInterpolation) {
   const std::vector<std::pair<double, double>> pts{{64, 1e-3}, {256, 4e-3}, {1024, 4e-3}};
   EXPECT_DOUBLE_EQ(interp_loglog(pts, 64), 1e-3);

@@ -235,6 +235,11 @@ struct Crossing {
   double step = NAN, seconds = NAN;
 };
 Crossing first_crossing(const std::vector<EvalPoint>& evals, double target);
+// The evaluations of a run's metrics JSON Lines (rank 0's log.metrics). An evaluation's training
+// seconds = the loop's clock at its step (that step's record, written just before it) less the
+// evaluations before it, each as long as its record's time_s (when it ended) says, or eval_s
+// where the record has none. eval_total: every evaluation's seconds.
+std::vector<EvalPoint> evals_from_metrics(const std::string& jsonl, double eval_s, double& eval_total);
 // y at x on the polyline through pts (x ascending) with log x and log y; NaN outside its range or
 // where a neighbour is not positive and finite.
 double interp_loglog(const std::vector<std::pair<double, double>>& pts, double x);

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "dpt/bench.hpp"
 #include "dpt/check.hpp"
@@ -74,27 +74,6 @@ struct Outcome {
   Crossing cross;
 };
 
-// Reads rank 0's metrics: evaluations with the training seconds before each (the loop's clock
-// at that step minus the evaluations already made, each eval_s long).
-std::vector<EvalPoint> read_evals(const std::string& path, double eval_s) {
-  std::map<int64_t, double> time_at;
-  std::vector<std::pair<int64_t, double>> evals;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("step")) continue;
-    if (j.contains("eval")) evals.push_back({j["step"].get<int64_t>(), j["accuracy"].get<double>()});
-    else time_at[j["step"].get<int64_t>()] = j["time_s"].get<double>();
-  }
-  std::vector<EvalPoint> out;
-  for (size_t i = 0; i < evals.size(); ++i) {
-    const auto [step, acc] = evals[i];
-    const double t = time_at.count(step) ? time_at[step] - double(i) * eval_s : NAN;
-    out.push_back({double(step), acc, std::max(0.0, t)});
-  }
-  return out;
-}
-
 // One training run of `v` at shape sh on comm; the outcome is complete on comm's rank 0.
 Outcome train_run(const Settings& s, Backend& be, Comm& comm, const Variant& v, const Shape& sh,
                   const Dataset& train, const Dataset& test, const std::string& metrics) {
@@ -148,12 +127,16 @@ Outcome train_run(const Settings& s, Backend& be, Comm& comm, const Variant& v, 
     o.eval_s = stat_of(ev).med;
   }
   if (!root) return o;
-  const std::vector<EvalPoint> evals = read_evals(metrics, o.eval_s);
+  std::ifstream in(metrics);
+  std::ostringstream text;
+  text << in.rdbuf();
+  double eval_total = 0;
+  const std::vector<EvalPoint> evals = evals_from_metrics(text.str(), o.eval_s, eval_total);
   for (const EvalPoint& e : evals) {
     o.final_acc = e.accuracy;
     o.best = std::isnan(o.best) ? e.accuracy : std::max(o.best, e.accuracy);
   }
-  o.train_s = seconds - double(evals.size()) * o.eval_s;
+  o.train_s = seconds - eval_total;
   o.cross = first_crossing(evals, s.target_accuracy);
   return o;
 }
@@ -416,9 +399,9 @@ std::vector<std::string> grid_notes(const Settings& s) {
               std::to_string(s.grid_warmup_min_steps) + " steps; " + std::to_string(s.grid_evals) +
               " evaluations per run; target accuracy " + std::to_string(s.target_accuracy) + ".",
           "steps->tgt: interpolated between the last evaluation below the target and the first at or above it "
-          "(the first evaluation when already there); t->target the same on the training clock (evaluations taken "
-          "out, timed alone as the median of 3); empty = not reached or diverged (non-finite loss, "
-          "train.on_nonfinite = stop).",
+          "(the first evaluation when already there); t->target the same on the training clock (the loop's clock "
+          "less every earlier evaluation, each as long as its metrics records say); empty = not reached or diverged "
+          "(non-finite loss, train.on_nonfinite = stop). eval: one evaluation timed alone, median of 3.",
           "per-run metrics in grid-metrics/*.jsonl."};
 }
 

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "dpt/bench.hpp"
 
@@ -30,6 +32,33 @@ Crossing first_crossing(const std::vector<EvalPoint>& evals, double target) {
     return c;
   }
   return c;
+}
+
+std::vector<EvalPoint> evals_from_metrics(const std::string& jsonl, double eval_s, double& eval_total) {
+  std::map<int64_t, double> time_at;
+  struct Eval {
+    int64_t step;
+    double accuracy, ended;
+  };
+  std::vector<Eval> evals;
+  std::istringstream in(jsonl);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step")) continue;
+    if (j.contains("eval"))
+      evals.push_back({j["step"].get<int64_t>(), j.value("accuracy", double(NAN)), j.value("time_s", double(NAN))});
+    else
+      time_at[j["step"].get<int64_t>()] = j.value("time_s", double(NAN));
+  }
+  std::vector<EvalPoint> out;
+  double spent = 0;  // seconds of evaluation before the current one
+  for (const Eval& e : evals) {
+    const double began = time_at.count(e.step) ? time_at[e.step] : NAN;
+    out.push_back({double(e.step), e.accuracy, std::max(0.0, began - spent)});
+    spent += std::isfinite(e.ended - began) ? e.ended - began : eval_s;
+  }
+  eval_total = spent;
+  return out;
 }
 
 double interp_loglog(const std::vector<std::pair<double, double>>& pts, double x) {
