@@ -67,7 +67,7 @@ struct Settings {
   int data_iters = 100;       // load_batch calls timed for the data share
   double latency_ms = 0.05;   // a step shorter than this is called launch/latency-bound
   int max_ranks = 0;          // 0 = the whole world
-  std::vector<Variant> variants;  // empty until finalize_settings: then the base config's own
+  std::vector<Variant> variants;  // empty: the base config's own (variants_of)
   // [allreduce]: every collective sweep (allreduce, reduce-scatter, all-gather)
   std::vector<Collective> collectives{Collective::allreduce, Collective::reduce_scatter, Collective::all_gather};
   double ar_min_bytes = 1024, ar_max_bytes = 256.0 * (1 << 20), ar_factor = 2;
@@ -99,6 +99,7 @@ struct Settings {
 // Reads --config on rank 0, broadcasts it, parses. The [cpu] overrides are applied by
 // finalize_settings once the backend is known. Throws InputError naming key, value and file.
 Settings read_settings(MPI_Comm c, int argc, char** argv);
+std::vector<Variant> variants_of(const Settings& s);  // s.variants, or the base config's own
 void finalize_settings(Settings& s, bool cpu_backend);
 std::string settings_text(const Settings& s);  // resolved sweep settings, INI-like
 std::string settings_help();

@@ -222,7 +222,7 @@ std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub) {
 // named in the table's notes, on every rank alike: validate is pure).
 std::vector<Variant> runnable_variants(const Settings& s, const ModelSpec& m, std::vector<std::string>& notes) {
   std::vector<Variant> out;
-  for (const Variant& v : s.variants) {
+  for (const Variant& v : variants_of(s)) {
     try {
       validate(v.apply(timing_config(s, m.layers, s.weak_batch_per_rank)));
       out.push_back(v);

@@ -74,7 +74,7 @@ Table predict_scaling(const Settings& s, const Table& sc, const std::vector<Alph
   const AlphaBeta& ab = fits.back();  // the largest rank count measured
   const RingModel ring = ring_from(ab);
   for (const ModelSpec& m : s.models)
-    for (const Variant& v : s.variants) {
+    for (const Variant& v : variants_of(s)) {
       // Weak-scaling rows of this model and variant: the per-rank work is the same at every n.
       std::map<int, size_t> rows;
       for (size_t i = 0; i < sc.rows.size(); ++i)

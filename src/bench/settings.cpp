@@ -316,9 +316,12 @@ void finalize_settings(Settings& s, bool cpu_backend) {
   if (cpu_backend) apply(s, p.cpu, s.source + " [cpu]");
   apply(s, p.cli, "command line");
   if (s.out_dir.empty()) s.out_dir = default_out_dir();
-  if (s.variants.empty()) s.variants = {variant_of(s.base)};
   if (s.ar_max_bytes < s.ar_min_bytes)
     bad("allreduce.max_bytes", std::to_string(s.ar_max_bytes), s.source, "smaller than allreduce.min_bytes");
+}
+
+std::vector<Variant> variants_of(const Settings& s) {
+  return s.variants.empty() ? std::vector<Variant>{variant_of(s.base)} : s.variants;
 }
 
 std::string settings_text(const Settings& s) {
@@ -334,7 +337,7 @@ std::string settings_text(const Settings& s) {
      << "\nwarmup_steps = " << s.warmup_steps << "\ntimed_steps = " << s.timed_steps << "\nrepeats = " << s.repeats
      << "\ndata_iters = " << s.data_iters << "\nlatency_ms = " << s.latency_ms << "\nmax_ranks = " << s.max_ranks
      << "\nvariants =";
-  for (auto& v : s.variants) os << " " << v.name();
+  for (auto& v : variants_of(s)) os << " " << v.name();
   os << "\n[allreduce]\ncollectives =";
   for (Collective c : s.collectives) os << " " << collective_name(c);
   os << "\nmin_bytes = " << s.ar_min_bytes << "\nmax_bytes = " << s.ar_max_bytes
