@@ -58,11 +58,11 @@ def time_ms(fn, steps, repeat, warmup, cuda):
     return statistics.median(out), min(out), max(out)
 
 
-def step_fn(model, opt, x, y, bf16, dev, set_to_none=True, zero=True):
+def step_fn(model, opt, x, y, bf16, dev, set_to_none=True, zero=True, cache=True):
     def step():
         if zero:
             opt.zero_grad(set_to_none=set_to_none)
-        with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16, cache_enabled=cache):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
@@ -72,18 +72,19 @@ def step_fn(model, opt, x, y, bf16, dev, set_to_none=True, zero=True):
 def graphed(model, opt, x, y, bf16):
     # PyTorch's CUDA graphs notes, whole-network capture: warm up on a side stream, set the
     # gradients to None, capture one step (backward allocates them in the graph's pool and each
-    # replay overwrites them: no zeroing pass), replay.
+    # replay overwrites them: no zeroing pass), replay. Autocast's cast cache is off, as those
+    # notes require inside a capture (each weight is cast once per step either way).
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        warm = step_fn(model, opt, x, y, bf16, "cuda")
+        warm = step_fn(model, opt, x, y, bf16, "cuda", cache=False)
         for _ in range(5):
             warm()
     torch.cuda.current_stream().wait_stream(s)
     opt.zero_grad(set_to_none=True)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        step_fn(model, opt, x, y, bf16, "cuda", zero=False)()
+        step_fn(model, opt, x, y, bf16, "cuda", zero=False, cache=False)()
     return g.replay
 
 
