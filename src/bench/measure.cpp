@@ -193,9 +193,9 @@ void fill_efficiency(Table& t) {
       if (t.at(j, "variant")->text == t.at(i, "variant")->text) own = thr;
       if (!(fastest >= thr)) fastest = thr;
     }
+    if (t.at(i, "samples_per_s")->empty) continue;
     const double thr = t.at(i, "samples_per_s")->num;
     const int n = int(t.at(i, "ranks")->num);
-    if (t.at(i, "samples_per_s")->empty) continue;
     t.rows[i][eff] = num(efficiency(thr, n, own));
     t.rows[i][best] = num(efficiency(thr, n, fastest));
   }
@@ -218,6 +218,8 @@ std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub) {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
 // The variants a subset measures: those whose timing config dptrain accepts (the others are
 // named in the table's notes, on every rank alike: validate is pure).
 std::vector<Variant> runnable_variants(const Settings& s, const ModelSpec& m, std::vector<std::string>& notes) {
@@ -232,6 +234,8 @@ std::vector<Variant> runnable_variants(const Settings& s, const ModelSpec& m, st
   }
   return out;
 }
+
+}  // namespace
 
 Table measure_scaling(Context& cx) {
   const Settings& s = *cx.s;

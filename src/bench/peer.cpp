@@ -152,6 +152,31 @@ bool probe_torch(const std::string& python, std::string& version, int& devices, 
   return true;
 }
 
+// One torchrun launch: its output logged in logs/, its rows read from the JSON file the script
+// rewrites after every row (so a launch stopped by ddp.timeout_s keeps what it finished).
+PeerRun launch(const Settings& s, const ModelSpec& m, int procs, int batch, bool gpu, const fs::path& logs) {
+  const fs::path file = logs / (m.name + "-n" + std::to_string(procs) + "-b" + std::to_string(batch) + ".log");
+  fs::path json = file;
+  json.replace_extension(".json");
+  fs::remove(json);
+  const std::string cmd = peer_command(s, m, procs, batch, gpu, json.string());
+  log::info("ddp peer: " + cmd);
+  int rc = 0;
+  const std::string out = run_capture(cmd, rc);
+  std::ofstream(file) << "$ " << cmd << "\n" << out << "\nexit " << rc << "\n";
+  std::ifstream jf(json);
+  std::ostringstream js;
+  if (jf) js << jf.rdbuf();
+  PeerRun run = parse_peer_output(js.str().empty() ? out : js.str());
+  run.model = m.name;
+  run.command = cmd;
+  run.ranks = procs;
+  run.batch_per_rank = batch;
+  if (rc != 0 && run.error.empty())
+    run.error = "torchrun exited " + std::to_string(rc) + (rc == 124 ? " (ddp.timeout_s)" : "") + ", see " + file.string();
+  return run;
+}
+
 std::string peer_name(const PeerRow& r) {
   const std::string kind = r.kind == "eager"          ? "eager"
                            : r.kind == "compile-step" ? "torch.compile, whole step"
@@ -234,25 +259,7 @@ std::vector<PeerRun> run_ddp_peer(Context& cx, std::vector<std::string>& notes,
             const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / k;
             if (ran[{m.name, k, b}]) continue;
             ran[{m.name, k, b}] = true;
-            const fs::path file = logs / (m.name + "-n" + std::to_string(k) + "-b" + std::to_string(b) + ".log");
-            fs::path json = file;
-            json.replace_extension(".json");
-            fs::remove(json);
-            const std::string cmd = peer_command(s, m, k, b, gpu, json.string());
-            log::info("ddp peer: " + cmd);
-            int rc = 0;
-            const std::string out = run_capture(cmd, rc);
-            std::ofstream(file) << "$ " << cmd << "\n" << out << "\nexit " << rc << "\n";
-            std::ifstream jf(json);
-            std::ostringstream js;
-            js << jf.rdbuf();
-            PeerRun run = parse_peer_output(js.str().empty() ? out : js.str());
-            run.model = m.name;
-            run.command = cmd;
-            run.ranks = k;
-            run.batch_per_rank = b;
-            if (rc != 0 && run.error.empty())
-              run.error = "torchrun exited " + std::to_string(rc) + (rc == 124 ? " (ddp.timeout_s)" : "") + ", see " + file.string();
+            PeerRun run = launch(s, m, k, b, gpu, logs);
             if (!run.error.empty()) notes.push_back("PyTorch DDP peer, " + m.name + " on " + std::to_string(k) + ": " + run.error);
             runs.push_back(run);
             if (done) done(runs);
