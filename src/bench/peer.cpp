@@ -344,7 +344,8 @@ Table peer_table(const Settings& s, const Table& sc, const std::vector<PeerRun>&
       "(bf16: autocast), cross-entropy, backward, optimizer step; DDP with gradient_as_bucket_view=True and each bucket_cap_mb "
       "of ddp.buckets_mb; torch.compile rows compile the DDP model (PyTorch's DDPOptimizer splits it at bucket boundaries) or "
       "the whole step. Data: one fixed batch on the GPU (dptrain gathers a new batch each step).",
-      "step: the slowest process's median over ddp.repeats windows of ddp.steps steps, CUDA events, after ddp.warmup steps.",
+      "step: the slowest process's median over ddp.repeats windows of ddp.steps steps after ddp.warmup steps (CUDA events; "
+      "wall time on CPU processes).",
       "eff: the peer's throughput(n) / (n x throughput(1)) of the same kind (eager or compiled) on 1 process; best (*): "
       "the fastest peer row for that model, mode and n.",
       "dptrain: the fastest variant of the scaling table at the same model, mode and n; ratio = dptrain step / peer step "

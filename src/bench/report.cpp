@@ -335,7 +335,7 @@ std::vector<std::string> findings(const Report& r) {
     for (size_t i = 0; i < p->rows.size(); ++i)
       if (p->at(i, "strongest")->text == "*" && !p->at(i, "ratio")->empty)
         out.push_back("PyTorch, " + p->at(i, "model")->text + " " + p->at(i, "mode")->text + " on " + raw(*p->at(i, "ranks")) +
-                      " ranks: strongest " + p->at(i, "peer")->text + " " + f3("%.3f", p->at(i, "peer_step_ms")->num) +
+                      " rank(s): strongest " + p->at(i, "peer")->text + " " + f3("%.3f", p->at(i, "peer_step_ms")->num) +
                       " ms per step (efficiency " + f3("%.2f", p->at(i, "peer_efficiency")->num) + "); dptrain " +
                       p->at(i, "ours_variant")->text + " " + f3("%.3f", p->at(i, "ours_step_ms")->num) + " ms (efficiency " +
                       f3("%.2f", p->at(i, "ours_efficiency")->num) + "): " + f3("%.3f", p->at(i, "ratio")->num) +
