@@ -46,6 +46,10 @@ def table(rows, head):
         print("  " + "  ".join(str(x).rjust(w[i]) if i else str(x).ljust(w[i]) for i, x in enumerate(r)))
 
 
+def f3(x):
+    return "-" if x is None else "%.3f" % x
+
+
 def verdict(value, target, higher=True):
     if value is None:
         return "not measured"
@@ -117,10 +121,10 @@ def scale12(out):
     print("\n  targets at n = %s:" % top)
     for v, t in (("sharded-bf16", 0.95), ("sharded-fp32", 0.92)):
         e = weak.get(v, {}).get("efficiency_vs_best1")
-        print("    weak efficiency %s (vs fastest 1-GPU variant): %s, %s" % (v, e, verdict(e, t)))
+        print("    weak efficiency %s (vs fastest 1-GPU variant): %s, %s" % (v, f3(e), verdict(e, t)))
     best_strong = max([r.get("efficiency_vs_best1") or 0 for r in strong.values()] or [0]) or None
-    print("    strong efficiency, best variant: %s, %s" % (best_strong, verdict(best_strong, 0.90)))
-    print("    1-GPU weak step, fastest variant: %s ms, %s" % (min(one) if one else None,
+    print("    strong efficiency, best variant: %s, %s" % (f3(best_strong), verdict(best_strong, 0.90)))
+    print("    1-GPU weak step, fastest variant: %s ms, %s" % (f3(min(one) if one else None),
                                                               verdict(min(one) if one else None, 2.28, False)))
 
     peer = rec.get("ddp_peer", [])
@@ -130,7 +134,7 @@ def scale12(out):
     table(rows, ["model", "mode", "n", "PyTorch", "step", "eff", "dptrain", "step", "ours/peer"])
     for r in peer:
         if r.get("strongest") == "*" and r.get("mode") == "weak" and r.get("ranks") == top and top > 1:
-            print("    2-GPU step vs PyTorch DDP's strongest: %s, %s" % (r.get("ratio"), verdict(r.get("ratio"), 0.65, False)))
+            print("    2-GPU step vs PyTorch DDP's strongest: %s, %s" % (f3(r.get("ratio")), verdict(r.get("ratio"), 0.65, False)))
     errs = sorted({r.get("note") for r in peer if r.get("note")})
     for e in errs:
         print("    peer note: %s" % e)
