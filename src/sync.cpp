@@ -229,11 +229,13 @@ void GradSync::reduce(size_t b) {
   const DType t = bf16_wire_ ? DType::bf16 : DType::f32;
   const size_t es = dtype_size(t);
   auto at = [&](size_t off) { return static_cast<char*>(base) + off * es; };
+  comm_.group_begin();  // NCCL: the weights' and the biases' collectives in one launch
   if (plan_.sharded)
     comm_.reduce_scatter(at(k.w_begin), at(plan_.own_w(k)), k.chunk, t, RedOp::sum);
   else
     comm_.allreduce(at(k.w_begin), at(k.w_begin), wlen, t, RedOp::sum);
   if (blen) comm_.allreduce(at(k.b_begin), at(k.b_begin), blen, t, RedOp::sum);
+  comm_.group_end();
 }
 
 // bf16 reduced gradients back into the fp32 arena (this rank's chunk and the biases), with the
