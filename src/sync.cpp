@@ -285,16 +285,18 @@ void GradSync::finish() {
   const size_t n = plan_.buckets.size();
   for (size_t b = 0; b < n; ++b)
     if (!reduced_[b]) throw Error("GradSync: bucket " + std::to_string(b) + " was never reported final");
+  // One rank enqueues nothing on the communication stream but the side lane's work (joined by
+  // main_wait); a wait for it would refer to work outside a step being captured.
   if (eager_) {
     for (size_t b = 0; b < n; ++b)
       if (!updated_[b]) update(b);
     if (side_) be_.main_wait();
-    comm_.synchronize();
+    if (world_ > 1) comm_.synchronize();
     return;
   }
   // Every reduction, then the check of every reduced gradient (all ranks decide alike), then
   // the updates: a skipped step leaves parameters and state bitwise as they were.
-  comm_.synchronize();
+  if (world_ > 1) comm_.synchronize();
   float* g = model_.grads();
   if (bf16_wire_) {
     for (size_t b = 0; b < n; ++b) unwire(b, true);

@@ -259,7 +259,9 @@ double loss_off(const Outcome& a, const Outcome& b) {
 //   same kernels on the same data: bitwise;
 // - bf16 on the wire: within 1% of the fp32 wire's loss, and not identical to it (with 2+ ranks);
 // - bf16 precision, sharded (the bf16 weight copy is what is all-gathered) against unsharded:
-//   the same sums of two values: within 1e-6 (seen bitwise where measured).
+//   the same arithmetic but for the weight gradient's row pieces, cut at other rows (the shard
+//   grain), which cuBLAS may compute with other GEMM algorithms: 1e-4 (seen: 1e-6 on 2 ranks
+//   sharing an H200).
 TEST(GpuTraining, ShardedBf16WireAndEagerUpdatesFollowTheCpuCurve) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   const bool shared = cuda_device_count() < world_size();
@@ -297,6 +299,6 @@ TEST(GpuTraining, ShardedBf16WireAndEagerUpdatesFollowTheCpuCurve) {
   b16s.shard_optimizer = true;
   const Outcome u = train(b16), s = train(b16s);
   std::printf("[ sync     ] bf16 precision, sharded vs unsharded: loss %.3g, weights %.3g\n", loss_off(s, u), weights_off(s, u));
-  EXPECT_LT(loss_off(s, u), 1e-6);
-  EXPECT_LT(weights_off(s, u), 1e-6);
+  EXPECT_LT(loss_off(s, u), 1e-4);
+  EXPECT_LT(weights_off(s, u), 1e-4);
 }
