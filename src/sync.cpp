@@ -71,7 +71,9 @@ BucketPlan plan_buckets(const std::vector<int>& widths, double bucket_mb, int wo
   constexpr size_t kAlign = BucketPlan::kShardGranule;  // every layer's weights 256-byte aligned
   const size_t grain = P.sharded ? kAlign * size_t(world) : kAlign;
   auto nw = [&](int i) { return size_t(widths[size_t(i)]) * size_t(widths[size_t(i) + 1]); };
-  const std::vector<Part> parts = parts_of(widths, cap, grain, split_large, P.layout.piece_rows);
+  // Row pieces cut at the same rows sharded or not (whole grains of every rank's chunk), so both
+  // give cuBLAS the same GEMMs and differ only in the order of their sums.
+  const std::vector<Part> parts = parts_of(widths, cap, kAlign * size_t(world), split_large, P.layout.piece_rows);
 
   // Offsets, layer 0 first: each bucket's weight range is padded (at a layer boundary, never
   // inside a layer) to a multiple of the grain when sharded.
