@@ -96,7 +96,9 @@ void make_comm_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
   // NCCL needs one GPU per rank; ranks sharing a GPU go through MPI. With comm.backend = nccl
   // the NCCL transport itself refuses a shared GPU with a message naming the ranks.
   if (kind == "auto" && rt.backend->name() == "cuda" && ranks_share_a_gpu(c, *rt.backend)) kind = "mpi";
-  rt.comm = make_comm(kind, c, *rt.backend);
+  CommOptions co;
+  co.nccl_max_ctas = cfg.nccl_max_ctas;
+  rt.comm = make_comm(kind, c, *rt.backend, co);
 }
 
 void print_banner(const Config& cfg, const Runtime& rt, MPI_Comm c) {

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "dpt/check.hpp"
 
 namespace dpt {
 
@@ -31,9 +34,15 @@ void Optimizer::step(float* params, const float* grads, double lr) {
   ++h_.t;
 }
 
-void Optimizer::step_at(float* params, const float* grads, const float* lr_table,
-                        const StepCtl* ctl) {
-  be_.optimizer_step_at(params, grads, s1_.data(), s2_.data(), n_, h_, lr_table, ctl);
+void Optimizer::step_at(float* params, const float* grads, size_t state_at, size_t count,
+                        const float* lr_table, StepCtl* ctl, bool flag) {
+  if (count == 0) return;
+  if (state_at + count > n_)
+    throw Error("optimizer: state [" + std::to_string(state_at) + ", " + std::to_string(state_at + count) +
+                ") outside its " + std::to_string(n_) + " elements");
+  float* s1 = s1_.data() ? s1_.data() + state_at : nullptr;
+  float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
+  be_.optimizer_step_at(params, grads, s1, s2, count, h_, lr_table, ctl, flag);
 }
 
 std::vector<Optimizer::State> Optimizer::state() {

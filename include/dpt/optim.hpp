@@ -13,13 +13,17 @@ namespace dpt {
 
 class Optimizer {
  public:
+  // n: elements of state per array (the arena's size, or a rank's shard of it).
   Optimizer(Backend& be, const Config& cfg, size_t n);
 
-  // One update of params with grads at learning rate lr; counts the step.
+  // One update of all n params with grads at learning rate lr; counts the step.
   void step(float* params, const float* grads, double lr);
-  // The training loop's update: lr from lr_table[ctl->step], Adam's t from ctl->updates,
-  // skipped when ctl->bad; all read on the device (see StepCtl).
-  void step_at(float* params, const float* grads, const float* lr_table, const StepCtl* ctl);
+  // The training loop's update of count parameters at params (gradients grads) whose state
+  // starts at element state_at of the state arrays: lr from lr_table[ctl->step], Adam's t from
+  // ctl->updates, skipped when ctl->bad; all read on the device (see StepCtl). flag: the
+  // non-finite check folded in (Backend::optimizer_step_at).
+  void step_at(float* params, const float* grads, size_t state_at, size_t count,
+               const float* lr_table, StepCtl* ctl, bool flag = false);
 
   OptKind kind() const { return h_.kind; }
   int64_t steps_taken() const { return h_.t - 1; }
@@ -30,6 +34,7 @@ class Optimizer {
   struct State { std::string name; float* data; };
   std::vector<State> state();
   size_t size() const { return n_; }
+  int state_arrays() const { return (s1_.data() ? 1 : 0) + (s2_.data() ? 1 : 0); }
 
  private:
   Backend& be_;

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "dpt/bench.hpp"
+#include "dpt/sync.hpp"
 #include "dpt/check.hpp"
 
 namespace dpt::bench {
@@ -113,19 +114,11 @@ size_t param_count(const std::vector<int>& layers) {
   return p;
 }
 
-// Mirrors GradSync in train.cpp: layers from the last down, a bucket closes once it holds at
-// least the cap, the first layer closes the last bucket.
+// The Trainer's buckets (plan_buckets, one rank, whole layers): their parameter counts in
+// reduction order.
 std::vector<size_t> bucket_elements(const std::vector<int>& layers, double bucket_mb) {
-  const size_t cap = std::max<size_t>(1, size_t(bucket_mb * 1024 * 1024 / sizeof(float)));
   std::vector<size_t> sizes;
-  size_t acc = 0;
-  for (int i = int(layers.size()) - 2; i >= 0; --i) {
-    acc += size_t(layers[size_t(i)] + 1) * size_t(layers[size_t(i) + 1]);
-    if (acc >= cap || i == 0) {
-      sizes.push_back(acc);
-      acc = 0;
-    }
-  }
+  for (const Bucket& b : plan_buckets(layers, bucket_mb, 1, 0, false, false).buckets) sizes.push_back(b.elements);
   return sizes;
 }
 
