@@ -129,10 +129,12 @@ class SubComm {
 // from those measuring.
 void idle_barrier(MPI_Comm c);
 
-// A Comm whose collectives do nothing, over MPI_COMM_SELF, that reports the given rank and size:
-// the training loop then lays out its buckets and shards, takes its rows and captures its step
-// as on `size` ranks, and runs its compute alone (the loss is wrong, the compute time is right).
-std::unique_ptr<Comm> make_null_comm(int rank = 0, int size = 1);
+// A Comm whose collectives send nothing, over MPI_COMM_SELF, that reports the given rank and
+// size: the training loop then lays out its buckets and shards, takes its rows and captures its
+// step as on `size` ranks, and runs its compute alone (the loss is wrong, the compute time is
+// right). With `lanes`, each collective and synchronize() order its streams as the NCCL
+// transport does (Backend::side_wait / main_wait); `capturable` as the transport it stands for.
+std::unique_ptr<Comm> make_null_comm(int rank = 0, int size = 1, Backend* lanes = nullptr, bool capturable = true);
 
 // ---------------------------------------------------------------------------------------------
 // Arithmetic, all pure (tested).

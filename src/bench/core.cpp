@@ -43,22 +43,36 @@ void idle_barrier(MPI_Comm c) {
 namespace {
 class NullComm final : public Comm {
  public:
-  NullComm(int rank, int size) : Comm(MPI_COMM_SELF) {
+  NullComm(int rank, int size, Backend* lanes, bool capturable) : Comm(MPI_COMM_SELF), lanes_(lanes), capturable_(capturable) {
     rank_ = rank;
     size_ = size;
   }
   std::string name() const override { return "none"; }
   std::string describe() const override { return "none (collectives removed, timing only)"; }
-  void allreduce(const void*, void*, size_t, DType, RedOp) override {}
-  void broadcast(void*, size_t, DType, int) override {}
-  void reduce_scatter(const void*, void*, size_t, DType, RedOp) override {}
-  void allgather(const void*, void*, size_t, DType) override {}
-  // Nothing runs on the host inside a collective: the step is captured as with NCCL.
-  bool capturable() const override { return true; }
+  // Each collective orders the streams as the NCCL transport's would (the communication stream
+  // waits for the compute stream; synchronize() the other way), so a step that forks work onto
+  // the communication stream is captured and joined as in the real run, with nothing sent.
+  void allreduce(const void*, void*, size_t, DType, RedOp) override { fork(); }
+  void broadcast(void*, size_t, DType, int) override { fork(); }
+  void reduce_scatter(const void*, void*, size_t, DType, RedOp) override { fork(); }
+  void allgather(const void*, void*, size_t, DType) override { fork(); }
+  void synchronize() override {
+    if (lanes_) lanes_->main_wait();
+  }
+  bool capturable() const override { return capturable_; }
+
+ private:
+  void fork() {
+    if (lanes_) lanes_->side_wait();
+  }
+  Backend* lanes_;
+  bool capturable_;
 };
 }  // namespace
 
-std::unique_ptr<Comm> make_null_comm(int rank, int size) { return std::make_unique<NullComm>(rank, size); }
+std::unique_ptr<Comm> make_null_comm(int rank, int size, Backend* lanes, bool capturable) {
+  return std::make_unique<NullComm>(rank, size, lanes, capturable);
+}
 
 // ---------------------------------------------------------------------------------------------
 

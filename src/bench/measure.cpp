@@ -104,8 +104,9 @@ struct RowTiming {
 
 RowTiming time_row(Context& cx, MPI_Comm sub, Comm& comm, const Config& c, const Dataset& ds, bool breakdown) {
   const Settings& s = *cx.s;
-  // The same rank and size as the real run: the same rows, bucket layout and optimizer shard.
-  auto alone = make_null_comm(comm.rank(), comm.size());
+  // The same rank and size as the real run (the same rows, bucket layout and optimizer shard),
+  // the same stream order and graph capture, nothing sent.
+  auto alone = make_null_comm(comm.rank(), comm.size(), cx.be, comm.capturable());
   std::vector<double> full, compute;
   // One untimed run first: the first Trainer on a dataset pays one-time costs (on a GPU, the
   // dataset's upload and the libraries' lazy set-up) that would skew the first difference.
@@ -275,7 +276,7 @@ Table measure_scaling(Context& cx) {
   std::vector<std::string> notes = {
       "variant: train.shard_optimizer (unsharded/sharded) and comm.grad_dtype (fp32/bf16 gradients on the wire) of the timed runs.",
       "step: slowest rank's seconds per step = (t(W+S) - t(W)) / S in fresh Trainers, median (min, max) of the repeats.",
-      "compute: the same loop with every collective removed (a no-op Comm on MPI_COMM_SELF reporting the subset's rank and size), all ranks at once; mean and max over ranks.",
+      "compute: the same loop with nothing sent (a Comm on MPI_COMM_SELF with the subset's rank and size and the transport's stream order), all ranks at once; mean and max over ranks.",
       "data: Backend::load_batch of one batch timed alone (an estimate of the loop's gather, which it contains).",
       "imbal = (max - mean) / mean of per-rank compute; exp comm = step - max compute (communication and sync not hidden behind compute), per variant.",
       "eff = throughput(n) / (n x throughput(1)), same model, mode and variant; eff/best1: against the fastest variant on 1 rank.",
