@@ -3,6 +3,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,13 +11,17 @@
 
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
+#include "dpt/timing.hpp"
 #include "dpt/watchdog.hpp"
 
 namespace dpt {
 
 MpiSession::MpiSession(int& argc, char**& argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  {
+    timing::Scope timed(timing::Phase::mpi_init);
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  }
   // Errors come back as codes that DPT_CHECK_MPI turns into messages, not as MPI's own abort.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -28,13 +33,48 @@ MpiSession::MpiSession(int& argc, char**& argv) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
+MpiSession::~MpiSession() { finalize(); }
+
 // MPI_Finalize waits for every rank: a rank stuck elsewhere makes it a hang the watchdog ends.
-MpiSession::~MpiSession() {
+void MpiSession::finalize() {
+  if (finalized_) return;
+  finalized_ = true;
   {
     watchdog::Phase phase("waiting in MPI_Finalize");
     MPI_Finalize();
   }
   watchdog::stop();
+}
+
+bool cut_enabled(const char* env) {
+  const char* v = std::getenv(env);
+  return !(v && std::string(v) == "0");
+}
+
+EarlyDriverInit::EarlyDriverInit() {
+  if (cuda_compiled() && cut_enabled("DPT_EARLY_CUDA")) thread_ = std::thread([] { cuda_device_count(); });
+}
+
+void EarlyDriverInit::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+DataLoader::DataLoader(const Config& cfg, MPI_Comm c, bool with_train) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(c, &rank);
+  MPI_Comm_size(c, &world);
+  // cfg outlives the loader (main's Invocation); the thread reads files only: no MPI, no
+  // watchdog phase (the main thread marks its wait instead).
+  read_ = [&cfg, rank, world, with_train] {
+    timing::Scope timed(timing::Phase::data_load);
+    return load_run_data(cfg, rank, world, with_train);
+  };
+  if (cut_enabled("DPT_LOAD_THREAD")) pending_ = std::async(std::launch::async, read_);
+}
+
+RunData DataLoader::get() {
+  timing::Scope timed(timing::Phase::data_wait);
+  return pending_.valid() ? pending_.get() : read_();
 }
 
 int stage(MPI_Comm c, const std::function<void()>& f) {
@@ -96,6 +136,13 @@ void make_comm_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
   // NCCL needs one GPU per rank; ranks sharing a GPU go through MPI. With comm.backend = nccl
   // the NCCL transport itself refuses a shared GPU with a message naming the ranks.
   if (kind == "auto" && rt.backend->name() == "cuda" && ranks_share_a_gpu(c, *rt.backend)) kind = "mpi";
+  // One rank on a GPU has nothing to reduce: no NCCL communicator (DPT_ONE_RANK_COMM=0: NCCL).
+  int size = 1;
+  MPI_Comm_size(c, &size);
+  if (kind == "auto" && size == 1 && rt.backend->name() == "cuda" && cut_enabled("DPT_ONE_RANK_COMM")) {
+    rt.comm = make_self_comm(c, *rt.backend);
+    return;
+  }
   rt.comm = make_comm(kind, c, *rt.backend);
 }
 

@@ -4,12 +4,15 @@
 #include <mpi.h>
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "dpt/backend.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/config.hpp"
+#include "dpt/train.hpp"
 
 namespace dpt {
 
@@ -22,10 +25,53 @@ class MpiSession {
   MpiSession& operator=(const MpiSession&) = delete;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // MPI_Finalize now (once; the destructor does it otherwise) and the watchdog stopped.
+  void finalize();
 
  private:
   int rank_ = 0, size_ = 1;
+  bool finalized_ = false;
 };
+
+// ---- start-up and shut-down cuts; each has an environment switch that restores the old path
+// (=0), so that one call can time both ----
+
+// True unless the environment variable is set to 0.
+bool cut_enabled(const char* env);
+
+// Initialises the CUDA driver (cudaGetDeviceCount) on a thread of its own while MPI starts:
+// it creates no context, so it needs no device choice. DPT_EARLY_CUDA=0: not.
+class EarlyDriverInit {
+ public:
+  EarlyDriverInit();
+  ~EarlyDriverInit() { join(); }
+  EarlyDriverInit(const EarlyDriverInit&) = delete;
+  EarlyDriverInit& operator=(const EarlyDriverInit&) = delete;
+  void join();
+
+ private:
+  std::thread thread_;
+};
+
+// cfg's datasets for this rank, read on a thread of its own from construction (no MPI there)
+// while the backend and transport start; get() waits and rethrows its error. Its time is
+// timing's data_load. DPT_LOAD_THREAD=0: read in get() instead.
+class DataLoader {
+ public:
+  DataLoader(const Config& cfg, MPI_Comm c, bool with_train);
+  RunData get();
+
+ private:
+  std::future<RunData> pending_;
+  std::function<RunData()> read_;
+};
+
+// After a successful run, the objects that hold device memory, handles and streams are left to
+// the end of the process, which frees them all at once: freeing them one by one (every cudaFree
+// waits for the device) only delays the exit. DPT_FAST_EXIT=0: destroyed as before.
+template <class T> void leave_to_exit(std::unique_ptr<T>& p) {
+  if (cut_enabled("DPT_FAST_EXIT")) (void)p.release();
+}
 
 // Runs f on every rank; if any rank throws, every rank learns it (rank 0 prints each distinct
 // message) and the result is the largest exit code, else 0. Only for code that every rank

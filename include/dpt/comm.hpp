@@ -72,6 +72,10 @@ std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, Backend* staging);
 // The NCCL transport over c (cuda builds only): id from rank 0 over MPI_Bcast.
 std::unique_ptr<Comm> make_nccl_comm(MPI_Comm c, Backend& cuda_backend);
 
+// The transport of a communicator of one rank (any backend): collectives are local copies on the
+// backend, nothing is set up. comm.backend = auto takes it for one rank on a GPU (make_comm_for).
+std::unique_ptr<Comm> make_self_comm(MPI_Comm c, Backend& backend);
+
 // True on every rank when two ranks of c use one GPU (same host and PCI bus id); false with
 // the cpu backend. Collective over c.
 bool ranks_share_a_gpu(MPI_Comm c, Backend& backend);

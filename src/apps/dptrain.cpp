@@ -9,6 +9,7 @@
 #include "dpt/ckpt.hpp"
 #include "dpt/data.hpp"
 #include "dpt/log.hpp"
+#include "dpt/timing.hpp"
 #include "dpt/train.hpp"
 #include "dpt/watchdog.hpp"
 
@@ -56,6 +57,8 @@ void print_summary(const TrainResult& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  timing::start();
+  EarlyDriverInit driver;  // the CUDA driver starts while MPI does
   MpiSession mpi(argc, argv);
   // First thing after MPI: a signal during start-up is remembered, never fatal; the loop then
   // stops at its first step with a checkpoint (exit 6).
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
   watchdog::start(Config{}.timeout_s);  // every blocking phase from here on has a deadline
   Invocation inv;
   if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::config);
         fault::init(mpi.rank());
         inv = read_invocation(world, argc, argv);
         watchdog::set_timeout(inv.cfg.timeout_s);
@@ -82,43 +86,73 @@ int main(int argc, char** argv) {
       }))
     return kExitUsage;
   const Config& cfg = inv.cfg;
+  // data.read = all: every rank loads both files whole. shard: a rank reads only the training
+  // rows its batches use (epoch by epoch) and only its evaluation rows of the test set. Read on
+  // a thread while the device, its handles and the transport start.
+  DataLoader loader(cfg, world, !inv.eval_only);
   Runtime rt;
-  if (int rc = stage(world, [&] { make_backend_for(cfg, world, rt); })) return rc;
-  if (int rc = stage(world, [&] { make_comm_for(cfg, world, rt); })) return rc;
+  driver.join();
+  if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::backend);
+        make_backend_for(cfg, world, rt);
+      }))
+    return rc;
+  if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::comm);
+        make_comm_for(cfg, world, rt);
+      }))
+    return rc;
   CommWatch watch(rt.comm.get());
   print_banner(cfg, rt, world);
-  // data.read = all: every rank loads both files whole. shard: a rank reads only the training
-  // rows its batches use (epoch by epoch) and only its evaluation rows of the test set.
-  RunData data;
+  auto data = std::make_unique<RunData>();
   if (int rc = stage(world, [&] {
         watchdog::Phase phase("loading the datasets", 0);
-        data = load_run_data(cfg, *rt.comm, !inv.eval_only);
+        *data = loader.get();
         if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
       }))
     return rc;
-  if (data.rows && data.rows->file_rows() > 0)
-    log::info("data.read = shard: each rank reads " + std::to_string(data.rows->rows_per_epoch()) +
-              " of the " + std::to_string(data.rows->file_rows()) + " rows of " + cfg.train_file +
+  if (data->rows && data->rows->file_rows() > 0)
+    log::info("data.read = shard: each rank reads " + std::to_string(data->rows->rows_per_epoch()) +
+              " of the " + std::to_string(data->rows->file_rows()) + " rows of " + cfg.train_file +
               " per epoch" + (cfg.shuffle ? " (the next epoch's while one trains)" : " (once: shuffle = false)"));
   std::unique_ptr<Trainer> trainer;
   if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::model);
         watchdog::Phase phase("setting up the model", 0);
-        trainer = make_trainer(cfg, *rt.backend, *rt.comm, data);
+        trainer = make_trainer(cfg, *rt.backend, *rt.comm, *data);
       }))
     return rc;
+  int rc = kExitOk;
   try {
     if (inv.eval_only) {
-      EvalResult e = trainer->evaluate(data.test);
+      EvalResult e = trainer->evaluate(data->test);
       char buf[256];
       std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.4f, accuracy %.4f", cfg.test_file.c_str(),
                     static_cast<long long>(e.n), e.loss, e.accuracy);
       log::info(buf);
-      return 0;
+    } else {
+      const double t0 = timing::now();
+      TrainResult r = trainer->run();
+      timing::add(timing::Phase::loop, r.seconds);
+      timing::add(timing::Phase::around, timing::now() - t0 - r.seconds);
+      print_summary(r);
+      rc = r.stopped_by_signal ? kExitSignal : kExitOk;
     }
-    TrainResult r = trainer->run();
-    print_summary(r);
-    return r.stopped_by_signal ? kExitSignal : kExitOk;
+    timing::report(world, cfg.timing);
   } catch (const std::exception& e) {
     return fail_run(e, world);
   }
+  // The end: what holds device memory goes with the process (DPT_FAST_EXIT), then MPI.
+  const double t_end = timing::now();
+  leave_to_exit(trainer);
+  leave_to_exit(data);
+  trainer.reset();
+  data.reset();
+  watchdog::set_comm(nullptr);
+  rt.comm.reset();
+  leave_to_exit(rt.backend);
+  rt.backend.reset();
+  mpi.finalize();
+  timing::report_exit(cfg.timing, timing::now() - t_end);
+  return rc;
 }
