@@ -50,6 +50,6 @@ if ((tests)); then
 else
   [ -f build/CMakeCache.txt ] ||
     cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF ${DPT_CMAKE_ARGS:-}
-  cmake --build build -j"$(nproc)" --target dptrain dpdata
+  cmake --build build -j"$(nproc)" --target main-job  # dptrain and dpdata
 fi
 echo "setup: build $(took "$t") s"

@@ -52,11 +52,29 @@ bool cut_enabled(const char* env) {
 }
 
 EarlyDriverInit::EarlyDriverInit() {
-  if (cuda_compiled() && cut_enabled("DPT_EARLY_CUDA")) thread_ = std::thread([] { cuda_device_count(); });
+  if (!cuda_compiled() || !cut_enabled("DPT_EARLY_CUDA")) return;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(name);
+    char* end = nullptr;
+    const long r = v && *v ? std::strtol(v, &end, 10) : -1;
+    if (v && *v && *end == '\0' && r >= 0 && r < 1 << 20) {
+      hint_ = int(r);
+      break;
+    }
+  }
+  const int hint = hint_;
+  thread_ = std::thread([hint] { cuda_early_init(hint); });
 }
 
 void EarlyDriverInit::join() {
   if (thread_.joinable()) thread_.join();
+}
+
+void EarlyDriverInit::check(int local_rank) const {
+  if (hint_ >= 0 && hint_ != local_rank && cuda_device_count() > 0)
+    log::warn("the launcher's local rank " + std::to_string(hint_) + " is not MPI's (" +
+              std::to_string(local_rank) + "): a CUDA context was made at start-up on a GPU this "
+              "rank may not use; set DPT_EARLY_CUDA=0");
 }
 
 DataLoader::DataLoader(const Config& cfg, MPI_Comm c, bool with_train) {

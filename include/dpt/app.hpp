@@ -39,8 +39,11 @@ class MpiSession {
 // True unless the environment variable is set to 0.
 bool cut_enabled(const char* env);
 
-// Initialises the CUDA driver (cudaGetDeviceCount) on a thread of its own while MPI starts:
-// it creates no context, so it needs no device choice. DPT_EARLY_CUDA=0: not.
+// The CUDA driver initialised on a thread of its own while MPI starts, and, where the launcher
+// names this process's local rank (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID),
+// the primary context of the GPU that rank's backend will pick. check() warns when MPI's local
+// rank turns out otherwise (a context was then made on another GPU). DPT_EARLY_CUDA=0: not.
+// (With device.type = cpu on a GPU node the context is made all the same.)
 class EarlyDriverInit {
  public:
   EarlyDriverInit();
@@ -48,9 +51,11 @@ class EarlyDriverInit {
   EarlyDriverInit(const EarlyDriverInit&) = delete;
   EarlyDriverInit& operator=(const EarlyDriverInit&) = delete;
   void join();
+  void check(int local_rank) const;
 
  private:
   std::thread thread_;
+  int hint_ = -1;
 };
 
 // cfg's datasets for this rank, read on a thread of its own from construction (no MPI there)
@@ -66,9 +71,11 @@ class DataLoader {
   std::function<RunData()> read_;
 };
 
-// After a successful run, the objects that hold device memory, handles and streams are left to
-// the end of the process, which frees them all at once: freeing them one by one (every cudaFree
-// waits for the device) only delays the exit. DPT_FAST_EXIT=0: destroyed as before.
+// After a successful run, the objects that hold device memory, handles and streams (the trainer,
+// the backend) are left to the end of the process, which frees them all at once: freeing them
+// one by one (every cudaFree waits for the device) only delays the exit. Never a transport (an
+// NCCL communicator must be destroyed before the process ends) nor what owns a thread.
+// DPT_FAST_EXIT=0: destroyed as before.
 template <class T> void leave_to_exit(std::unique_ptr<T>& p) {
   if (cut_enabled("DPT_FAST_EXIT")) (void)p.release();
 }

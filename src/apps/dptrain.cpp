@@ -54,6 +54,23 @@ void print_summary(const TrainResult& r) {
   }
 }
 
+// The end of a run that worked: what holds device memory goes with the process (DPT_FAST_EXIT),
+// then MPI. The datasets are host memory, and a shard reader may still have a thread to join:
+// freed here.
+void shut_down(MpiSession& mpi, Runtime& rt, std::unique_ptr<Trainer>& trainer, RunData& data,
+               bool print_timing) {
+  const double t0 = timing::now();
+  leave_to_exit(trainer);
+  trainer.reset();
+  data = RunData();
+  watchdog::set_comm(nullptr);  // before the communicator goes
+  rt.comm.reset();
+  leave_to_exit(rt.backend);
+  rt.backend.reset();
+  mpi.finalize();
+  timing::report_exit(print_timing, timing::now() - t0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,12 +108,13 @@ int main(int argc, char** argv) {
   // a thread while the device, its handles and the transport start.
   DataLoader loader(cfg, world, !inv.eval_only);
   Runtime rt;
-  driver.join();
   if (int rc = stage(world, [&] {
         timing::Scope timed(timing::Phase::backend);
+        driver.join();
         make_backend_for(cfg, world, rt);
       }))
     return rc;
+  driver.check(rt.node.local_rank);
   if (int rc = stage(world, [&] {
         timing::Scope timed(timing::Phase::comm);
         make_comm_for(cfg, world, rt);
@@ -104,28 +122,28 @@ int main(int argc, char** argv) {
     return rc;
   CommWatch watch(rt.comm.get());
   print_banner(cfg, rt, world);
-  auto data = std::make_unique<RunData>();
+  RunData data;
   if (int rc = stage(world, [&] {
         watchdog::Phase phase("loading the datasets", 0);
-        *data = loader.get();
+        data = loader.get();
         if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
       }))
     return rc;
-  if (data->rows && data->rows->file_rows() > 0)
-    log::info("data.read = shard: each rank reads " + std::to_string(data->rows->rows_per_epoch()) +
-              " of the " + std::to_string(data->rows->file_rows()) + " rows of " + cfg.train_file +
+  if (data.rows && data.rows->file_rows() > 0)
+    log::info("data.read = shard: each rank reads " + std::to_string(data.rows->rows_per_epoch()) +
+              " of the " + std::to_string(data.rows->file_rows()) + " rows of " + cfg.train_file +
               " per epoch" + (cfg.shuffle ? " (the next epoch's while one trains)" : " (once: shuffle = false)"));
   std::unique_ptr<Trainer> trainer;
   if (int rc = stage(world, [&] {
         timing::Scope timed(timing::Phase::model);
         watchdog::Phase phase("setting up the model", 0);
-        trainer = make_trainer(cfg, *rt.backend, *rt.comm, *data);
+        trainer = make_trainer(cfg, *rt.backend, *rt.comm, data);
       }))
     return rc;
   int rc = kExitOk;
   try {
     if (inv.eval_only) {
-      EvalResult e = trainer->evaluate(data->test);
+      EvalResult e = trainer->evaluate(data.test);
       char buf[256];
       std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.4f, accuracy %.4f", cfg.test_file.c_str(),
                     static_cast<long long>(e.n), e.loss, e.accuracy);
@@ -142,17 +160,6 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail_run(e, world);
   }
-  // The end: what holds device memory goes with the process (DPT_FAST_EXIT), then MPI.
-  const double t_end = timing::now();
-  leave_to_exit(trainer);
-  leave_to_exit(data);
-  trainer.reset();
-  data.reset();
-  watchdog::set_comm(nullptr);
-  rt.comm.reset();
-  leave_to_exit(rt.backend);
-  rt.backend.reset();
-  mpi.finalize();
-  timing::report_exit(cfg.timing, timing::now() - t_end);
+  shut_down(mpi, rt, trainer, data, cfg.timing);
   return rc;
 }
