@@ -7,6 +7,7 @@
 # Also `mpirun -np 1 /bin/true`: the launcher's own share. Run from the repository root on the
 # GPU machine (gpu_run.sh's `startup` section calls it); logs under $OUT/startup/.
 #   bash bench/startup.sh [REPS]     (default 3)
+# STARTUP_ARGS adds dptrain arguments (a dry run on a CPU: STARTUP_ARGS="--train.steps 50").
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 B=${B:-.gpu/bin}
@@ -43,7 +44,7 @@ for ((r = 1; r <= reps; ++r)); do
     log=$dir/$name-$r.log
     s=$(now)
     mpirun "${xs[@]}" -np 1 $B/dptrain --config inputs/run.ini --train.epochs 20 --log.timing true \
-      --checkpoint.dir /tmp/dpt-startup-ck --log.metrics "$dir/$name-$r.jsonl" > "$log" 2>&1
+      --checkpoint.dir /tmp/dpt-startup-ck --log.metrics "$dir/$name-$r.jsonl" ${STARTUP_ARGS:-} > "$log" 2>&1
     rc=$?
     e=$(now)
     for x in "${off[@]}"; do unset "$x"; done
@@ -75,6 +76,6 @@ for name, rs in rows.items():
 EOF
 for name in new old; do
   echo "--- $name, repetition 1"
-  grep -A14 "^timing (log.timing)" "$dir/$name-1.log"
+  grep -A11 "^timing (log.timing)" "$dir/$name-1.log"
   grep "^timing: shut-down" "$dir/$name-1.log"
 done

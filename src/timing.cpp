@@ -96,7 +96,8 @@ void report(MPI_Comm c, bool print) {
   s += row("configuration", m(Phase::config), "read, broadcast, parsed");
   s += row("backend", m(Phase::backend), "device, CUDA context, streams, cuBLAS/cuBLASLt handles (cpu: OpenBLAS)");
   s += row("transport", m(Phase::comm), "NCCL communicator, or MPI");
-  s += row("datasets (wait)", m(Phase::data_wait), "read on a thread in " + secs(m(Phase::data_load)));
+  s += row("datasets (wait)", m(Phase::data_wait),
+           "the wait once backend and transport are up; reading them took " + secs(m(Phase::data_load)));
   s += row("model", m(Phase::model), "built, initialised or read, broadcast");
   s += row("training loop", m(Phase::loop),
            "first two steps " + secs(m(Phase::first_steps)) + " (GEMM plans, graph capture), evaluations " +
