@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 #include <vector>
 
 #include "dpt/check.hpp"
@@ -63,7 +64,11 @@ EarlyDriverInit::EarlyDriverInit() {
     }
   }
   const int hint = hint_;
-  thread_ = std::thread([hint] { cuda_early_init(hint); });
+  try {
+    thread_ = std::thread([hint] { cuda_early_init(hint); });
+  } catch (const std::system_error&) {
+    hint_ = -1;  // no thread to be had: the backend initialises the driver itself, as before
+  }
 }
 
 void EarlyDriverInit::join() {
@@ -87,7 +92,12 @@ DataLoader::DataLoader(const Config& cfg, MPI_Comm c, bool with_train) {
     timing::Scope timed(timing::Phase::data_load);
     return load_run_data(cfg, rank, world, with_train);
   };
-  if (cut_enabled("DPT_LOAD_THREAD")) pending_ = std::async(std::launch::async, read_);
+  if (!cut_enabled("DPT_LOAD_THREAD")) return;
+  try {
+    pending_ = std::async(std::launch::async, read_);
+  } catch (const std::system_error&) {
+    // no thread to be had: get() reads them
+  }
 }
 
 RunData DataLoader::get() {
