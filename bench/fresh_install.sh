@@ -77,17 +77,28 @@ commit=$(git -C "$root/root/dptrain" log -1 --format='%h %s' | cut -c1-100)
 
 # ---- 3. the command, every line stamped with the seconds since it started ----
 load_before=$(uptime)
-t0=$EPOCHREALTIME
+# Microseconds from bash's own clock: stamping a line forks nothing (the machine is shared).
+us() { local t=${EPOCHREALTIME/./}; echo "${t#0}"; }
+times > "$out/times-before.txt"  # in this shell: a subshell would see no children
+t0=$(us)
 set +e
 chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin CMD="$command" \
   bash -c 'cd /root/dptrain && exec stdbuf -oL -eL bash -c "$CMD"' < /dev/null 2>&1 |
   while IFS= read -r line; do
-    printf '%7.1f %s\n' "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')" "$line"
+    d=$(($(us) - t0))
+    printf '%5d.%d %s\n' $((d / 1000000)) $((d / 100000 % 10)) "$line"
   done > "$out/log.txt"
 rc=${PIPESTATUS[0]}
 set -e
-total=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+d=$(($(us) - t0))
+total=$((d / 1000000)).$((d / 100000 % 10))
+# CPU seconds of everything the command ran (children of this shell), which the machine's load
+# changes far less than the wall time.
+times > "$out/times-after.txt"
+cpu=$(tail -qn1 "$out/times-before.txt" "$out/times-after.txt" | tr 'ms' '  ' |
+      awk '{ u[NR] = $1 * 60 + $2; s[NR] = $3 * 60 + $4 }
+           END { printf "user %.1f s, system %.1f s", u[2] - u[1], s[2] - s[1] }')
 load_after=$(uptime)
 
 # ---- 4. the phases ----
@@ -109,6 +120,7 @@ fi
   echo "load after:  $load_after"
   echo "exit status: $rc"
   echo "total: $total s"
+  echo "cpu time: $cpu"
   echo "$phases"
   grep -E 'final test accuracy|^ *[0-9.]+ done:' "$out/log.txt" | sed -E 's/^ *[0-9.]+ //' || true
 } > "$out/summary.txt"
