@@ -79,6 +79,11 @@ class DataLoader {
 template <class T> void leave_to_exit(std::unique_ptr<T>& p) {
   if (cut_enabled("DPT_FAST_EXIT")) (void)p.release();
 }
+// After MPI_Finalize at the end of a successful run: stdout and stderr flushed, then _Exit(rc),
+// so that the CUDA runtime's and the libraries' exit handlers, which would tear the device's
+// context down piece by piece, leave it to the driver as the process ends. Returns (and the
+// caller returns rc from main) when DPT_FAST_EXIT=0.
+void end_process(int rc);
 
 // Runs f on every rank; if any rank throws, every rank learns it (rank 0 prints each distinct
 // message) and the result is the largest exit code, else 0. Only for code that every rank

@@ -161,5 +161,6 @@ int main(int argc, char** argv) {
     return fail_run(e, world);
   }
   shut_down(mpi, rt, trainer, data, cfg.timing);
+  end_process(rc);
   return rc;
 }
