@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, and
-# bench-step beside the PyTorch peer, logs under $OUT. Expects the executables built here in
+# One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, its
+# start-up and shut-down phase by phase, and bench-step beside the PyTorch peer, logs under $OUT. Expects the executables built here in
 # .gpu/bin, the OpenBLAS runtime in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
 # .gpu/fashion (see bench/README.md, "GPU"). scale12 (2 GPUs) and one12 (1 GPU) are each one
 # call of their own (run them alone: `bash bench/gpu_run.sh scale12`).
@@ -53,6 +53,11 @@ if want e2e; then
   # Two ranks sharing the one GPU over the MPI transport (MPS-style layout), 2 epochs.
   mpirun -np 2 $B/dptrain --config inputs/run.ini --train.epochs 2 --checkpoint.dir "" --comm.backend mpi > "$OUT/e2e-shared.log" 2>&1
   grep -E "final|done|error|transport" "$OUT/e2e-shared.log"
+fi
+if want startup; then
+  # Time to first result: the 20-epoch default run with log.timing, the start-up cuts on and off.
+  B=$B OUT=$OUT bash bench/startup.sh "${STARTUP_REPS:-3}" > "$OUT/startup.txt" 2>&1
+  cat "$OUT/startup.txt"
 fi
 if want mps; then
   # jobs/mps-daemon.sh without Slurm: a real MPS control daemon, two ranks on the GPU through it.

@@ -106,6 +106,26 @@ TEST(GpuTraining, SameCurveAsTheCpuBackend) {
   }
 }
 
+// One rank, comm.backend = auto: the one-rank transport (no NCCL communicator), the step still
+// captured as a graph, and the same bits as the same run over NCCL (one rank has nothing to
+// reduce: the transports differ only in what they set up).
+TEST(GpuTraining, OneRankWithoutNcclGivesNcclsBits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  if (world_size() != 1) GTEST_SKIP() << "one-rank test";
+  Runtime rt;
+  const Config c = config("cuda", "auto");
+  make_backend_for(c, MPI_COMM_WORLD, rt);
+  make_comm_for(c, MPI_COMM_WORLD, rt);
+  EXPECT_EQ(rt.comm->name(), "self");
+  rt.comm.reset();
+  rt.backend.reset();
+  Outcome self = train(c);
+  Outcome nccl = train(config("cuda", "nccl"));
+  EXPECT_TRUE(self.graph) << "the step was not captured as a graph";
+  ASSERT_EQ(self.losses, nccl.losses);
+  ASSERT_EQ(self.params, nccl.params);
+  expect_same(self, train(config("cpu", "mpi")));
+}
 
 namespace {
 

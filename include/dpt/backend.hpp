@@ -272,6 +272,10 @@ struct BackendOptions {
 // Number of CUDA devices this process can use; 0 where the build has no CUDA or no driver.
 int cuda_device_count();
 bool cuda_compiled();
+// Initialises the CUDA driver and, for local_rank_hint >= 0, creates the primary context of the
+// GPU a backend for that local rank picks; errors are left to the backend. Any thread, before
+// MPI_Init. Nothing without CUDA.
+void cuda_early_init(int local_rank_hint);
 
 // "auto" picks cuda where a GPU is visible, else cpu. Throws InputError for "cuda" without one.
 std::unique_ptr<Backend> make_backend(const BackendOptions& opt);

@@ -81,6 +81,10 @@ struct CommOptions {
 // The NCCL transport over c (cuda builds only): id from rank 0 over MPI_Bcast.
 std::unique_ptr<Comm> make_nccl_comm(MPI_Comm c, Backend& cuda_backend, const CommOptions& opt = {});
 
+// The transport of a communicator of one rank (any backend): collectives are local copies on the
+// backend, nothing is set up. comm.backend = auto takes it for one rank on a GPU (make_comm_for).
+std::unique_ptr<Comm> make_self_comm(MPI_Comm c, Backend& backend);
+
 // True on every rank when two ranks of c use one GPU (same host and PCI bus id); false with
 // the cpu backend. Collective over c.
 bool ranks_share_a_gpu(MPI_Comm c, Backend& backend);

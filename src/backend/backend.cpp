@@ -181,6 +181,7 @@ std::unique_ptr<StepRunner> Backend::make_runner(std::function<void()> step, boo
 #ifndef DPT_HAVE_CUDA
 bool ranks_share_a_gpu(MPI_Comm, Backend&) { return false; }
 int cuda_device_count() { return 0; }
+void cuda_early_init(int) {}
 bool cuda_compiled() { return false; }
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
   throw InputError("device.type = cuda, but this dptrain was built without CUDA");
