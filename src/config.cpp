@@ -94,6 +94,7 @@ void build_table(Table& t, Config& c, std::string& layers) {
   t.add("log.metrics", &c.metrics_file, "metrics JSON Lines file (rank 0)");
   t.add("log.every_steps", &c.log_every, "steps between progress lines and metrics");
   t.add("log.progress", &c.progress, "print progress lines");
+  t.add("log.timing", &c.timing, "print where the time went, phase by phase, at the end (rank 0)");
 }
 
 [[noreturn]] void bad(const std::string& key, const std::string& value, const Config& c,

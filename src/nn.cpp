@@ -40,27 +40,48 @@ std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers) {
   return t;
 }
 
-MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch)
-    : be_(be), widths_(std::move(layers)), act_(act), max_batch_(max_batch) {
+ArenaLayout packed_layout(const std::vector<int>& widths) {
+  ArenaLayout l;
   size_t off = 0;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    l.w_off.push_back(off);
+    off += size_t(widths[i]) * size_t(widths[i + 1]);
+    l.b_off.push_back(off);
+    off += size_t(widths[i + 1]);
+    l.piece_rows.push_back(0);
+  }
+  l.total = off;
+  return l;
+}
+
+MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch, ArenaLayout layout)
+    : be_(be), widths_(std::move(layers)), act_(act), max_batch_(max_batch) {
+  if (layout.w_off.empty()) layout = packed_layout(widths_);
+  const size_t L = widths_.size() - 1;
+  if (layout.w_off.size() != L || layout.b_off.size() != L || layout.piece_rows.size() != L)
+    throw Error("MLP: the arena layout has " + std::to_string(layout.w_off.size()) + " layers, the model " +
+                std::to_string(L));
   int widest = 0;
-  for (size_t i = 0; i + 1 < widths_.size(); ++i) {
+  for (size_t i = 0; i < L; ++i) {
     LayerSlice s;
     s.in = widths_[i];
     s.out = widths_[i + 1];
-    s.w_off = off;
-    s.b_off = off + size_t(s.in) * size_t(s.out);
-    off = s.end();
+    s.w_off = layout.w_off[i];
+    s.b_off = layout.b_off[i];
+    if (s.w_off + s.weights() > layout.total || s.b_off + size_t(s.out) > layout.total)
+      throw Error("MLP: layer " + std::to_string(i) + " lies outside the arena layout");
     slices_.push_back(s);
     widest = std::max({widest, s.in, s.out});
   }
-  n_params_ = off;
+  n_params_ = layout.total;
   params_ = Buffer<float>(be, n_params_);
   be.register_parameters(params_.data(), n_params_);
+  be.fill(params_.data(), n_params_, 0.f);  // padding stays zero
   grads_ = Buffer<float>(be, n_params_);
   be.fill(grads_.data(), n_params_, 0.f);
-  for (const LayerSlice& s : slices_) {
-    const bool last = &s == &slices_.back();
+  for (size_t i = 0; i < L; ++i) {
+    const LayerSlice& s = slices_[i];
+    const bool last = i + 1 == L;
     z_.emplace_back(be, size_t(max_batch) * size_t(s.out));
     // The last layer has no activation: its a is its z.
     a_.emplace_back(last ? Buffer<float>() : Buffer<float>(be, size_t(max_batch) * size_t(s.out)));
@@ -74,9 +95,21 @@ MLP::MLP(Backend& be, std::vector<int> layers, Act act, int max_batch)
     l.in = s.in;
     l.out = s.out;
     l.act = last ? Act::none : act_;
+    l.w_at = s.w_off;
+    l.b_at = s.b_off;
+    l.piece_rows = layout.piece_rows[i];
     args_.push_back(l);
   }
   for (auto& d : dbuf_) d = Buffer<float>(be, size_t(max_batch) * size_t(widest));
+}
+
+std::vector<float> MLP::packed(const std::vector<float>& arena) const {
+  std::vector<float> out;
+  for (const LayerSlice& s : slices_) {
+    out.insert(out.end(), arena.begin() + long(s.w_off), arena.begin() + long(s.w_off + s.weights()));
+    out.insert(out.end(), arena.begin() + long(s.b_off), arena.begin() + long(s.b_off + size_t(s.out)));
+  }
+  return out;
 }
 
 void MLP::init_params(uint64_t seed) {
@@ -84,9 +117,11 @@ void MLP::init_params(uint64_t seed) {
   // and the bias uses the same bound.
   std::vector<float> host(n_params_);
   SplitMix64 rng(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull);
+  // Weight then bias of each layer from one stream, as when they were packed in the arena.
   for (auto& s : slices_) {
     const double bound = 1.0 / std::sqrt(double(s.in));
-    for (size_t i = s.begin(); i < s.end(); ++i) host[i] = float((2.0 * rng.uniform() - 1.0) * bound);
+    for (size_t i = 0; i < s.weights(); ++i) host[s.w_off + i] = float((2.0 * rng.uniform() - 1.0) * bound);
+    for (size_t i = 0; i < size_t(s.out); ++i) host[s.b_off + i] = float((2.0 * rng.uniform() - 1.0) * bound);
   }
   be_.upload(params_.data(), host.data(), n_params_ * sizeof(float));
 }
@@ -102,10 +137,9 @@ void MLP::loss(const int32_t* labels, int batch, float grad_scale, float* stats,
                    need_grad ? dbuf_[0].data() : nullptr, stats);
 }
 
-void MLP::backward(const float* x, int batch, bool accumulate,
-                   const std::function<void(int)>& layer_done) {
+void MLP::backward(const float* x, int batch, bool accumulate, const PassHooks& hooks) {
   // dbuf_[0] holds dLoss/dlogits from loss().
-  be_.mlp_backward(x, batch, args_, dbuf_[0].data(), dbuf_[1].data(), accumulate, layer_done);
+  be_.mlp_backward(x, batch, args_, dbuf_[0].data(), dbuf_[1].data(), accumulate, hooks);
 }
 
 }  // namespace dpt

@@ -44,6 +44,7 @@ Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n, std::vector<Tenso
 void Optimizer::step(float* params, const float* grads, double lr) {
   h_.lr = float(lr);
   if (layerwise()) {
+    clear_layer_sums();
     layer_sums_at(params, grads, 0, 0, n_, nullptr, nullptr);
     layer_apply_at(params, grads, 0, 0, n_, nullptr, nullptr);
   } else {
@@ -52,14 +53,29 @@ void Optimizer::step(float* params, const float* grads, double lr) {
   ++h_.t;
 }
 
-void Optimizer::step_at(float* params, const float* grads, const float* lr_table,
-                        const StepCtl* ctl) {
+void Optimizer::step_at(float* params, const float* grads, size_t state_at, size_t count,
+                        const float* lr_table, StepCtl* ctl, bool flag) {
+  if (count == 0) return;
+  if (state_at + count > n_)
+    throw Error("optimizer: state [" + std::to_string(state_at) + ", " + std::to_string(state_at + count) +
+                ") outside its " + std::to_string(n_) + " elements");
   if (layerwise()) {
-    layer_sums_at(params, grads, 0, 0, n_, lr_table, ctl);
-    layer_apply_at(params, grads, 0, 0, n_, lr_table, ctl);
+    // The layer-wise optimizers here only where the state mirrors the arena (unsharded): the
+    // range's arena offset is its state offset. A sharded caller uses layer_sums_at and
+    // layer_apply_at with a sum of the tensors' partial sums over its ranks in between.
+    if (flag) throw Error("optimizer: the non-finite check cannot be folded into LARS or LAMB");
+    clear_layer_sums();
+    layer_sums_at(params, grads, state_at, state_at, count, lr_table, ctl);
+    layer_apply_at(params, grads, state_at, state_at, count, lr_table, ctl);
     return;
   }
-  be_.optimizer_step_at(params, grads, s1_.data(), s2_.data(), n_, h_, lr_table, ctl);
+  float* s1 = s1_.data() ? s1_.data() + state_at : nullptr;
+  float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
+  be_.optimizer_step_at(params, grads, s1, s2, count, h_, lr_table, ctl, flag);
+}
+
+void Optimizer::clear_layer_sums() {
+  if (sums_.data()) be_.fill(sums_.data(), sums_.size(), 0.f);
 }
 
 void Optimizer::layer_sums_at(const float* params, const float* grads, size_t lo, size_t state_at, size_t count,

@@ -5,12 +5,16 @@
 #include <filesystem>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <fstream>
 #include <sstream>
 
 #include "dpt/check.hpp"
 #include "dpt/ckpt.hpp"
 #include "dpt/log.hpp"
+#include "dpt/sync.hpp"
+#include "dpt/timing.hpp"
 #include "dpt/watchdog.hpp"
 
 namespace dpt {
@@ -64,59 +68,35 @@ template <class F> void on_rank0(MPI_Comm c, int rank, const char* what, F&& f) 
 
 }  // namespace
 
-// Gradient buckets: consecutive layers, last layer first, each at least bucket_mb (the last
-// bucket may be smaller). A bucket's allreduce starts as soon as its lowest layer's backward
-// is done; with the NCCL transport it runs on the communication stream while backward goes on.
-class GradSync {
- public:
-  GradSync(MLP& m, Comm& comm, double bucket_mb) : m_(m), comm_(comm) {
-    const size_t cap = std::max<size_t>(1, size_t(bucket_mb * 1024 * 1024 / sizeof(float)));
-    int top = m.num_layers() - 1;  // highest layer of the bucket being built
-    for (int i = top; i >= 0; --i) {
-      if (m.layer(top).end() - m.layer(i).begin() >= cap || i == 0) {
-        lowest_.push_back(i);
-        begin_.push_back(m.layer(i).begin());
-        end_.push_back(m.layer(top).end());
-        top = i - 1;
-      }
-    }
-  }
-  // Called by MLP::backward after layer i's gradients are final.
-  void layer_done(int i) {
-    for (size_t b = 0; b < lowest_.size(); ++b)
-      if (lowest_[b] == i) comm_.allreduce(m_.grads() + begin_[b], m_.grads() + begin_[b], end_[b] - begin_[b], DType::f32, RedOp::sum);
-  }
-  size_t buckets() const { return lowest_.size(); }
-
- private:
-  MLP& m_;
-  Comm& comm_;
-  std::vector<int> lowest_;
-  std::vector<size_t> begin_, end_;
-};
-
-
 // ---------------------------------------------------------------------------------------------
 
 RankOrder rank_order(const Config& cfg, const Comm& comm) {
+  return rank_order(cfg, comm.rank(), comm.size());
+}
+
+RankOrder rank_order(const Config& cfg, int rank, int world) {
   RankOrder o;
   o.shuffle = cfg.shuffle;
   o.seed = cfg.seed;
-  o.rank = comm.rank();
-  o.world = comm.size();
+  o.rank = rank;
+  o.world = world;
   o.batch = cfg.batch_per_rank;
   o.accumulate = cfg.accumulate;
   return o;
 }
 
 RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train) {
+  return load_run_data(cfg, comm.rank(), comm.size(), with_train);
+}
+
+RunData load_run_data(const Config& cfg, int rank, int world, bool with_train) {
   RunData d;
   const bool shard = cfg.data_read == "shard";
-  if (with_train && shard) d.rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, comm));
+  if (with_train && shard) d.rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, rank, world));
   else if (with_train) d.train = load_dataset(cfg.train_file);
   d.has_test = !cfg.test_file.empty();
   if (d.has_test)
-    d.test = shard ? load_eval_shard(cfg.test_file, comm.rank(), comm.size()) : load_dataset(cfg.test_file);
+    d.test = shard ? load_eval_shard(cfg.test_file, rank, world) : load_dataset(cfg.test_file);
   return d;
 }
 
@@ -155,8 +135,25 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
   if (rows_) check_shape(cfg, rows_->path(), rows_->info().dim, rows_->info().num_classes);
   if (test) check_shape(cfg, test->path, test->dim, test->num_classes);
   const int max_batch = std::max(cfg.batch_per_rank, 1024);
-  model_ = std::make_unique<MLP>(be, cfg.layers, parse_act(cfg.activation), max_batch);
-  opt_ = std::make_unique<Optimizer>(be, cfg, model_->num_params(), param_tensors(model_->layers()));
+  // sync = gradients: the arena in gradient buckets (sharded: padded to the rank count), the
+  // large layers' weight gradients in pieces when there is communication to start early.
+  const bool by_gradients = cfg.sync == "gradients";
+  plan_ = std::make_unique<BucketPlan>(plan_buckets(cfg.layers, cfg.bucket_mb, comm.size(), comm.rank(),
+                                                    by_gradients && cfg.shard_optimizer,
+                                                    by_gradients && comm.size() > 1));
+  model_ = std::make_unique<MLP>(be, cfg.layers, parse_act(cfg.activation), max_batch, plan_->layout);
+  opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size, param_tensors(model_->layers()));
+  if (by_gradients) {
+    // Each bucket updated as soon as it can be, unless a skipped step must leave the model
+    // bitwise as it was (then: every reduction, the check, every update), or the optimizer needs
+    // whole tensors' norms first (LARS, LAMB: their first pass already changes the state, so the
+    // verdict must come before it). DPT_EAGER_UPDATE=0 keeps the update after the whole backward
+    // pass, for measurements.
+    const char* e = std::getenv("DPT_EAGER_UPDATE");
+    const bool eager = cfg.on_nonfinite == "stop" && !opt_->layerwise() && !(e && std::string(e) == "0");
+    sync_ = std::make_unique<GradSync>(*plan_, be, comm, *model_, *opt_, cfg.grad_dtype == "bf16", eager);
+  }
+  report_memory();
   x_ = Buffer<float>(be, size_t(max_batch) * size_t(cfg.layers.front()));
   y_ = Buffer<int32_t>(be, size_t(max_batch));
   stats_ = Buffer<float>(be, 2);
@@ -169,9 +166,49 @@ Trainer::~Trainer() = default;
 
 
 std::vector<float> Trainer::params_host() {
+  if (sync_) return sync_->gather_params();
   std::vector<float> h(model_->num_params());
   be_.download(h.data(), model_->params(), h.size() * sizeof(float));
   return h;
+}
+
+std::vector<float> Trainer::state_host(const float* state) {
+  if (sync_) return sync_->gather_state(state);
+  std::vector<float> h(opt_->size());
+  be_.download(h.data(), state, h.size() * sizeof(float));
+  return h;
+}
+
+bool Trainer::sharded() const { return plan_->sharded; }
+
+// Every rank's bytes of parameters, gradients, optimizer state and communication buffers.
+void Trainer::report_memory() {
+  MemoryUse m;
+  if (sync_) m = sync_->memory();
+  else {
+    m.params = model_->num_params() * sizeof(float);
+    m.grads = m.params;
+    m.optimizer = size_t(opt_->state_arrays()) * opt_->size() * sizeof(float);
+  }
+  const int W = comm_.size();
+  uint64_t mine[4] = {m.params, m.grads, m.optimizer, m.comm};
+  std::vector<uint64_t> all(size_t(4 * W));
+  {
+    watchdog::Phase phase("waiting in gather of memory use");
+    DPT_CHECK_MPI(MPI_Gather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, 0, comm_.mpi()));
+  }
+  if (comm_.rank() != 0) return;
+  auto mib = [](uint64_t b) { return fmt("%.1f", double(b) / (1 << 20)); };
+  bool same = true;
+  for (int r = 1; r < W; ++r) same = same && std::equal(all.begin(), all.begin() + 4, all.begin() + 4 * r);
+  for (int r = 0; r < (same ? 1 : W); ++r) {
+    const uint64_t* v = all.data() + 4 * r;
+    const std::string who = W == 1 ? "" : same ? " per rank" : " rank " + std::to_string(r);
+    log::info("memory" + who + ": parameters " + mib(v[0]) +
+              " MiB, gradients " + mib(v[1]) + " MiB, optimizer state " + mib(v[2]) + " MiB" +
+              (plan_->sharded ? " (sharded over " + std::to_string(W) + " ranks)" : "") +
+              ", communication buffers " + mib(v[3]) + " MiB");
+  }
 }
 
 namespace {
@@ -184,9 +221,9 @@ void arena_to_tensors(const MLP& m, const std::string& prefix, const std::vector
   for (int i = 0; i < m.num_layers(); ++i) {
     const LayerSlice& s = m.layer(i);
     Tensor w{prefix + "/" + layer_name(i) + "/weight", {s.out, s.in},
-             std::vector<float>(flat.begin() + long(s.w_off), flat.begin() + long(s.b_off))};
+             std::vector<float>(flat.begin() + long(s.w_off), flat.begin() + long(s.w_off + s.weights()))};
     Tensor b{prefix + "/" + layer_name(i) + "/bias", {s.out},
-             std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.end()))};
+             std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.b_off + size_t(s.out)))};
     out.push_back(std::move(w));
     out.push_back(std::move(b));
   }
@@ -200,7 +237,7 @@ std::vector<float> tensors_to_arena(const MLP& m, const Checkpoint& ck, const st
     for (const char* part : {"weight", "bias"}) {
       const std::string name = prefix + "/" + layer_name(i) + "/" + part;
       const Tensor* t = ck.find(name);
-      const size_t want = part[0] == 'w' ? s.b_off - s.w_off : size_t(s.out);
+      const size_t want = part[0] == 'w' ? s.weights() : size_t(s.out);
       if (!t || t->data.size() != want)
         throw InputError(file + ": tensor /" + name + " is missing or has the wrong size for model.layers");
       std::copy(t->data.begin(), t->data.end(), flat.begin() + long(part[0] == 'w' ? s.w_off : s.b_off));
@@ -264,7 +301,15 @@ void Trainer::load_initial_state() {
     step_ = counters[0], epoch_ = counters[1], step_in_epoch_ = counters[2], samples_seen_ = counters[3];
     updates_ = counters[4];
     auto st = opt_->state();
+    state.resize(st.size());  // rank 0 read them; the others receive them
     for (size_t i = 0; resuming && i < st.size(); ++i) {
+      if (sharded()) {
+        // Every rank takes its shard of rank 0's whole array.
+        state[i].resize(model_->num_params());
+        DPT_CHECK_MPI(MPI_Bcast(state[i].data(), int(state[i].size()), MPI_FLOAT, 0, c));
+        sync_->scatter_state(state[i], st[i].data);
+        continue;
+      }
       if (comm_.rank() == 0) be_.upload(st[i].data, state[i].data(), state[i].size() * sizeof(float));
       comm_.broadcast(st[i].data, opt_->size(), DType::f32, 0);
     }
@@ -280,8 +325,16 @@ void Trainer::save_checkpoint() {
   if (cfg_.ckpt_dir.empty()) return;
   Checkpoint ck;
   const bool root = comm_.rank() == 0;
-  if (root) {
+  // A sharded run's parameters and state are made whole first (collective); then rank 0 alone
+  // writes them, in the unsharded layout.
+  std::vector<float> params;
+  std::vector<std::vector<float>> states;
+  if (sharded() || root) {
     watchdog::Phase phase("copying the model off the device for a checkpoint");
+    params = params_host();
+    for (auto& s : opt_->state()) states.push_back(state_host(s.data));
+  }
+  if (root) {
     ck.step = step_;
     ck.epoch = epoch_;
     ck.step_in_epoch = step_in_epoch_;
@@ -293,12 +346,9 @@ void Trainer::save_checkpoint() {
     ck.optimizer = cfg_.optimizer;
     ck.config = cfg_.resolved;
     ck.layers = cfg_.layers;
-    arena_to_tensors(*model_, "model", params_host(), ck.tensors);
-    for (auto& s : opt_->state()) {
-      std::vector<float> h(opt_->size());
-      be_.download(h.data(), s.data, h.size() * sizeof(float));
-      arena_to_tensors(*model_, "optimizer/" + s.name, h, ck.tensors);
-    }
+    arena_to_tensors(*model_, "model", params, ck.tensors);
+    const auto st = opt_->state();
+    for (size_t i = 0; i < st.size(); ++i) arena_to_tensors(*model_, "optimizer/" + st[i].name, states[i], ck.tensors);
   }
   on_rank0(comm_.mpi(), comm_.rank(), "writing a checkpoint", [&] {
     write_checkpoint(checkpoint_path(cfg_.ckpt_dir, step_), ck);
@@ -336,6 +386,7 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   float host_stats[2];
   // A big test set takes long in total but each chunk is bounded: the clock restarts per chunk.
   watchdog::Phase phase("evaluating", step_);
+  timing::Scope timed(timing::Phase::eval);
   for (int64_t r0 = begin; r0 < end; r0 += chunk, phase.restart()) {
     const int n = int(std::min<int64_t>(chunk, end - r0));
     for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
@@ -362,6 +413,8 @@ int64_t Trainer::global_batch() const {
 // One step, enqueued on the backend with no host decision inside, so the backend may record
 // it once and replay it: everything that changes from step to step (the batch's rows, the
 // learning rate, Adam's t, the non-finite verdict) is read from StepCtl on the device.
+// sync (sync = gradients) reduces the gradients and updates the model as the backward pass
+// goes; otherwise (sync = parameters) every rank checks and updates on its own gradients.
 void Trainer::enqueue_step(GradSync* sync) {
   const int b = cfg_.batch_per_rank, A = cfg_.accumulate, W = comm_.size();
   // Gradients are means: over the global batch when they are summed over ranks, over this
@@ -377,21 +430,27 @@ void Trainer::enqueue_step(GradSync* sync) {
     be_.load_batch_at(rows_->data(), order_.data(), ctl_.data(), offset, b, x_.data(), y_.data(), host_rows);
     model_->forward(x_.data(), b);
     model_->loss(y_.data(), b, grad_scale, stats_.data(), true);
-    const bool last = a == A - 1;
-    std::function<void(int)> done;
-    if (last && (sync || poison))
-      done = [this, sync, poison](int i) {
-        // The injected NaN enters before the reduction, which spreads it to every rank.
-        if (poison && i == model_->num_layers() - 1)
-          be_.fill(model_->grads() + model_->layer(i).begin(), 1, std::nanf(""));
-        if (sync) sync->layer_done(i);
+    PassHooks hooks;
+    if (a == A - 1 && sync) hooks = sync->hooks(ctl_.data(), lr_.data());
+    if (a == A - 1 && poison) {
+      // The injected NaN enters the first gradients to be final, before their reduction, which
+      // spreads it to every rank.
+      auto next = hooks.grads_final;
+      auto first = std::make_shared<bool>(true);
+      hooks.grads_final = [this, next, first](size_t begin, size_t end) {
+        if (*first) be_.fill(model_->grads() + begin, 1, std::nanf(""));
+        *first = false;
+        if (next) next(begin, end);
       };
-    model_->backward(x_.data(), b, a > 0, done);
+    }
+    model_->backward(x_.data(), b, a > 0, hooks);
   }
-  if (sync) comm_.synchronize();
-  // After the reduction every rank holds the same gradients, so every rank decides alike.
-  be_.check_finite(model_->grads(), model_->num_params(), ctl_.data());
-  opt_->step_at(model_->params(), model_->grads(), lr_.data(), ctl_.data());
+  if (sync) {
+    sync->finish();
+  } else {
+    be_.check_finite(model_->grads(), model_->num_params(), ctl_.data());
+    opt_->step_at(model_->params(), model_->grads(), 0, model_->num_params(), lr_.data(), ctl_.data());
+  }
   be_.end_step(ctl_.data(), global_batch(), cfg_.on_nonfinite == "stop");
 }
 
@@ -401,13 +460,17 @@ void Trainer::check_health() {
   StepCtl c;
   be_.download(&c, ctl_.data(), sizeof c);
   updates_ = c.updates;
-  double bad[2] = {c.first_bad >= 0 ? 1.0 : 0.0, double(c.skipped)};
-  if (cfg_.sync == "parameters") DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, bad, 2, MPI_DOUBLE, MPI_MAX, comm_.mpi()));
+  // Ranks that step on their own gradients, or check only their own shard of them, may see
+  // different verdicts: the worst one counts.
+  double bad[3] = {c.first_bad >= 0 ? 1.0 : 0.0, double(c.skipped),
+                   c.first_bad >= 0 ? -double(c.first_bad) : -1e300};
+  if (cfg_.sync == "parameters" || sharded())
+    DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, bad, 3, MPI_DOUBLE, MPI_MAX, comm_.mpi()));
   if (bad[0] == 0) return;
   if (cfg_.on_nonfinite == "stop")
-    throw Error("non-finite gradients at step " + std::to_string(c.first_bad) +
-                " (train.on_nonfinite = stop): no update was applied from that step on; the last "
-                "checkpoint is intact", kExitNonFinite, /*collective=*/true);
+    throw Error("non-finite gradients at step " + std::to_string(int64_t(-bad[2])) +
+                " (train.on_nonfinite = stop): the run stops here; no checkpoint holds an update "
+                "from that step on, and the last checkpoint is intact", kExitNonFinite, /*collective=*/true);
   if (int64_t(bad[1]) != skipped_reported_) {
     skipped_reported_ = int64_t(bad[1]);
     log::info("non-finite gradients: " + std::to_string(skipped_reported_) +
@@ -523,13 +586,12 @@ TrainResult Trainer::run() {
                      std::to_string(G) + " = batch_per_rank × ranks × accumulate)", true);
   prepare_run(per_epoch);
   const bool by_gradients = cfg_.sync == "gradients";
-  // One rank has nothing to reduce; with several, sync = gradients reduces every step.
-  GradSync sync(*model_, comm_, cfg_.bucket_mb);
-  GradSync* reduce = by_gradients && comm_.size() > 1 ? &sync : nullptr;
+  GradSync* reduce = sync_.get();
   // The first epoch's rows are in place before the backend decides whether it can capture.
   const bool training = epoch_ < cfg_.epochs && step_ < total_steps_;
   if (training) start_epoch();
-  const bool capture = be_.can_capture(rows_->data()) && (!reduce || comm_.capturable()) && !fault::any();
+  const bool capture = be_.can_capture(rows_->data()) && (comm_.size() == 1 || !reduce || comm_.capturable()) &&
+                       !fault::any();
   auto runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
   if (cfg_.ckpt_at_start && step_ == 0) save_checkpoint();
   t0_ = Clock::now();
@@ -544,7 +606,10 @@ TrainResult Trainer::run() {
         // On the CPU the step's allreduces happen inside (each its own phase); on a GPU the
         // host blocks only where it reads results back, which are phases of their own.
         watchdog::Phase phase("computing", step_ + 1);
+        const bool early = step_ - first_step < 2;  // the eager first step, then the capture
+        const double t = early ? timing::now() : 0;
         runner->run();
+        if (early) timing::add(timing::Phase::first_steps, timing::now() - t);
       }
       ++step_;
       ++step_in_epoch_;
@@ -556,7 +621,10 @@ TrainResult Trainer::run() {
       if (log || eval || save) check_health();
       if (log) log_step(res);
       if (eval) log_eval(res.last_eval = evaluate(*test_));
-      if (save) save_checkpoint();
+      if (save) {
+        timing::Scope timed(timing::Phase::checkpoint);
+        save_checkpoint();
+      }
       // With sync = parameters, stop only where the ranks hold one model (after an average).
       const bool one_model = by_gradients || step_ % cfg_.average_every == 0;
       if (one_model && (comm_.size() > 1 ? agree_stop() : stop_requested())) {
@@ -579,7 +647,10 @@ TrainResult Trainer::run() {
   res.graph = runner->captured();
   check_health();
   if (!by_gradients && step_ % cfg_.average_every != 0) average_parameters();  // one final model
-  if (last_saved_ != step_) save_checkpoint();
+  if (last_saved_ != step_) {
+    timing::Scope timed(timing::Phase::final_ckpt);
+    save_checkpoint();
+  }
   res.steps = step_;
   res.epoch = epoch_;
   return res;

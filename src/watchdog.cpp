@@ -220,6 +220,12 @@ void init(int rank) {
 
 bool any() { return detail::g_from != INT64_MAX; }
 
+void disarm() {
+  detail::g_from = INT64_MAX;
+  g_kind = Kind::none;
+  g_step = -1;
+}
+
 bool detail::fire(int64_t step) {
   if (g_kind == Kind::delay) {
     std::this_thread::sleep_for(std::chrono::duration<double>(g_seconds));

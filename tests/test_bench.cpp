@@ -1,21 +1,25 @@
 // bench-scaling's harness on CPU ranks (4, oversubscribed): subsets and their communicators,
-// the arithmetic against hand-computed values (efficiency, nccl-tests' busbw, bucket layout,
-// alpha-beta fit, limiting factor, time to target: crossing, interpolation, the fastest batch,
-// the step model, the critical-batch and time-to-target tables on fixed inputs), the
-// measurements on a tiny model (allreduce results exact, one row per subset), and the report
-// files written and well formed (records.json read back cell for cell, the plots report.md
-// lists drawn).
+// the arithmetic against hand-computed values (efficiency, nccl-tests' busbw for allreduce,
+// reduce-scatter and all-gather, bucket layout, alpha-beta fit, limiting factor, exposed
+// communication, time to target: crossing, interpolation, the fastest batch, the step model, the
+// critical-batch and time-to-target tables on fixed inputs), the variants of the gradient path,
+// the measurements on a tiny model (collective results exact, one row per subset and variant),
+// the PyTorch peer's output read and set beside dptrain's rows, and the report files written and
+// well formed (records.json read back cell for cell, the plots report.md lists drawn).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <tuple>
 #include <fstream>
 #include <sstream>
 
 #include "dpt/app.hpp"
 #include "dpt/bench.hpp"
+#include "dpt/check.hpp"
 
 using namespace dpt;
 using namespace dpt::bench;
@@ -119,6 +123,70 @@ TEST(BenchArithmetic, EfficiencyAndNcclTestsBandwidth) {
   EXPECT_DOUBLE_EQ(busbw_allreduce(10, 1), 0);
   EXPECT_DOUBLE_EQ(busbw_allreduce(10, 2), 10);
   EXPECT_DOUBLE_EQ(busbw_allreduce(10, 8), 17.5);
+}
+
+TEST(BenchArithmetic, ReduceScatterAndAllGatherBusBandwidth) {
+  // nccl-tests' PERFORMANCE.md: each link carries (n−1)/n of the whole buffer; allreduce twice that.
+  for (Collective c : {Collective::reduce_scatter, Collective::all_gather}) {
+    EXPECT_DOUBLE_EQ(busbw(c, 10, 1), 0);
+    EXPECT_DOUBLE_EQ(busbw(c, 10, 2), 5);
+    EXPECT_DOUBLE_EQ(busbw(c, 10, 8), 8.75);
+  }
+  EXPECT_DOUBLE_EQ(busbw(Collective::allreduce, 10, 8), 17.5);
+  EXPECT_EQ(collective_name(Collective::reduce_scatter), "reduce_scatter");
+  EXPECT_EQ(collective_name(Collective::all_gather), "all_gather");
+}
+
+TEST(BenchArithmetic, ExposedCommunicationIsTheStepBeyondTheSlowestRanksCompute) {
+  // Step 10 ms; compute 6 and 8 ms on two ranks, 1 ms of it data on each.
+  const Breakdown b = breakdown(10e-3, {6e-3, 8e-3}, {1e-3, 1e-3}, 1e-5);
+  EXPECT_NEAR(b.compute_mean, 7e-3, 1e-15);
+  EXPECT_NEAR(b.compute_max, 8e-3, 1e-15);
+  EXPECT_NEAR(b.data_mean, 1e-3, 1e-15);
+  EXPECT_NEAR(b.imbalance_pct, 100.0 / 7, 1e-9);
+  EXPECT_NEAR(b.exposed, 2e-3, 1e-15);
+  EXPECT_NEAR(b.exposed_pct, 20, 1e-9);
+  EXPECT_EQ(b.limit, "compute-bound (60%)");  // 7 − 1 ms of math in a 10 ms step
+  // A step timed below the slowest rank's compute (noise) exposes nothing, never a negative time.
+  const Breakdown n = breakdown(7e-3, {6e-3, 8e-3}, {1e-3, 1e-3}, 1e-5);
+  EXPECT_EQ(n.exposed, 0);
+  EXPECT_EQ(n.exposed_pct, 0);
+}
+
+TEST(BenchVariants, NamesRoundTripAndSetTheConfigKeys) {
+  for (const char* name : {"unsharded-fp32", "unsharded-bf16", "sharded-fp32", "sharded-bf16"}) {
+    const Variant v = parse_variant(name, "test");
+    EXPECT_EQ(v.name(), name);
+    const Config c = v.apply(Config{});
+    EXPECT_EQ(c.shard_optimizer, std::string(name).rfind("sharded", 0) == 0);
+    EXPECT_EQ(c.grad_dtype, std::string(name).substr(std::string(name).size() - 4));
+    EXPECT_EQ(variant_of(c), v);
+  }
+  try {
+    parse_variant("sharded-fp16", "bench/scaling.ini");
+    ADD_FAILURE() << "sharded-fp16 accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("scaling.variants = 'sharded-fp16'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bench/scaling.ini"), std::string::npos) << e.what();
+  }
+  // Unset, the variants are the base config's own.
+  Settings s;
+  s.base.shard_optimizer = true;
+  ASSERT_EQ(variants_of(s).size(), 1u);
+  EXPECT_EQ(variants_of(s)[0].name(), "sharded-fp32");
+}
+
+TEST(BenchVariants, NullCommTakesTheSubsetsRankAndSizeAndDoesNothing) {
+  auto c = make_null_comm(3, 4);
+  EXPECT_EQ(c->rank(), 3);
+  EXPECT_EQ(c->size(), 4);
+  EXPECT_TRUE(c->capturable());
+  float x[4] = {1, 2, 3, 4}, y[16] = {};
+  c->allreduce(x, x, 4, DType::f32, RedOp::sum);
+  c->reduce_scatter(x, y, 1, DType::f32, RedOp::sum);
+  c->allgather(x, y, 4, DType::f32);
+  EXPECT_EQ(x[0] + x[1] + x[2] + x[3], 10);
+  EXPECT_EQ(y[0] + y[15], 0);
 }
 
 TEST(BenchArithmetic, BucketsFollowTheTrainersLayout) {
@@ -344,6 +412,187 @@ TEST(BenchMeasure, AllreduceSweepIsExactOnEverySubset) {
     EXPECT_GT(t.at(i, "time_us")->num, 0);
     EXPECT_NEAR(t.at(i, "algbw_gbs")->num, t.at(i, "bytes")->num / (t.at(i, "time_us")->num * 1e-6) / 1e9, 1e-6);
     EXPECT_NEAR(t.at(i, "busbw_gbs")->num, t.at(i, "algbw_gbs")->num * 2 * (n - 1) / n, 1e-9);
+  }
+}
+
+TEST(BenchMeasure, ReduceScatterAndAllGatherSweepsAreExactOnEverySubset) {
+  Harness h(fs::temp_directory_path() / "dpt-bench-unused");
+  for (Collective c : {Collective::reduce_scatter, Collective::all_gather}) {
+    const Table t = measure_collective(h.cx, c);
+    if (world_rank() != 0) continue;
+    EXPECT_EQ(t.name, collective_name(c));
+    // Sizes 4, 32, 256, 2048 bytes (the whole buffer) on n = 2, 4 ranks.
+    ASSERT_EQ(t.rows.size(), 8u);
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const int n = int(t.at(i, "ranks")->num);
+      const double count = t.at(i, "count")->num;
+      EXPECT_EQ(t.at(i, "wrong")->num, 0) << t.name << " ranks " << n << " count " << count;
+      EXPECT_EQ(t.at(i, "bytes")->num, n * count * 4);  // nccl-tests' size: n × the per-rank count
+      EXPECT_NEAR(t.at(i, "algbw_gbs")->num, t.at(i, "bytes")->num / (t.at(i, "time_us")->num * 1e-6) / 1e9, 1e-6);
+      EXPECT_NEAR(t.at(i, "busbw_gbs")->num, t.at(i, "algbw_gbs")->num * (n - 1) / n, 1e-9);
+    }
+    EXPECT_EQ(t.at(7, "count")->num, 2048 / 4 / 4);
+  }
+}
+
+TEST(BenchMeasure, EveryVariantGetsItsRowsEfficiencyAndExposedCommunication) {
+  Harness h(fs::temp_directory_path() / "dpt-bench-unused");
+  h.s.variants = {parse_variant("unsharded-fp32", "test"), parse_variant("sharded-bf16", "test")};
+  const Table sc = measure_scaling(h.cx);
+  const auto fits = fit_allreduce(measure_allreduce(h.cx));  // collective: every rank
+  if (world_rank() != 0) return;
+  // n = 1, 2, 4 × weak, strong × 2 variants.
+  ASSERT_EQ(sc.rows.size(), 12u);
+  std::map<std::string, double> one;  // variant -> weak throughput on 1 rank
+  double fastest = 0;
+  for (size_t i = 0; i < sc.rows.size(); ++i)
+    if (sc.at(i, "ranks")->num == 1 && sc.at(i, "mode")->text == "weak") {
+      one[sc.at(i, "variant")->text] = sc.at(i, "samples_per_s")->num;
+      fastest = std::max(fastest, sc.at(i, "samples_per_s")->num);
+    }
+  ASSERT_EQ(one.size(), 2u);
+  for (size_t i = 0; i < sc.rows.size(); ++i) {
+    const std::string v = sc.at(i, "variant")->text;
+    const int n = int(sc.at(i, "ranks")->num);
+    ASSERT_TRUE(v == "unsharded-fp32" || v == "sharded-bf16") << v;
+    ASSERT_FALSE(sc.at(i, "step_ms")->empty) << "unresolved step, variant " << v << " n " << n;
+    // Exposed communication = step − the slowest rank's compute, per variant, never negative.
+    const double step = sc.at(i, "step_ms")->num, cmax = sc.at(i, "compute_max_ms")->num;
+    EXPECT_NEAR(sc.at(i, "exposed_comm_ms")->num, std::max(0.0, step - cmax), 1e-9) << v << " n " << n;
+    EXPECT_NEAR(sc.at(i, "exposed_comm_pct")->num, 100 * std::max(0.0, step - cmax) / step, 1e-9);
+    if (sc.at(i, "mode")->text != "weak") continue;
+    // Efficiency against the same variant on 1 rank, and against the fastest variant there.
+    const double thr = sc.at(i, "samples_per_s")->num;
+    EXPECT_NEAR(sc.at(i, "efficiency")->num, thr / (n * one[v]), 1e-12);
+    EXPECT_NEAR(sc.at(i, "efficiency_vs_best1")->num, thr / (n * fastest), 1e-12);
+  }
+  // At n = 2 the strong row's batch per rank (16 / 2) is the weak one's: one measurement, shown twice.
+  for (size_t i = 0; i < sc.rows.size(); ++i)
+    for (size_t j = 0; j < sc.rows.size(); ++j)
+      if (sc.at(i, "ranks")->num == 2 && sc.at(j, "ranks")->num == 2 && sc.at(i, "mode")->text == "weak" &&
+          sc.at(j, "mode")->text == "strong" && sc.at(i, "variant")->text == sc.at(j, "variant")->text)
+        EXPECT_EQ(sc.at(i, "step_ms")->num, sc.at(j, "step_ms")->num);
+  // The prediction is per variant.
+  const Table pr = predict_scaling(h.s, sc, fits);
+  EXPECT_EQ(pr.rows.size(), 10u);  // n = 1 … 16 per variant
+  Report r;
+  r.tables = {sc};
+  const auto f = findings(r);
+  size_t mentions = 0;
+  for (auto& line : f) mentions += line.find("sharded-bf16") != std::string::npos;
+  EXPECT_EQ(mentions, 2u) << "one finding per mode at the largest n";
+}
+
+namespace {
+
+// torch_ddp.py's line as it prints it (json.dumps), behind a launcher's prefix.
+const char* kPeerLine =
+    "[default0]:{\"bench\": \"torch-ddp\", \"error\": \"\", \"partial\": false, \"torch\": \"2.11.0\", "
+    "\"world_size\": 2, \"batch_per_gpu\": 8, \"rows\": [{\"kind\": \"eager\", \"ddp\": true, \"bucket_mb\": 25.0, "
+    "\"ms_per_step\": 2.5, \"ms_min\": 2.4, \"ms_max\": 2.6, \"per_rank_ms\": [2.5, 2.45]}, {\"kind\": \"eager\", "
+    "\"ddp\": true, \"bucket_mb\": 50.0, \"ms_per_step\": 2.2, \"ms_min\": 2.1, \"ms_max\": 2.3}, {\"kind\": "
+    "\"compile-model\", \"ddp\": true, \"bucket_mb\": 50.0, \"error\": \"RuntimeError: \\\"no\\\" {graph}\"}, "
+    "{\"kind\": \"compile-step\", \"ddp\": true, \"bucket_mb\": 50.0, \"ms_per_step\": 1.25, \"ms_min\": 1.2, "
+    "\"ms_max\": 1.3}], \"strongest\": {\"kind\": \"compile-step\", \"ms_per_step\": 1.25}}";
+
+PeerRun one_process(int batch, double eager, double step) {
+  PeerRun r;
+  r.model = "tiny";
+  r.ranks = 1;
+  r.batch_per_rank = batch;
+  r.rows = {PeerRow{"eager", false, 0, eager, eager, eager, ""}, PeerRow{"compile-step", false, 0, step, step, step, ""}};
+  return r;
+}
+
+}  // namespace
+
+TEST(BenchPeer, ReadsTorchDdpsLine) {
+  const PeerRun r = parse_peer_output(std::string("torchrun noise\n") + kPeerLine + "\n[default1]: more noise\n");
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.torch_version, "2.11.0");
+  EXPECT_EQ(r.ranks, 2);
+  EXPECT_EQ(r.batch_per_rank, 8);
+  ASSERT_EQ(r.rows.size(), 4u);
+  EXPECT_EQ(r.rows[1].kind, "eager");
+  EXPECT_TRUE(r.rows[1].ddp);
+  EXPECT_EQ(r.rows[1].bucket_mb, 50);
+  EXPECT_EQ(r.rows[1].ms, 2.2);
+  EXPECT_EQ(r.rows[2].error, "RuntimeError: \"no\" {graph}");  // quotes and braces inside a string
+  EXPECT_TRUE(std::isnan(r.rows[2].ms));
+  EXPECT_EQ(r.rows[3].ms_max, 1.3);
+  EXPECT_NE(parse_peer_output("no json here").error, "");
+  // A launch cut short by its time limit keeps the rows it finished, and says so.
+  std::string partial = kPeerLine;
+  partial.replace(partial.find("\"partial\": false"), 16, "\"partial\": true");
+  const PeerRun p = parse_peer_output(partial);
+  EXPECT_EQ(p.rows.size(), 4u);
+  EXPECT_NE(p.error.find("cut short"), std::string::npos);
+}
+
+TEST(BenchPeer, SetBesideDptrainsFastestVariantWithTheRatio) {
+  Settings s;
+  s.models = {{"tiny", {12, 16, 8, 4}}};
+  s.weak_batch_per_rank = 8;
+  s.strong_global_batch = 16;
+  // A scaling table with the columns the peer reads: dptrain's steps per variant.
+  Table sc{"scaling", "", {{"model", "", "", ""}, {"mode", "", "", ""}, {"variant", "", "", ""}, {"ranks", "", "", "%.0f"},
+                           {"step_ms", "", "", "%.3f"}, {"efficiency", "", "", "%.3f"}}, {}, {}};
+  for (auto [mode, variant, n, step, eff] : std::vector<std::tuple<const char*, const char*, int, double, double>>{
+           {"weak", "unsharded-fp32", 1, 0.5, 1}, {"weak", "sharded-bf16", 1, 0.6, 1}, {"weak", "unsharded-fp32", 2, 0.7, 0.71},
+           {"weak", "sharded-bf16", 2, 0.55, 1.09}, {"strong", "unsharded-fp32", 1, 0.9, 1}, {"strong", "sharded-bf16", 2, 0.55, 0.82}})
+    sc.rows.push_back({txt("tiny"), txt(mode), txt(variant), num(n), num(step), num(eff)});
+  PeerRun two = parse_peer_output(kPeerLine);
+  two.model = "tiny";
+  const Table t = peer_table(s, sc, {one_process(8, 2.0, 1.0), one_process(16, 3.0, 1.6), two});
+  // weak: 2 rows on 1 process, 4 on 2; strong: 2 on 1 process (batch 16), and the 2-process run
+  // again (its batch per rank, 8, is the strong one's at n = 2).
+  ASSERT_EQ(t.rows.size(), 12u);
+  auto row = [&](const std::string& mode, int n, const std::string& peer) {
+    for (size_t i = 0; i < t.rows.size(); ++i)
+      if (t.at(i, "mode")->text == mode && t.at(i, "ranks")->num == n && t.at(i, "peer")->text == peer) return i;
+    ADD_FAILURE() << mode << " " << n << " " << peer;
+    return size_t(0);
+  };
+  const size_t c = row("weak", 2, "DDP bucket 50 MB, torch.compile, whole step");
+  EXPECT_EQ(t.at(c, "strongest")->text, "*");
+  EXPECT_NEAR(t.at(c, "peer_efficiency")->num, (16 / 1.25) / (2 * 8 / 1.0), 1e-12);  // against compile-step on 1
+  EXPECT_EQ(t.at(c, "ours_variant")->text, "sharded-bf16");                           // 0.55 < 0.7 ms
+  EXPECT_NEAR(t.at(c, "ratio")->num, 0.55 / 1.25, 1e-12);
+  EXPECT_NEAR(t.at(row("weak", 2, "DDP bucket 50 MB, eager"), "peer_efficiency")->num, (16 / 2.2) / (2 * 8 / 2.0), 1e-12);
+  EXPECT_EQ(t.at(row("weak", 2, "DDP bucket 25 MB, eager"), "strongest")->text, "");
+  const size_t e = row("weak", 2, "DDP bucket 50 MB, torch.compile, model");
+  EXPECT_TRUE(t.at(e, "peer_step_ms")->empty);
+  EXPECT_TRUE(t.at(e, "ratio")->empty);
+  EXPECT_NE(t.at(e, "note")->text.find("RuntimeError"), std::string::npos);
+  // Strong: efficiency against 1 process at the whole global batch (16).
+  EXPECT_NEAR(t.at(row("strong", 2, "DDP bucket 25 MB, eager"), "peer_efficiency")->num, (16 / 2.5) / (2 * 16 / 3.0), 1e-12);
+  EXPECT_NEAR(t.at(row("strong", 1, "1 process, eager"), "ratio")->num, 0.9 / 3.0, 1e-12);
+  EXPECT_EQ(t.at(row("weak", 1, "1 process, torch.compile, whole step"), "ours_variant")->text, "unsharded-fp32");
+  Report r;
+  r.tables = {t};
+  size_t lines = 0;
+  for (auto& f : findings(r)) lines += f.rfind("PyTorch, tiny", 0) == 0;
+  EXPECT_EQ(lines, 4u);  // the strongest peer row of each mode and rank count
+}
+
+TEST(BenchPeer, SkippedWithAReasonWhereItCannotRun) {
+  Harness h(fs::temp_directory_path() / "dpt-bench-unused");
+  for (const char* run : {"gpu", "never"}) {
+    h.s.ddp_run = run;
+    std::vector<std::string> notes;
+    EXPECT_TRUE(run_ddp_peer(h.cx, notes).empty());
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_NE(notes[0].find(std::string(run) == "gpu" ? "no GPU in use" : "ddp.run = never"), std::string::npos) << notes[0];
+  }
+  // ddp.run = always with an interpreter that does not exist: skipped on rank 0, named.
+  h.s.ddp_run = "always";
+  h.s.ddp_python = "/nonexistent/python3";
+  h.s.ddp_script = std::string(DPT_SOURCE_DIR) + "/bench/torch_ddp.py";
+  std::vector<std::string> notes;
+  EXPECT_TRUE(run_ddp_peer(h.cx, notes).empty());
+  if (world_rank() == 0) {
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_NE(notes[0].find("/nonexistent/python3 cannot import torch"), std::string::npos) << notes[0];
   }
 }
 

@@ -1,6 +1,8 @@
 // bench-scaling as a user runs it, end to end on tiny settings: `mpirun -np 2 ./bench-scaling`
 // with a config and overrides, and `./bench-scaling` alone (singleton MPI, one rank), each
-// writing the table to stdout and the report folder; a bad key is rejected with its name.
+// writing the table to stdout and the report folder; the variants of the gradient path, the
+// reduce-scatter and all-gather sweeps and the PyTorch DDP peer (torchrun over gloo, where
+// /usr/bin/python3 imports torch) on CPU ranks; a bad key or variant is rejected with its name.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -126,9 +128,49 @@ TEST_F(BenchCli, GridAloneWithLarsAndLamb) {
   EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(out / "records.json");
 }
 
+TEST_F(BenchCli, VariantsCollectivesAndThePyTorchPeerOnCpuRanks) {
+  const bool torch = std::system("/usr/bin/python3 -c 'import torch, torch.distributed' >/dev/null 2>&1") == 0;
+  const fs::path out = dir / "peer";
+  // Debian's torch 1.13 under Python 3.11 fails on torchrun's default --redirects 0; 2 (stderr
+  // to files, teed) works there and on current torch alike.
+  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
+                 out.string() + " --grid.enabled false --scaling.variants 'unsharded-fp32 sharded-bf16'" +
+                 " --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR + "/bench/torch_ddp.py" +
+                 " --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps 3 --ddp.repeats 2" +
+                 " --ddp.buckets_mb 1,25");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* title : {"# Reduce-scatter alone", "# All-gather alone", "# PyTorch DDP beside dptrain"})
+    EXPECT_NE(r.out.find(title), std::string::npos) << title << "\n" << r.out;
+  // The records, counted by python's json module.
+  const std::string count = std::string(
+      "import json,sys; t=json.load(open(sys.argv[1]))['tables']; sc=t['scaling']['rows']; p=t['ddp_peer']['rows']; "
+      "print('scaling', len(sc), ','.join(sorted({r['variant'] for r in sc})), "
+      "'collectives', len(t['reduce_scatter']['rows']), len(t['all_gather']['rows']), "
+      "sum(r['wrong'] for c in ('allreduce','reduce_scatter','all_gather') for r in t[c]['rows']), "
+      "'peer', len(p), sum(1 for r in p if (r['peer_step_ms'] or 0) > 0 and (r['ratio'] or 0) > 0), "
+      "sum(1 for r in p if r['strongest'] == '*'))");
+  const Outcome c = sh("/usr/bin/python3 -c \"" + count + "\" " + (out / "records.json").string());
+  ASSERT_EQ(c.code, 0) << c.out;
+  // n = 1, 2 × weak, strong × 2 variants; 64, 512, 4096 B on 2 ranks, every result exact.
+  EXPECT_NE(c.out.find("scaling 8 sharded-bf16,unsharded-fp32 collectives 3 3 0"), std::string::npos) << c.out;
+  if (!torch) {
+    EXPECT_NE(r.out.find("cannot import torch"), std::string::npos) << r.out;
+    GTEST_SKIP() << "/usr/bin/python3 has no torch: the peer's rows were not checked";
+  }
+  // weak: 1 process (eager, compiled step) and 2 (buckets 1 and 25 MB, compiled step); strong:
+  // 1 process at the global batch, and the 2-process run again (same batch per rank). The
+  // eager rows are timed beside dptrain's; one strongest per mode and n.
+  EXPECT_NE(c.out.find("peer 10 6 4"), std::string::npos) << c.out << r.out;
+  EXPECT_TRUE(fs::exists(out / "ddp-peer" / "small-n2-b8.log"));
+}
+
 TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
   Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() +
                  " --scaling.repeets 3");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("scaling.repeets"), std::string::npos) << r.out;
+  r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() +
+         " --scaling.variants 'sharded-fp32 zero3-bf16'");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("scaling.variants = 'zero3-bf16' (command line)"), std::string::npos) << r.out;
 }

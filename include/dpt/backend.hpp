@@ -26,6 +26,9 @@ OptKind parse_optimizer(const std::string& s);
 
 // One Linear layer of an MLP, pointers into backend memory: weight (out,in), bias (out), their
 // gradients, and the layer's pre- and post-activation buffers (max_batch, out), a == z for none.
+// w_at and b_at are the weight's and the bias's element offsets in the parameter (and gradient)
+// arena, for the progress reports of PassHooks. piece_rows > 0 asks for the weight gradient in
+// pieces of that many rows (the last may be shorter), each reported final on its own.
 struct LinearArgs {
   const float* w = nullptr;
   const float* b = nullptr;
@@ -35,6 +38,18 @@ struct LinearArgs {
   float* a = nullptr;
   int in = 0, out = 0;
   Act act = Act::none;
+  size_t w_at = 0, b_at = 0;
+  int piece_rows = 0;
+};
+
+// Progress of a backward pass, reported while the backend enqueues it, in the order of the
+// backend's main lane (a report means: the work that makes it true is enqueued before anything
+// enqueued after the call). Ranges are element offsets [begin, end) in the arenas.
+struct PassHooks {
+  // These gradients are final for the step: their reduction may start.
+  std::function<void(size_t begin, size_t end)> grads_final;
+  // The pass no longer reads these parameters: their update may run.
+  std::function<void(size_t begin, size_t end)> params_released;
 };
 
 // Hyper-parameters of one optimizer step, torch.optim semantics.
@@ -132,11 +147,11 @@ class Backend {
   // layers at the same batch. The logits, layers.back().z, are always written.
   virtual void mlp_forward(const float* x, int batch, const std::vector<LinearArgs>& layers);
   // Backward from dLoss/dlogits in d0 (batch, classes), with d0 and d1 (batch, widest) as
-  // scratch; dw and db of every layer overwritten (accumulate=false) or added to;
-  // layer_done(i) once layer i's gradients are final, last layer first.
+  // scratch; dw and db of every layer overwritten (accumulate=false) or added to. Layer by layer
+  // from the last: its bias and weight gradients (reported final, the weight's in pieces when
+  // asked), then its input gradient (its parameters then reported released).
   virtual void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& layers,
-                            float* d0, float* d1, bool accumulate,
-                            const std::function<void(int)>& layer_done);
+                            float* d0, float* d1, bool accumulate, const PassHooks& hooks);
 
   // Softmax cross-entropy over logits (batch,classes) against labels (batch):
   // dlogits = (softmax − onehot)·grad_scale unless dlogits is nullptr;
@@ -157,9 +172,10 @@ class Backend {
   // (the range may cut some). lr and t come from h, or, with ctl, from lr_table[ctl->step] and
   // ctl->updates + 1; with ctl->bad neither pass does anything. A caller holding the arena in
   // shards adds `sums` over its ranks between the two passes.
-  // (a) layer_sums: sums[2i] = Σ w², sums[2i+1] = Σ d² over segment i's elements inside the
-  //     range (0 for a segment outside it), d = g (LARS) or LAMB's update direction; LAMB also
-  //     advances its moments s1, s2 over the range here. Summed in a fixed order.
+  // (a) layer_sums: sums[2i] += Σ w², sums[2i+1] += Σ d² over segment i's elements inside the
+  //     range (nothing for a segment outside it), d = g (LARS) or LAMB's update direction; LAMB
+  //     also advances its moments s1, s2 over the range here. Summed in a fixed order. The
+  //     caller zeroes sums first: passes over several ranges (a tensor cut by buckets) add up.
   virtual void layer_sums(const float* p, const float* g, float* s1, float* s2, size_t lo,
                           size_t n, const std::vector<TensorSeg>& segs, const OptimStep& h,
                           const float* lr_table, const StepCtl* ctl, float* sums);
@@ -167,6 +183,28 @@ class Backend {
   virtual void layer_apply(float* p, const float* g, float* s1, float* s2, size_t lo, size_t n,
                            const std::vector<TensorSeg>& segs, const float* sums,
                            const OptimStep& h, const float* lr_table, const StepCtl* ctl);
+
+  // ---- the side lane: work that overlaps the main lane (cuda: the communication stream) ----
+  // side_wait(): the side lane waits for everything enqueued on the main lane so far;
+  // main_wait(): the main lane waits for everything enqueued on the side lane so far. While a
+  // SideLane is alive, the ops that take `lane` into account (optimizer_step_at, check_finite,
+  // fill, to_bf16, from_bf16) enqueue on the side lane. A backend without lanes (cpu) runs
+  // everything in order, and these are no-ops.
+  virtual void side_wait() {}
+  virtual void main_wait() {}
+  virtual void set_side(bool on) { (void)on; }
+  // The bf16 copy the backend keeps of [p, p + n) of a registered parameter arena (the GEMMs'
+  // weight operand in bf16 precision), or nullptr when it keeps none.
+  virtual uint16_t* param_shadow(const float* p, size_t n) { (void)p; (void)n; return nullptr; }
+  // The shadow's [p, p + n) was written by someone else (an all-gather): it is current, and the
+  // fp32 arena there may be stale (only the shadow is read for GEMMs).
+  virtual void note_shadow_write(const float* p, size_t n) { (void)p; (void)n; }
+
+  // ---- bf16 on the wire ----
+  // dst (n, bf16 bits, round to nearest even) = src (n).
+  virtual void to_bf16(const float* src, uint16_t* dst, size_t n) = 0;
+  // dst (n) = src (n, bf16 bits), exactly; with ctl, ctl->bad |= any element is NaN/Inf.
+  virtual void from_bf16(const uint16_t* src, float* dst, size_t n, StepCtl* ctl) = 0;
 
   // ---- data ----
   // x (count, dim) and y (count) in backend memory get rows `rows` of the dataset, converted to
@@ -184,9 +222,13 @@ class Backend {
                              const int64_t* host_rows = nullptr);
   // ctl->bad |= (any of g[0..n) is NaN/Inf).
   virtual void check_finite(const float* g, size_t n, StepCtl* ctl);
-  // optimizer_step with lr = lr_table[ctl->step] and t = ctl->updates + 1; nothing when ctl->bad.
+  // optimizer_step with lr = lr_table[ctl->step] and t = ctl->updates + 1; nothing when ctl->bad
+  // as the update starts. flag: the non-finite check folded into the update, which reads g
+  // anyway: ctl->bad |= any of g is NaN/Inf (the update of those elements goes ahead: only for
+  // policies that never keep the result, train.on_nonfinite = stop).
   virtual void optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
-                                 const OptimStep& h, const float* lr_table, const StepCtl* ctl);
+                                 const OptimStep& h, const float* lr_table, StepCtl* ctl,
+                                 bool flag = false);
   // End of a step: count it (skipped or applied), advance cursor by global_batch, and clear
   // ctl->bad unless sticky.
   virtual void end_step(StepCtl* ctl, int64_t global_batch, bool sticky);
@@ -201,6 +243,24 @@ class Backend {
  protected:
   Backend() = default;
 };
+
+// While alive, the lane-aware ops of `be` enqueue on its side lane (see Backend::side_wait).
+class SideLane {
+ public:
+  explicit SideLane(Backend& be, bool on = true) : be_(be), on_(on) { if (on_) be_.set_side(true); }
+  ~SideLane() { if (on_) be_.set_side(false); }
+  SideLane(const SideLane&) = delete;
+  SideLane& operator=(const SideLane&) = delete;
+
+ private:
+  Backend& be_;
+  bool on_;
+};
+
+// bf16 bits of x, rounded to nearest even (NaN stays a quiet NaN), and back: the conversions
+// of the CPU backend and of tests, bit for bit those of the CUDA kernels.
+uint16_t bf16_bits(float x);
+float bf16_value(uint16_t b);
 
 // Backend memory, RAII. T is float, int32_t, etc.
 template <class T> class Buffer {
@@ -242,6 +302,10 @@ struct BackendOptions {
 // Number of CUDA devices this process can use; 0 where the build has no CUDA or no driver.
 int cuda_device_count();
 bool cuda_compiled();
+// Initialises the CUDA driver and, for local_rank_hint >= 0, creates the primary context of the
+// GPU a backend for that local rank picks; errors are left to the backend. Any thread, before
+// MPI_Init. Nothing without CUDA.
+void cuda_early_init(int local_rank_hint);
 
 // "auto" picks cuda where a GPU is visible, else cpu. Throws InputError for "cuda" without one.
 std::unique_ptr<Backend> make_backend(const BackendOptions& opt);

@@ -1,9 +1,11 @@
 // bench-scaling's harness: power-of-two subsets of the ranks, each with its own communicator;
 // step times by difference of two run lengths (the real loop, the loop with communication
-// removed, data loading alone); the allreduce sweep with a correctness count; the bucket sweep;
-// the batch-size / learning-rate grid on a real dataset and the time to a target accuracy it
-// predicts and measures on N ranks; the alpha-beta model; and the report (fixed-width table,
-// CSV, records.json through nlohmann-json, Markdown read back from it, plots drawn by
+// removed, data loading alone) for each variant of the gradient path (sharded optimizer or not,
+// fp32 or bf16 on the wire); the allreduce, reduce-scatter and all-gather sweeps with a
+// correctness count; the bucket sweep; the batch-size / learning-rate grid on a real dataset and
+// the time to a target accuracy it predicts and measures on N ranks; the alpha-beta model; the
+// PyTorch DDP peer (bench/torch_ddp.py under torchrun); and the report (fixed-width table, CSV,
+// records.json through nlohmann-json, Markdown read back from it, plots drawn by
 // bench/plot_scaling.py with matplotlib). Drives Trainer and Comm through their public
 // interfaces only; knows nothing of how a layer or a transport works inside.
 #pragma once
@@ -35,6 +37,24 @@ struct ModelSpec {
   std::vector<int> layers;
 };
 
+// One gradient path measured side by side with the others: optimizer state sharded over the
+// ranks or not (train.shard_optimizer), gradients on the wire in fp32 or bf16 (comm.grad_dtype).
+struct Variant {
+  bool sharded = false;
+  std::string wire = "fp32";
+  std::string name() const;  // "unsharded-fp32", "sharded-bf16", ...
+  Config apply(Config c) const;
+  bool operator==(const Variant& o) const { return sharded == o.sharded && wire == o.wire; }
+};
+// "unsharded-fp32" | "unsharded-bf16" | "sharded-fp32" | "sharded-bf16"; throws InputError
+// naming the key (scaling.variants), the value and where it came from.
+Variant parse_variant(const std::string& text, const std::string& where);
+// The base config's own gradient path.
+Variant variant_of(const Config& c);
+
+enum class Collective { allreduce, reduce_scatter, all_gather };
+std::string collective_name(Collective c);  // "allreduce", "reduce_scatter", "all_gather"
+
 struct Settings {
   Config base;
   std::string source;   // the INI path or "(built-in defaults)"
@@ -49,7 +69,9 @@ struct Settings {
   int data_iters = 100;       // load_batch calls timed for the data share
   double latency_ms = 0.05;   // a step shorter than this is called launch/latency-bound
   int max_ranks = 0;          // 0 = the whole world
-  // [allreduce]
+  std::vector<Variant> variants;  // empty: the base config's own (variants_of)
+  // [allreduce]: every collective sweep (allreduce, reduce-scatter, all-gather)
+  std::vector<Collective> collectives{Collective::allreduce, Collective::reduce_scatter, Collective::all_gather};
   double ar_min_bytes = 1024, ar_max_bytes = 256.0 * (1 << 20), ar_factor = 2;
   int ar_warmup = 5, ar_iters = 20, ar_repeats = 3;
   // [buckets]
@@ -76,11 +98,21 @@ struct Settings {
   std::vector<std::string> sections{"scaling", "allreduce", "buckets", "grid"};  // what runs
   bool plots = true;  // run bench/plot_scaling.py when python3 and matplotlib are there
   bool section(const std::string& name) const;
+  // [ddp]: the PyTorch DDP peer, run by rank 0 through torchrun after dptrain's measurements
+  std::string ddp_run = "gpu";  // gpu (only with the CUDA backend) | always (CPU too, gloo) | never
+  std::string ddp_python = "python3";
+  std::string ddp_torchrun_args = "--standalone";  // arguments of -m torch.distributed.run
+  std::string ddp_script = "bench/torch_ddp.py";
+  std::vector<double> ddp_buckets_mb{25, 50, 100, 200};
+  std::string ddp_compile = "step";  // none | model | step | both
+  int ddp_warmup = 20, ddp_steps = 50, ddp_repeats = 5;
+  double ddp_timeout_s = 600;  // per torchrun launch
 };
 
 // Reads --config on rank 0, broadcasts it, parses. The [cpu] overrides are applied by
 // finalize_settings once the backend is known. Throws InputError naming key, value and file.
 Settings read_settings(MPI_Comm c, int argc, char** argv);
+std::vector<Variant> variants_of(const Settings& s);  // s.variants, or the base config's own
 void finalize_settings(Settings& s, bool cpu_backend);
 std::string settings_text(const Settings& s);  // resolved sweep settings, INI-like
 std::string settings_help();
@@ -110,18 +142,24 @@ class SubComm {
 // from those measuring.
 void idle_barrier(MPI_Comm c);
 
-// A Comm whose collectives do nothing, over MPI_COMM_SELF: the training loop then runs its
-// compute alone on each rank (the loss is wrong, the compute time is right).
-std::unique_ptr<Comm> make_null_comm();
+// A Comm whose collectives send nothing, over MPI_COMM_SELF, that reports the given rank and
+// size: the training loop then lays out its buckets and shards, takes its rows and captures its
+// step as on `size` ranks, and runs its compute alone (the loss is wrong, the compute time is
+// right). With `lanes`, each collective and synchronize() order its streams as the NCCL
+// transport does (Backend::side_wait / main_wait); `capturable` as the transport it stands for.
+std::unique_ptr<Comm> make_null_comm(int rank = 0, int size = 1, Backend* lanes = nullptr, bool capturable = true);
 
 // ---------------------------------------------------------------------------------------------
 // Arithmetic, all pure (tested).
 
 // Scaling efficiency = throughput(n) / (n × throughput(1)).
 double efficiency(double throughput_n, int n, double throughput_1);
-// nccl-tests: algbw = bytes / time; busbw = algbw × 2(n−1)/n for allreduce.
+// nccl-tests: algbw = bytes / time, bytes being the whole buffer (for reduce-scatter the input,
+// for all-gather the output: n × the per-rank count); busbw = algbw × 2(n−1)/n for allreduce,
+// algbw × (n−1)/n for reduce-scatter and all-gather.
 double algbw(double bytes, double seconds);
 double busbw_allreduce(double algbw, int n);
+double busbw(Collective c, double algbw, int n);
 // Gradient bucket sizes in elements, as the Trainer builds them (consecutive layers from the
 // last, each at least bucket_mb, the first layer's bucket possibly smaller).
 std::vector<size_t> bucket_elements(const std::vector<int>& layers, double bucket_mb);
@@ -154,6 +192,17 @@ RingModel ring_from(const AlphaBeta& ab);
 // than latency_s ("launch/latency-bound").
 std::string limiting_factor(double step, double math, double data, double imbalance_wait,
                             double exposed_comm, double latency_s);
+
+// Where one step's time goes (seconds), from the slowest rank's step and every rank's compute
+// (the loop with no communication) and data (load_batch alone): exposed communication =
+// step − the slowest rank's compute, never negative.
+struct Breakdown {
+  double compute_mean = 0, compute_max = 0, data_mean = 0;
+  double imbalance_pct = 0;  // (max − mean) / mean of the compute
+  double exposed = 0, exposed_pct = 0;
+  std::string limit;
+};
+Breakdown breakdown(double step, const std::vector<double>& compute, const std::vector<double>& data, double latency_s);
 
 // ---------------------------------------------------------------------------------------------
 // Report tables: a value is a number (kept at full precision for CSV/JSON, shown with the
@@ -203,8 +252,9 @@ struct Context {
 // communicator bootstrapped over MPI_Bcast). Placement is the world's: one device per world rank.
 std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub);
 
-Table measure_scaling(Context& cx);                          // weak + strong, with the breakdown
-Table measure_allreduce(Context& cx);                        // n ≥ 2
+Table measure_scaling(Context& cx);                          // weak + strong per variant, with the breakdown
+Table measure_collective(Context& cx, Collective c);         // n ≥ 2
+Table measure_allreduce(Context& cx);                        // measure_collective(cx, allreduce)
 Table measure_buckets(Context& cx);                          // n ≥ 2
 // The grid: every optimizer × lr rule × warm-up × global batch trained on one rank (the
 // epochs-to-target curve), the step time of each per-rank batch on every subset, and the
@@ -274,6 +324,37 @@ Table critical_batch_table(const Table& grid);
 // Per variant and rank count (1 … predict.max_ranks): the fastest global batch, its predicted
 // time to target, the speed-up over 1 rank, and the measured time where a check run matched.
 Table time_to_target_table(const Settings& s, const GridResult& g, const std::vector<AlphaBeta>& fits);
+// The PyTorch DDP peer: bench/torch_ddp.py under `python3 -m torch.distributed.run --standalone`
+// (torchrun), run by rank 0 alone for 1 GPU and for the GPUs of rank 0's host, each model and
+// mode, after dptrain's own measurements (the other ranks sleep in idle_barrier; dptrain then
+// holds no model, data or communicator on the GPU). Same model, batch per GPU, precision and
+// optimizer as the scaling rows.
+
+// One timing row of torch_ddp.py's JSON line.
+struct PeerRow {
+  std::string kind;      // "eager" | "compile-step" | "compile-model"
+  bool ddp = false;      // wrapped in DistributedDataParallel (more than one process)
+  double bucket_mb = 0;  // DDP's bucket_cap_mb (0 without DDP)
+  double ms = NAN, ms_min = NAN, ms_max = NAN;  // slowest rank's median step, and its spread
+  std::string error;     // why the row has no time (e.g. torch.compile unavailable)
+};
+struct PeerRun {
+  std::string model, torch_version, command, error;
+  int ranks = 0, batch_per_rank = 0;
+  std::vector<PeerRow> rows;
+};
+// Parses the `{"bench": "torch-ddp", ...}` line of torch_ddp.py's output (other lines ignored);
+// error says what is missing when there is none.
+PeerRun parse_peer_output(const std::string& output);
+// The peer beside the scaling table's rows: per model, mode and rank count, every peer row with
+// its efficiency (against the same kind on 1 GPU), the strongest marked, and dptrain's fastest
+// variant there with the ratio of step times (dptrain / peer).
+Table peer_table(const Settings& s, const Table& scaling, const std::vector<PeerRun>& runs);
+// Runs the peer where it can (rank 0; every rank calls it), else returns none and says why in
+// notes. Logs go to <out_dir>/ddp-peer/. After each launch rank 0 calls done(runs so far), so a
+// report can be written before a time limit cuts the rest.
+std::vector<PeerRun> run_ddp_peer(Context& cx, std::vector<std::string>& notes,
+                                  const std::function<void(const std::vector<PeerRun>&)>& done = {});
 
 // ---------------------------------------------------------------------------------------------
 // The machine and the report.

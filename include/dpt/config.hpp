@@ -63,6 +63,7 @@ struct Config {
   std::string metrics_file;
   int64_t log_every = 50;
   bool progress = true;
+  bool timing = false;  // rank 0 prints where the run's time went, phase by phase, at the end
 
   // Where it came from, for messages and the checkpoint's `config` attribute.
   std::string source;    // the INI path, or "(command line)"

@@ -16,9 +16,20 @@ struct LayerSlice {
   int in = 0, out = 0;
   size_t w_off = 0;  // weight (out, in), row-major
   size_t b_off = 0;  // bias (out)
-  size_t begin() const { return w_off; }
-  size_t end() const { return b_off + size_t(out); }
+  size_t weights() const { return size_t(in) * size_t(out); }
 };
+
+// Where every layer's weight and bias sit in the parameter and gradient arenas (element
+// offsets), and the arenas' size with any padding between them (zeros that nothing reads).
+// piece_rows[i] > 0 asks the backward pass for layer i's weight gradient in pieces of that many
+// rows (gradient buckets that start their reduction inside a layer). The gradient sync plans it
+// (sync.hpp); a model without one is packed: layer by layer, weight then bias.
+struct ArenaLayout {
+  std::vector<size_t> w_off, b_off;
+  std::vector<int> piece_rows;
+  size_t total = 0;
+};
+ArenaLayout packed_layout(const std::vector<int>& widths);
 
 // The parameter tensors of layer slices, as the layer-wise optimizers take them, in arena order:
 // each weight (adapting) and each bias (1-D: no trust ratio, no weight decay), wherever the
@@ -30,7 +41,8 @@ std::vector<int> parse_layers(const std::string& s);
 
 class MLP {
  public:
-  MLP(Backend& be, std::vector<int> layers, Act act, int max_batch);
+  // An empty layout is packed_layout(layers).
+  MLP(Backend& be, std::vector<int> layers, Act act, int max_batch, ArenaLayout layout = {});
 
   int num_layers() const { return int(slices_.size()); }
   const LayerSlice& layer(int i) const { return slices_[size_t(i)]; }
@@ -41,6 +53,10 @@ class MLP {
   int max_batch() const { return max_batch_; }
   int in_dim() const { return widths_.front(); }
   int classes() const { return widths_.back(); }
+
+  // An arena-layout host array in the packed order (weight then bias, layer by layer): the same
+  // for every layout, so runs with different layouts compare element by element.
+  std::vector<float> packed(const std::vector<float>& arena) const;
 
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -55,9 +71,8 @@ class MLP {
   // the gradient is scaled by grad_scale (1 / samples the gradient is a mean over).
   void loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad);
   // Backward from the last loss(); grads are overwritten (accumulate=false) or added to.
-  // layer_done(i) is called once layer i's gradients are final, last layer first.
-  void backward(const float* x, int batch, bool accumulate,
-                const std::function<void(int)>& layer_done = {});
+  // hooks report the progress (Backend::mlp_backward): gradients final, parameters released.
+  void backward(const float* x, int batch, bool accumulate, const PassHooks& hooks = {});
 
  private:
   Backend& be_;

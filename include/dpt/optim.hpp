@@ -15,15 +15,19 @@ namespace dpt {
 
 class Optimizer {
  public:
-  // tensors: the model's parameter tensors in arena order (LARS and LAMB take a trust ratio per
-  // tensor); empty means one adapting tensor over the whole arena.
+  // n: elements of state per array (the arena's size, or a rank's shard of it). tensors: the
+  // model's parameter tensors in arena order (LARS and LAMB take a trust ratio per tensor);
+  // empty means one adapting tensor over the whole arena.
   Optimizer(Backend& be, const Config& cfg, size_t n, std::vector<TensorSeg> tensors = {});
 
-  // One update of params with grads at learning rate lr; counts the step.
+  // One update of all n params with grads at learning rate lr; counts the step.
   void step(float* params, const float* grads, double lr);
-  // The training loop's update: lr from lr_table[ctl->step], Adam's t from ctl->updates,
-  // skipped when ctl->bad; all read on the device (see StepCtl).
-  void step_at(float* params, const float* grads, const float* lr_table, const StepCtl* ctl);
+  // The training loop's update of count parameters at params (gradients grads) whose state
+  // starts at element state_at of the state arrays: lr from lr_table[ctl->step], Adam's t from
+  // ctl->updates, skipped when ctl->bad; all read on the device (see StepCtl). flag: the
+  // non-finite check folded in (Backend::optimizer_step_at).
+  void step_at(float* params, const float* grads, size_t state_at, size_t count,
+               const float* lr_table, StepCtl* ctl, bool flag = false);
 
   // LARS and LAMB, for a caller that updates the arena by ranges (gradient buckets, shards), in
   // two calls per range: layer_sums_at fills layer_sums() (2 floats per tensor, on the backend)
@@ -35,6 +39,8 @@ class Optimizer {
   bool layerwise() const { return h_.kind == OptKind::lars || h_.kind == OptKind::lamb; }
   const std::vector<TensorSeg>& tensors() const { return segs_; }
   float* layer_sums() { return sums_.data(); }
+  // Zeroes layer_sums() before the sums passes of one update (they add into it).
+  void clear_layer_sums();
   void layer_sums_at(const float* params, const float* grads, size_t lo, size_t state_at, size_t count,
                      const float* lr_table, const StepCtl* ctl);
   void layer_apply_at(float* params, const float* grads, size_t lo, size_t state_at, size_t count,
@@ -49,6 +55,7 @@ class Optimizer {
   struct State { std::string name; float* data; };
   std::vector<State> state();
   size_t size() const { return n_; }
+  int state_arrays() const { return (s1_.data() ? 1 : 0) + (s2_.data() ? 1 : 0); }
 
  private:
   Backend& be_;

@@ -51,7 +51,11 @@ class Trainer {
 
   MLP& model() { return *model_; }
   Optimizer& optimizer() { return *opt_; }
+  // The parameters (the fp32 master) and an optimizer-state array, whole, in the arena's
+  // layout: collective over the ranks when the optimizer is sharded.
   std::vector<float> params_host();
+  std::vector<float> state_host(const float* state);
+  bool sharded() const;
   // Global batch: batch_per_rank × ranks × accumulate.
   int64_t global_batch() const;
   // Where training starts (after a resume): optimizer steps already taken.
@@ -68,8 +72,10 @@ class Trainer {
   std::unique_ptr<TrainRows> own_rows_;
   TrainRows* rows_ = nullptr;  // null: evaluation only
   const Dataset* test_;
+  std::unique_ptr<struct BucketPlan> plan_;
   std::unique_ptr<MLP> model_;
   std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<class GradSync> sync_;  // sync = gradients
   Buffer<float> x_, stats_;  // x (max_batch, in_dim); stats [Σ loss, #correct]
   Buffer<int32_t> y_;        // (max_batch)
   Buffer<int64_t> order_;    // (n) this epoch's row order
@@ -89,6 +95,7 @@ class Trainer {
   std::unique_ptr<class MetricsWriter> metrics_;
 
   void load_initial_state();
+  void report_memory();
   void save_checkpoint();
   void average_parameters();
   void prepare_run(int64_t per_epoch);
@@ -102,6 +109,7 @@ class Trainer {
 
 // This rank's walk through the training set under cfg.
 RankOrder rank_order(const Config& cfg, const Comm& comm);
+RankOrder rank_order(const Config& cfg, int rank, int world);
 
 // cfg's datasets as this rank reads them (data.read): all — both files whole; shard — the
 // training rows through TrainRows (epoch by epoch) and this rank's evaluation slice of the test
@@ -113,6 +121,9 @@ struct RunData {
   bool has_test = false;
 };
 RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train);
+// The same for rank `rank` of `world` ranks, before any transport exists (no MPI call: it may
+// run on a thread of its own while the backend starts).
+RunData load_run_data(const Config& cfg, int rank, int world, bool with_train);
 // A Trainer over d (its training data if read, its test set if any).
 std::unique_ptr<Trainer> make_trainer(const Config& cfg, Backend& be, Comm& comm, RunData& d);
 

@@ -63,6 +63,8 @@ void init(int rank);  // parses DPT_FAULT; throws InputError on a malformed valu
 inline bool in_step(int64_t step) { return step >= detail::g_from && detail::fire(step); }
 // True when this rank has a fault that must see every step run on the host (no graph replay).
 bool any();
+// No fault from now on (in-process tests that arm one with init()).
+void disarm();
 
 }  // namespace fault
 }  // namespace dpt

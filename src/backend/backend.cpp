@@ -2,6 +2,7 @@
 #include "dpt/backend.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "dpt/check.hpp"
@@ -65,9 +66,10 @@ void Backend::mlp_forward(const float* x, int batch, const std::vector<LinearArg
 }
 
 void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& layers,
-                           float* d0, float* d1, bool accumulate,
-                           const std::function<void(int)>& layer_done) {
+                           float* d0, float* d1, bool accumulate, const PassHooks& hooks) {
   // d0 holds dLoss/dlogits; each layer turns its d(output) into d(input) in the other buffer.
+  // linear_backward makes a layer's gradients and its input gradient in one call, so both
+  // reports follow it.
   float* d[2] = {d0, d1};
   int cur = 0;
   for (int i = int(layers.size()) - 1; i >= 0; --i) {
@@ -75,9 +77,32 @@ void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearAr
     const float* in = i == 0 ? x : layers[size_t(i) - 1].a;
     linear_backward(in, l.w, l.z, l.a, d[cur], batch, l.in, l.out, l.act, l.dw, l.db,
                     i == 0 ? nullptr : d[1 - cur], accumulate);
-    if (layer_done) layer_done(i);
+    const size_t nw = size_t(l.in) * size_t(l.out);
+    if (hooks.grads_final) {
+      hooks.grads_final(l.b_at, l.b_at + size_t(l.out));
+      hooks.grads_final(l.w_at, l.w_at + nw);
+    }
+    if (hooks.params_released) {
+      hooks.params_released(l.b_at, l.b_at + size_t(l.out));
+      hooks.params_released(l.w_at, l.w_at + nw);
+    }
     cur = 1 - cur;
   }
+}
+
+uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+float bf16_value(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
 }
 
 void Backend::load_batch(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y) {
@@ -116,9 +141,11 @@ void Backend::check_finite(const float* g, size_t n, StepCtl* ctl) {
 }
 
 void Backend::optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
-                                const OptimStep& h, const float* lr_table, const StepCtl* ctl) {
+                                const OptimStep& h, const float* lr_table, StepCtl* ctl,
+                                bool flag) {
   if (!host_addressable()) throw Error(name() + " backend: optimizer_step_at not implemented");
   if (ctl->bad) return;
+  if (flag && !all_finite(g, n)) ctl->bad = 1;
   OptimStep at = h;
   at.lr = lr_table[ctl->step];
   at.t = ctl->updates + 1;
@@ -156,6 +183,7 @@ std::unique_ptr<StepRunner> Backend::make_runner(std::function<void()> step, boo
 #ifndef DPT_HAVE_CUDA
 bool ranks_share_a_gpu(MPI_Comm, Backend&) { return false; }
 int cuda_device_count() { return 0; }
+void cuda_early_init(int) {}
 bool cuda_compiled() { return false; }
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
   throw InputError("device.type = cuda, but this dptrain was built without CUDA");

@@ -234,6 +234,14 @@ class CpuBackend final : public Backend {
 
   bool all_finite(const float* p, size_t n) override { return !any_nonfinite(p, n); }
 
+  void to_bf16(const float* src, uint16_t* dst, size_t n) override {
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
+  }
+  void from_bf16(const uint16_t* src, float* dst, size_t n, StepCtl* ctl) override {
+    for (size_t i = 0; i < n; ++i) dst[i] = bf16_value(src[i]);
+    if (ctl && any_nonfinite(dst, n)) ctl->bad = 1;
+  }
+
  private:
   int threads_ = 1;
 

@@ -114,8 +114,9 @@ void Backend::layer_sums(const float* p, const float* g, float* s1, float* s2, s
     const double d2 = lamb ? lamb_moments(p + b, g + b, s1 + b, s2 + b, len, b1, b2, as.one_minus_b1, as.one_minus_b2,
                                           bias.bc1, bias.bc2_sqrt, at.eps, wd)
                            : sum_squares(g + b, len);
-    sums[2 * i] = float(w2);
-    sums[2 * i + 1] = float(d2);
+    if (len == 0) continue;
+    sums[2 * i] += float(w2);
+    sums[2 * i + 1] += float(d2);
   }
 }
 

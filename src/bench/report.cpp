@@ -205,26 +205,39 @@ std::string f3(const char* fmt, double v) {
 std::vector<std::string> findings(const Report& r) {
   std::vector<std::string> out;
   if (const Table* sc = find(r, "scaling")) {
-    std::map<std::string, size_t> top;  // model/mode -> row of the largest n
+    std::map<std::string, size_t> top;  // model/mode/variant -> row of the largest n
     for (size_t i = 0; i < sc->rows.size(); ++i) {
-      const std::string k = sc->at(i, "model")->text + " " + sc->at(i, "mode")->text;
+      const std::string k = sc->at(i, "model")->text + " " + sc->at(i, "mode")->text + " " + sc->at(i, "variant")->text;
       if (!top.count(k) || sc->at(i, "ranks")->num > sc->at(top[k], "ranks")->num) top[k] = i;
     }
     for (auto& [k, i] : top)
       if (sc->at(i, "ranks")->num > 1)
         out.push_back(k + " scaling at " + raw(*sc->at(i, "ranks")) + " ranks: efficiency " +
-                      f3("%.2f", sc->at(i, "efficiency")->num) + ", " + f3("%.0f", sc->at(i, "samples_per_s")->num) +
+                      f3("%.2f", sc->at(i, "efficiency")->num) + " (" + f3("%.2f", sc->at(i, "efficiency_vs_best1")->num) +
+                      " against the fastest 1-rank variant), " + f3("%.0f", sc->at(i, "samples_per_s")->num) +
                       " samples/s; limiting factor: " + sc->at(i, "limit")->text + "; exposed communication " +
-                      f3("%.0f", sc->at(i, "exposed_comm_pct")->num) + "% of the step.");
+                      f3("%.3f", sc->at(i, "exposed_comm_ms")->num) + " ms, " + f3("%.0f", sc->at(i, "exposed_comm_pct")->num) +
+                      "% of the step.");
   }
-  if (const Table* ar = find(r, "allreduce"); ar && !ar->rows.empty()) {
+  if (const Table* p = find(r, "ddp_peer"))
+    for (size_t i = 0; i < p->rows.size(); ++i)
+      if (p->at(i, "strongest")->text == "*" && !p->at(i, "ratio")->empty)
+        out.push_back("PyTorch, " + p->at(i, "model")->text + " " + p->at(i, "mode")->text + " on " + raw(*p->at(i, "ranks")) +
+                      " rank(s): strongest " + p->at(i, "peer")->text + " " + f3("%.3f", p->at(i, "peer_step_ms")->num) +
+                      " ms per step (efficiency " + f3("%.2f", p->at(i, "peer_efficiency")->num) + "); dptrain " +
+                      p->at(i, "ours_variant")->text + " " + f3("%.3f", p->at(i, "ours_step_ms")->num) + " ms (efficiency " +
+                      f3("%.2f", p->at(i, "ours_efficiency")->num) + "): " + f3("%.3f", p->at(i, "ratio")->num) +
+                      "x PyTorch's step.");
+  for (const char* name : {"allreduce", "reduce_scatter", "all_gather"}) {
+    const Table* ar = find(r, name);
+    if (!ar || ar->rows.empty()) continue;
     size_t best = 0;
     double wrong = 0;
     for (size_t i = 0; i < ar->rows.size(); ++i) {
       wrong += ar->at(i, "wrong")->num;
       if (ar->at(i, "busbw_gbs")->num > ar->at(best, "busbw_gbs")->num) best = i;
     }
-    out.push_back("allreduce: peak busbw " + f3("%.2f", ar->at(best, "busbw_gbs")->num) + " GB/s at " +
+    out.push_back(std::string(name) + ": peak busbw " + f3("%.2f", ar->at(best, "busbw_gbs")->num) + " GB/s at " +
                   f3("%.0f", ar->at(best, "bytes")->num) + " B on " + raw(*ar->at(best, "ranks")) + " ranks; " +
                   f3("%.0f", wrong) + " wrong elements in all.");
   }

@@ -29,11 +29,31 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
-    default: throw Error("the MPI transport has no bf16 reduction");
+    case DType::bf16: return MPI_UINT16_T;  // the bits; sums go through bf16_sum below
   }
+  throw Error("mpi: unknown DType");
 }
 
-static MPI_Op mpi_op(RedOp op) {
+namespace {
+// bf16 sum as NCCL does it: each partial sum formed in fp32 from the two bf16 values and
+// rounded to bf16 (nearest even).
+extern "C" void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16_bits(bf16_value(a[i]) + bf16_value(b[i]));
+}
+}  // namespace
+
+static MPI_Op mpi_op(RedOp op, DType t) {
+  if (t == DType::bf16) {
+    if (op != RedOp::sum) throw Error("the MPI transport reduces bf16 by sum only");
+    static MPI_Op sum = [] {
+      MPI_Op o = MPI_OP_NULL;
+      DPT_CHECK_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &o));
+      return o;
+    }();
+    return sum;
+  }
   return op == RedOp::sum ? MPI_SUM : op == RedOp::max ? MPI_MAX : MPI_MIN;
 }
 
@@ -64,12 +84,12 @@ class MpiComm final : public Comm {
     watchdog::Phase phase("waiting in allreduce");
     if (!staging_) {
       const void* s = send == recv ? MPI_IN_PLACE : send;
-      DPT_CHECK_MPI(MPI_Allreduce(s, recv, int_count(count), mpi_type(t), mpi_op(op), mpi_));
+      DPT_CHECK_MPI(MPI_Allreduce(s, recv, int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
       return;
     }
     auto& h = host(0, count * dtype_size(t));
     staging_->download(h.data(), send, h.size());
-    DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, h.data(), int_count(count), mpi_type(t), mpi_op(op), mpi_));
+    DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, h.data(), int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
     staging_->upload(recv, h.data(), h.size());
   }
 
@@ -89,13 +109,22 @@ class MpiComm final : public Comm {
     watchdog::Phase phase("waiting in reduce_scatter");
     const size_t bytes = count * dtype_size(t);
     if (!staging_) {
-      DPT_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, int_count(count), mpi_type(t), mpi_op(op), mpi_));
+      // In place (recv inside send, as NCCL allows) through a temporary: MPI forbids aliasing.
+      const char* s0 = static_cast<const char*>(send);
+      char* r0 = static_cast<char*>(recv);
+      if (r0 >= s0 && r0 < s0 + bytes * size_t(size_)) {
+        auto& tmp = host(1, bytes);
+        DPT_CHECK_MPI(MPI_Reduce_scatter_block(send, tmp.data(), int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
+        std::memcpy(recv, tmp.data(), bytes);
+        return;
+      }
+      DPT_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
       return;
     }
     auto& hs = host(0, bytes * size_t(size_));
     auto& hr = host(1, bytes);
     staging_->download(hs.data(), send, hs.size());
-    DPT_CHECK_MPI(MPI_Reduce_scatter_block(hs.data(), hr.data(), int_count(count), mpi_type(t), mpi_op(op), mpi_));
+    DPT_CHECK_MPI(MPI_Reduce_scatter_block(hs.data(), hr.data(), int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
     staging_->upload(recv, hr.data(), bytes);
   }
 
@@ -103,7 +132,10 @@ class MpiComm final : public Comm {
     watchdog::Phase phase("waiting in allgather");
     const size_t bytes = count * dtype_size(t);
     if (!staging_) {
-      DPT_CHECK_MPI(MPI_Allgather(send, int_count(count), mpi_type(t), recv, int_count(count), mpi_type(t), mpi_));
+      // In place: this rank's part already sits at its place in recv.
+      const bool in_place = send == static_cast<const char*>(recv) + bytes * size_t(rank_);
+      DPT_CHECK_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : send, int_count(count), mpi_type(t), recv,
+                                  int_count(count), mpi_type(t), mpi_));
       return;
     }
     auto& hs = host(0, bytes);
@@ -134,17 +166,19 @@ std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, Backend* staging) {
 }
 
 #ifndef DPT_HAVE_CUDA
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm, Backend&) {
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm, Backend&, const CommOptions&) {
   throw InputError("comm.backend = nccl, but this dptrain was built without CUDA and NCCL");
 }
 #endif
 
-std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& be) {
+std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& be, const CommOptions& opt) {
   const bool cuda = be.name() == "cuda";
   if (kind == "nccl" && !cuda)
     throw InputError("comm.backend = nccl needs the cuda backend (no GPU in use on this rank)");
 #ifdef DPT_HAVE_CUDA
-  if (cuda && (kind == "nccl" || kind == "auto")) return make_nccl_comm(c, be);
+  if (cuda && (kind == "nccl" || kind == "auto")) return make_nccl_comm(c, be, opt);
+#else
+  (void)opt;
 #endif
   return make_mpi_comm(c, be.host_addressable() ? nullptr : &be);
 }

@@ -370,6 +370,8 @@ class CudaBackendImpl final : public CudaBackend {
       lt_.reset(lh);
     }
     ring_ = std::make_unique<UploadRing>();  // pinned memory and events: after cudaSetDevice
+    to_side_ = make_event();
+    to_main_ = make_event();
     stream_data_ = env_int("DPT_STREAM_DATA", 0) != 0;
     fuse_ = env_int("DPT_LT_FUSE", 1) != 0;
     tf32_transpose_ = std::max(0, std::min(2, env_int("DPT_TF32_TRANSPOSE", 1)));
@@ -432,7 +434,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   void fill(float* p, size_t n, float v) override {
     note_write(p, n * sizeof(float));
-    cuda::fill(p, n, v, stream_.get());
+    cuda::fill(p, n, v, lane());
   }
   void scale(float* p, size_t n, float a) override {
     note_write(p, n * sizeof(float));
@@ -452,6 +454,36 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   void note_device_write(const void* p, size_t bytes) override { note_write(p, bytes); }
+
+  // ---- the side lane: the communication stream ----
+  // Updates and the bf16 wire's conversions run there, after the collectives they follow, while
+  // the compute stream goes on with the backward pass; the two meet only through these events.
+  void set_side(bool on) override { side_ = on; }
+  void side_wait() override {
+    DPT_CHECK_CUDA(cudaEventRecord(to_side_.get(), stream_.get()));
+    DPT_CHECK_CUDA(cudaStreamWaitEvent(comm_.get(), to_side_.get(), 0));
+  }
+  void main_wait() override {
+    DPT_CHECK_CUDA(cudaEventRecord(to_main_.get(), comm_.get()));
+    DPT_CHECK_CUDA(cudaStreamWaitEvent(stream_.get(), to_main_.get(), 0));
+  }
+
+  uint16_t* param_shadow(const float* p, size_t n) override {
+    for (Shadow& sh : shadows_)
+      if (p >= sh.p && p + n <= sh.p + sh.n) return static_cast<uint16_t*>(sh.w16.get()) + (p - sh.p);
+    return nullptr;
+  }
+  // Written by an all-gather of the shadow itself: nothing derived from it to drop, and it must
+  // not be refreshed from the fp32 arena (stale there outside this rank's shards).
+  void note_shadow_write(const float* p, size_t n) override { (void)p; (void)n; }
+
+  void to_bf16(const float* src, uint16_t* dst, size_t n) override {
+    cuda::to_bf16(src, dst, n, lane());
+  }
+  void from_bf16(const uint16_t* src, float* dst, size_t n, StepCtl* ctl) override {
+    note_write(dst, n * sizeof(float));
+    cuda::from_bf16(src, dst, n, ctl ? &ctl->bad : nullptr, lane());
+  }
 
   void synchronize() override {
     DPT_CHECK_CUDA(cudaStreamSynchronize(stream_.get()));
@@ -514,12 +546,23 @@ class CudaBackendImpl final : public CudaBackend {
     return static_cast<float*>(partial_.get(n * sizeof(float), stream_.get()));
   }
 
-  // dw (out,in) = dzᵀ·x (+ dw when beta == 1): bf16 from x16 and dz16, else from x and dz.
-  void weight_grad(const float* x, const void* x16, const float* dz, const void* dz16, int batch,
-                   int in, int out, float* dw, float beta) {
+  // The weight gradient dw (out,in) = dzᵀ·x as one GEMM's operands (C = dwᶜ, in×out), made once
+  // per layer so that row pieces of dw can be computed one by one (wgrad_rows).
+  struct Wgrad {
+    bool ta = false, tb = true;
+    const void* A = nullptr;
+    const void* B = nullptr;
+    int lda = 0, ldb = 0;
+    size_t esz = 4;  // bytes per element of B
+  };
+
+  // bf16 from x16 and dz16, else from x and dz.
+  Wgrad wgrad_ops(const float* x, const void* x16, const float* dz, const void* dz16, int batch,
+                  int in, int out) {
     cudaStream_t s = stream_.get();
+    Wgrad w;
     if (bf16()) {
-      gemm(false, true, in, out, batch, x16, in, dz16, out, dw, in, beta);
+      w.A = x16; w.lda = in; w.B = dz16; w.ldb = out; w.esz = 2;
     } else if (precision_ == Precision::tf32 && tf32_transpose_ > 0 && batch <= kMaxTransposeRows) {
       // The weight gradient's operands x and dz both run along the batch, its K, so neither is
       // K-major, and Hopper's tensor cores read TF32 operands K-major only: cuBLAS's product
@@ -531,10 +574,25 @@ class CudaBackendImpl final : public CudaBackend {
       float* dt = td ? static_cast<float*>(tposed_dz_.get(size_t(batch) * size_t(out) * sizeof(float), s)) : nullptr;
       if (tx) cuda::transpose(x, batch, in, xt, s);
       if (td) cuda::transpose(dz, batch, out, dt, s);
-      gemm(tx, !td, in, out, batch, tx ? xt : x, tx ? batch : in, td ? dt : dz, td ? batch : out, dw, in, beta);
+      w.ta = tx; w.tb = !td;
+      w.A = tx ? static_cast<const void*>(xt) : x; w.lda = tx ? batch : in;
+      w.B = td ? static_cast<const void*>(dt) : dz; w.ldb = td ? batch : out;
     } else {
-      gemm(false, true, in, out, batch, x, in, dz, out, dw, in, beta);
+      w.A = x; w.lda = in; w.B = dz; w.ldb = out;
     }
+    return w;
+  }
+
+  // Rows [r0, r1) of dw (+ dw there when beta == 1).
+  void wgrad_rows(const Wgrad& w, int batch, int in, int r0, int r1, float* dw, float beta) {
+    const size_t boff = (w.tb ? size_t(r0) : size_t(r0) * size_t(w.ldb)) * w.esz;
+    gemm(w.ta, w.tb, in, r1 - r0, batch, w.A, w.lda, static_cast<const char*>(w.B) + boff, w.ldb,
+         dw + size_t(r0) * size_t(in), in, beta);
+  }
+
+  void weight_grad(const float* x, const void* x16, const float* dz, const void* dz16, int batch,
+                   int in, int out, float* dw, float beta) {
+    wgrad_rows(wgrad_ops(x, x16, dz, dz16, batch, in, out), batch, in, 0, out, dw, beta);
   }
 
   // ---- the whole MLP: bf16 hidden ReLU activations that never exist in fp32 ----
@@ -580,18 +638,17 @@ class CudaBackendImpl final : public CudaBackend {
     f.fwd_batch = batch;
   }
 
+  // Layer by layer from the last: the bias gradient with dz (one pass), the weight gradient (in
+  // row pieces when asked, each reported final as soon as it is enqueued, so its reduction
+  // starts while the next piece is computed), then the input gradient, after which the layer's
+  // parameters are reported released. Fused layers (bf16 ReLU) keep dz in bf16 only.
   void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& L, float* d0, float* d1,
-                    bool accumulate, const std::function<void(int)>& layer_done) override {
+                    bool accumulate, const PassHooks& hooks) override {
     Fusion& f = fusion_for(x, batch, L);
     const std::vector<char>& on = f.d->on;
-    const bool any = std::find(on.begin(), on.end(), 1) != on.end();
-    if (!any) {
-      Backend::mlp_backward(x, batch, L, d0, d1, accumulate, layer_done);
-      return;
-    }
-    if (f.fwd_batch != batch)
+    if (std::find(on.begin(), on.end(), 1) != on.end() && f.fwd_batch != batch)
       throw Error("mlp_backward: the last mlp_forward of these layers ran another batch size");
-    // bf16 (only bf16 fuses). d0 holds dLoss/dlogits; each layer's bf16 dz is in dz16[cur].
+    // d0 holds dLoss/dlogits; each layer's bf16 dz (bf16 precision) is in dz16[cur].
     cudaStream_t s = stream_.get();
     const float beta = accumulate ? 1.f : 0.f;
     float* d[2] = {d0, d1};
@@ -599,24 +656,31 @@ class CudaBackendImpl final : public CudaBackend {
     const size_t dzb = std::max<size_t>(1, size_t(batch) * f.widest) * 2;
     for (int i = int(L.size()) - 1; i >= 0; --i) {
       const LinearArgs& l = L[size_t(i)];
-      const size_t n = size_t(batch) * size_t(l.out);
+      const size_t n = size_t(batch) * size_t(l.out), nw = size_t(l.out) * size_t(l.in);
       const float* xin = i == 0 ? x : L[size_t(i) - 1].a;
-      const void* x16 = as_bf16(xin, size_t(batch) * size_t(l.in), bf16_b_);
-      const void* w16 = i > 0 ? as_bf16(l.w, size_t(l.out) * size_t(l.in), bf16_a_) : nullptr;
-      void* dz16 = f.dz16[cur].get(dzb, s);
-      note_write(l.dw, size_t(l.out) * size_t(l.in) * sizeof(float));
+      const void* x16 = bf16() ? as_bf16(xin, size_t(batch) * size_t(l.in), bf16_b_) : nullptr;
+      const void* w16 = bf16() && i > 0 ? as_bf16(l.w, nw, bf16_a_) : nullptr;
+      void* dz16 = bf16() ? f.dz16[cur].get(dzb, s) : nullptr;
+      note_write(l.dw, nw * sizeof(float));
       note_write(l.db, size_t(l.out) * sizeof(float));
       float* partial = bgrad_partial(batch, l.out);
       if (!on[size_t(i)]) {
-        // d[cur] holds dLoss/da in fp32 (the logits' gradient, or the per-layer input gradient
-        // below a layer that is not fused): dz, bf16 dz and db in one pass.
+        // d[cur] holds dLoss/da in fp32 (the logits' gradient, or the input gradient of the
+        // layer above when that one is not fused): dz (over it), bf16 dz and db in one pass.
         note_write(d[cur], n * sizeof(float));
         cuda::act_backward_bgrad(d[cur], l.z, l.a, batch, l.out, l.act, l.db, accumulate, partial, dz16, s);
       } else {
         // dz16 holds bf16(da) from the layer above's input-gradient GEMM.
         cuda::relu_backward_bgrad_bf16(dz16, twin_of(l.a), batch, l.out, l.db, accumulate, partial, s);
       }
-      weight_grad(xin, x16, nullptr, dz16, batch, l.in, l.out, l.dw, beta);
+      if (hooks.grads_final) hooks.grads_final(l.b_at, l.b_at + size_t(l.out));
+      const Wgrad wg = wgrad_ops(xin, x16, d[cur], dz16, batch, l.in, l.out);
+      const int rows = l.piece_rows > 0 ? l.piece_rows : l.out;
+      for (int r0 = 0; r0 < l.out; r0 += rows) {
+        const int r1 = std::min(l.out, r0 + rows);
+        wgrad_rows(wg, batch, l.in, r0, r1, l.dw, beta);
+        if (hooks.grads_final) hooks.grads_final(l.w_at + size_t(r0) * size_t(l.in), l.w_at + size_t(r1) * size_t(l.in));
+      }
       if (i > 0) {
         if (on[size_t(i) - 1]) {
           const FusedGemm g = fused_backward_gemm(L, size_t(i), w16, dz16, f.dz16[1 - cur].get(dzb, s), batch);
@@ -625,10 +689,14 @@ class CudaBackendImpl final : public CudaBackend {
         } else {
           float* dx = d[1 - cur];
           note_write(dx, size_t(batch) * size_t(l.in) * sizeof(float));
-          gemm(false, false, l.in, batch, l.out, w16, l.in, dz16, l.out, dx, l.in, 0.f);
+          gemm(false, false, l.in, batch, l.out, bf16() ? w16 : static_cast<const void*>(l.w), l.in,
+               bf16() ? dz16 : static_cast<const void*>(d[cur]), l.out, dx, l.in, 0.f);
         }
       }
-      if (layer_done) layer_done(i);
+      if (hooks.params_released) {
+        hooks.params_released(l.w_at, l.w_at + nw);
+        hooks.params_released(l.b_at, l.b_at + size_t(l.out));
+      }
       cur = 1 - cur;
     }
   }
@@ -721,13 +789,13 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   void check_finite(const float* g, size_t n, StepCtl* ctl) override {
-    cuda::flag_nonfinite(g, n, &ctl->bad, stream_.get());
+    cuda::flag_nonfinite(g, n, &ctl->bad, lane());
   }
 
   void optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
-                         const OptimStep& h, const float* lr_table, const StepCtl* ctl) override {
+                         const OptimStep& h, const float* lr_table, StepCtl* ctl, bool flag) override {
     void* p16 = note_update(p, s1, s2, n);
-    cuda::optimizer_step(p, g, s1, s2, n, h, stream_.get(), lr_table, ctl, p16);
+    cuda::optimizer_step(p, g, s1, s2, n, h, lane(), lr_table, ctl, p16, flag ? &ctl->bad : nullptr);
   }
 
   void end_step(StepCtl* ctl, int64_t global_batch, bool sticky) override {
@@ -784,6 +852,8 @@ class CudaBackendImpl final : public CudaBackend {
   };
 
   bool bf16() const { return precision_ == Precision::bf16; }
+  // Where the lane-aware ops enqueue (Backend::set_side).
+  cudaStream_t lane() const { return side_ ? comm_.get() : stream_.get(); }
 
   static bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
     const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
@@ -1227,6 +1297,8 @@ class CudaBackendImpl final : public CudaBackend {
   std::string describe_;
   // Declaration order is destruction order reversed: streams outlive everything that uses them.
   Stream stream_, comm_;
+  Event to_side_, to_main_;  // side_wait / main_wait
+  bool side_ = false;        // lane-aware ops go to the comm stream
   DevPtr workspace_;
   Blas blas_;
   LtHandle lt_;  // null when DPT_CUBLASLT=0

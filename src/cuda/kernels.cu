@@ -249,6 +249,41 @@ __global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, size_t n) {
     dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+// Bit test rather than isfinite(): immune to any fast-math assumption that NaNs do not occur.
+__device__ __forceinline__ bool nonfinite(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+}
+
+// dst = float(src) exactly; *flag = 1 when flag and any value is NaN/Inf. 8 values per thread
+// (src 16-, dst 16-byte aligned), the tail by the scalar kernel.
+__global__ void from_bf16_x8_kernel(const uint4* src, float4* dst, size_t n8, int* flag) {
+  bool bad = false;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 u = src[i];
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    float f[8];
+    for (int k = 0; k < 4; ++k) {
+      f[2 * k] = __uint_as_float(w[k] << 16);
+      f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+    for (int k = 0; k < 8; ++k) bad |= nonfinite(f[k]);
+    dst[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+    dst[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
+__global__ void from_bf16_kernel(const uint16_t* src, float* dst, size_t n, int* flag) {
+  bool bad = false;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    dst[i] = __uint_as_float(uint32_t(src[i]) << 16);
+    bad |= nonfinite(dst[i]);
+  }
+  if (flag && __syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
+}
+
 // 8 values per thread: two 16-byte loads, one 16-byte store (src 16-, dst 16-byte aligned).
 __global__ void to_bf16_x8_kernel(const float4* src, uint4* dst, size_t n8) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8;
@@ -323,6 +358,8 @@ struct OptArgs {
   // the update is skipped when ctl->bad: the same step can then be replayed from a graph.
   const float* lr_table;
   const StepCtl* ctl;
+  // The non-finite check folded into the update: *flag = 1 when any gradient read is NaN/Inf.
+  int* flag;
 };
 
 // The step's hyper-parameters as read on the device; false when the step is to be skipped.
@@ -369,10 +406,12 @@ template <OptKind K>
 __global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s2,
                                Vec<4>::H* p16, size_t n4, OptArgs h) {
   if (!resolve<uses_v<K>()>(h)) return;
+  bool bad = false;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
        i += size_t(gridDim.x) * blockDim.x) {
     float4 P = p[i];
     const float4 G = g[i];
+    if (h.flag) bad |= nonfinite(G.x) | nonfinite(G.y) | nonfinite(G.z) | nonfinite(G.w);
     float4 M = uses_m<K>() ? s1[i] : float4{};
     float4 V = uses_v<K>() ? s2[i] : float4{};
     opt_one<K>(P.x, G.x, M.x, V.x, h);
@@ -384,25 +423,24 @@ __global__ void optimizer_vec4(float4* p, const float4* g, float4* s1, float4* s
     if (uses_v<K>()) s2[i] = V;
     if (p16) store_bf16(p16 + i, P);
   }
+  if (h.flag && __syncthreads_or(bad) && threadIdx.x == 0) *h.flag = 1;
 }
 
 template <OptKind K>
 __global__ void optimizer_scalar(float* p, const float* g, float* s1, float* s2,
                                  __nv_bfloat16* p16, size_t n, OptArgs h) {
   if (!resolve<uses_v<K>()>(h)) return;
+  bool bad = false;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
+    if (h.flag) bad |= nonfinite(g[i]);
     float m = uses_m<K>() ? s1[i] : 0.f, v = uses_v<K>() ? s2[i] : 0.f;
     opt_one<K>(p[i], g[i], m, v, h);
     if (uses_m<K>()) s1[i] = m;
     if (uses_v<K>()) s2[i] = v;
     if (p16) p16[i] = __float2bfloat16_rn(p[i]);
   }
-}
-
-// Bit test rather than isfinite(): immune to any fast-math assumption that NaNs do not occur.
-__device__ __forceinline__ bool nonfinite(float v) {
-  return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+  if (h.flag && __syncthreads_or(bad) && threadIdx.x == 0) *h.flag = 1;
 }
 
 __global__ void nonfinite_kernel(const float* p, size_t n, int* flag) {
@@ -647,6 +685,22 @@ void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s) {
   }
 }
 
+void from_bf16(const void* src, float* dst, size_t n, int* flag, cudaStream_t s) {
+  if (n == 0) return;
+  size_t done = 0;
+  if (aligned(src, 16) && aligned(dst, 16) && n >= 8) {
+    from_bf16_x8_kernel<<<grid_for(n / 8), kThreads, 0, s>>>(static_cast<const uint4*>(src),
+                                                             reinterpret_cast<float4*>(dst), n / 8, flag);
+    DPT_CHECK_LAUNCH("from_bf16_x8_kernel");
+    done = n / 8 * 8;
+  }
+  if (done < n) {
+    from_bf16_kernel<<<grid_for(n - done), kThreads, 0, s>>>(static_cast<const uint16_t*>(src) + done,
+                                                             dst + done, n - done, flag);
+    DPT_CHECK_LAUNCH("from_bf16_kernel");
+  }
+}
+
 void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
                   float grad_scale, float* dlogits, float* row_loss, int* row_ok, float* stats,
                   cudaStream_t s) {
@@ -662,11 +716,13 @@ void softmax_xent(const float* logits, const int32_t* labels, int batch, int cla
 }
 
 void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, const OptimStep& h,
-                    cudaStream_t s, const float* lr_table, const StepCtl* ctl, void* p16) {
+                    cudaStream_t s, const float* lr_table, const StepCtl* ctl, void* p16,
+                    int* flag) {
   if (n == 0) return;
   OptArgs a{};
   a.lr_table = lr_table;
   a.ctl = ctl;
+  a.flag = flag;
   a.lr = h.lr;
   a.momentum = h.momentum;
   a.wd = h.weight_decay;

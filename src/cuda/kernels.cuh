@@ -30,6 +30,8 @@ void relu_backward_bgrad_bf16(void* d16, const void* a16, int batch, int out, fl
                               bool accumulate, float* partial, cudaStream_t s);
 // dst (n, bf16, round to nearest even) = src (n, fp32).
 void to_bf16(const float* src, void* dst, size_t n, cudaStream_t s);
+// dst (n, fp32) = src (n, bf16) exactly; *flag = 1 when flag and any value is NaN/Inf.
+void from_bf16(const void* src, float* dst, size_t n, int* flag, cudaStream_t s);
 // dst (cols, rows) = src (rows, cols)ᵀ, both row-major fp32: a copy, no arithmetic.
 void transpose(const float* src, int rows, int cols, float* dst, cudaStream_t s);
 
@@ -43,9 +45,11 @@ void softmax_xent(const float* logits, const int32_t* labels, int batch, int cla
 // One fused elementwise optimizer update over n parameters (torch.optim formulas). With ctl,
 // lr = lr_table[ctl->step], t = ctl->updates + 1, read on the device, and no update when ctl->bad.
 // p16 (n, bf16), when set, receives bf16(p) of the updated parameters in the same pass.
+// flag, when set: the non-finite check folded in (*flag = 1 when any g read is NaN/Inf; the
+// update goes ahead).
 void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, const OptimStep& h,
                     cudaStream_t s, const float* lr_table = nullptr, const StepCtl* ctl = nullptr,
-                    void* p16 = nullptr);
+                    void* p16 = nullptr, int* flag = nullptr);
 
 // *flag = 1 if any of p[0..n) is NaN or ±Inf; the caller zeroes flag first.
 void flag_nonfinite(const float* p, size_t n, int* flag, cudaStream_t s);

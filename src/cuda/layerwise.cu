@@ -104,8 +104,8 @@ __global__ void layer_sums_finish(const float* partial, int chunks, Pieces t, Lw
       w2 += partial[2 * (size_t(i) * chunks + c)];
       d2 += partial[2 * (size_t(i) * chunks + c) + 1];
     }
-    sums[2 * t.p[i].seg] = w2;
-    sums[2 * t.p[i].seg + 1] = d2;
+    sums[2 * t.p[i].seg] += w2;  // the caller zeroed them: ranges add up
+    sums[2 * t.p[i].seg + 1] += d2;
   }
 }
 
@@ -198,7 +198,6 @@ void layer_sums(const float* p, const float* g, float* s1, float* s2, size_t lo,
                 const StepCtl* ctl, float* sums, float* partial, cudaStream_t s) {
   check_kind(h);
   if (segs.empty()) return;
-  DPT_CHECK_CUDA(cudaMemsetAsync(sums, 0, 2 * segs.size() * sizeof(float), s));
   const auto groups = pieces_of(segs, lo, n);
   const int chunks = chunks_for(groups);
   const LwArgs a = args_of(h, lr_table, ctl);
