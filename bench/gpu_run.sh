@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, its
-# start-up and shut-down phase by phase, and bench-step beside the PyTorch peer, logs under $OUT. Expects the executables built here in
+# start-up and shut-down phase by phase, bench-step beside the PyTorch peer, the batch-size / lr
+# grid with time to target, logs under $OUT. Expects the executables built here in
 # .gpu/bin, the OpenBLAS runtime in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
 # .gpu/fashion (see bench/README.md, "GPU"). scale12 (2 GPUs) and one12 (1 GPU) are each one
 # call of their own (run them alone: `bash bench/gpu_run.sh scale12`).
@@ -136,13 +137,35 @@ if want profile; then
 fi
 if want scaling; then
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
-  timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
+  # The batch-size / lr grid has a section of its own (grid): it would not fit this one's time.
+  timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --grid.enabled false \
+    --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
   echo "bench-scaling rc=$?"; grep -A12 -i "findings" "$OUT/scaling-stdout.log" | head -20
+fi
+if want grid; then
+  # The batch-size / learning-rate grid and time to target (bench/scaling.ini [grid]: nesterov, LARS
+  # and LAMB x none/linear/sqrt x warm-up, global batch 64-32768 on one GPU; estimated 1.5-2 min on one
+  # H200), then, where inputs/cnn.ini exists, the same for the CNN (a smaller grid: CNN_GRID_ARGS).
+  # On G GPUs the grid still trains on one; the step times, the check run (the setting predicted
+  # fastest on G GPUs, trained on 1 and on G: measured against predicted time to target) and the
+  # allreduce fit use them all. GRID_ARGS adds overrides (a subset: --grid.global_batches 64,4096).
+  G=$(nvidia-smi -L | wc -l)
+  [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  sections=grid; ((G > 1)) && sections=grid,allreduce
+  timeout ${GRID_TIMEOUT:-420} mpirun -np $G $B/bench-scaling --config bench/scaling.ini --report.sections $sections \
+    ${GRID_ARGS:-} --out "$OUT/grid-mlp" > "$OUT/grid-mlp.log" 2>&1
+  echo "grid mlp rc=$?"; sed -n '/^# Findings/,$p' "$OUT/grid-mlp.log" | head -40
+  if [ -f inputs/cnn.ini ]; then
+    timeout ${GRID_TIMEOUT:-420} mpirun -np $G $B/bench-scaling --config bench/scaling.ini --grid.config inputs/cnn.ini \
+      --report.sections $sections ${CNN_GRID_ARGS:---grid.global_batches 64,256,1024,4096,16384,32768 --grid.lr_rules linear,sqrt --grid.warmup on --grid.epochs 5} \
+      --out "$OUT/grid-cnn" > "$OUT/grid-cnn.log" 2>&1
+    echo "grid cnn rc=$?"; sed -n '/^# Findings/,$p' "$OUT/grid-cnn.log" | head -40
+  fi
 fi
 if want multi; then
   # Issue 7's list in one call, for a host with G GPUs (nvidia-h200-x2/x4/x8): NCCL across real
   # GPUs against MPI, NVIDIA's all_reduce_perf beside dptrain's allreduce sweep, bench-scaling for
-  # the default MLP (with the batch/LR grid) and for the wide MLP in bf16 at batch 4096 per GPU,
+  # the default MLP (its batch/LR grid is section grid's) and for the wide MLP in bf16 at batch 4096 per GPU,
   # and the default run on G GPUs against 1 GPU at the same global batch (64).
   # all_reduce_perf: nccl-tests built here from source (not committed) into .gpu/bin. QUICK=1
   # shortens every sweep (a dry run of this section on one GPU).
@@ -157,7 +180,8 @@ if want multi; then
     echo "all_reduce_perf rc=$?"; grep -E "^ +(268435456|1073741824|4294967296|67108864) |Avg bus" "$OUT/nccl-all_reduce_perf.log"
   fi
   quick=(); ((q)) && quick=(--scaling.timed_steps 20 --scaling.repeats 1 --allreduce.max_bytes 67108864 --allreduce.repeats 1 --buckets.sizes_mb 4,64 --grid.enabled false)
-  timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --allreduce.max_bytes 1073741824 "${quick[@]}" \
+  # (the grid and its time to target on G GPUs: section grid)
+  timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --allreduce.max_bytes 1073741824 --grid.enabled false "${quick[@]}" \
     --out "$OUT/scaling-default" > "$OUT/scaling-default.log" 2>&1; echo "bench-scaling default rc=$?"
   timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --scaling.models wide:784,4096,4096,4096,4096,10 \
     --train.precision bf16 --scaling.weak_batch_per_rank 4096 --scaling.strong_global_batch $((4096 * G)) \

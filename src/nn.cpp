@@ -1,5 +1,6 @@
 #include "dpt/nn.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -27,6 +28,16 @@ std::vector<int> parse_layers(const std::string& s) {
   }
   if (out.size() < 2) throw InputError("need at least an input and an output width, e.g. 784,10");
   return out;
+}
+
+std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers) {
+  std::vector<TensorSeg> t;
+  for (const LayerSlice& l : layers) {  // from each slice's own offsets: weight and bias may lie apart
+    t.push_back({l.w_off, l.w_off + size_t(l.in) * size_t(l.out), true});
+    t.push_back({l.b_off, l.b_off + size_t(l.out), false});
+  }
+  std::sort(t.begin(), t.end(), [](const TensorSeg& a, const TensorSeg& b) { return a.begin < b.begin; });
+  return t;
 }
 
 ArenaLayout packed_layout(const std::vector<int>& widths) {

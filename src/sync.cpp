@@ -316,14 +316,46 @@ void GradSync::finish() {
     comm_.synchronize();
   }
   float* p = model_.params();
-  for (const Bucket& k : plan_.buckets) {
-    const size_t own = plan_.own_w(k);
-    opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, false);
-    opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, false);
+  if (opt_.layerwise() && plan_.sharded) {
+    update_layerwise_sharded();
+  } else if (opt_.layerwise()) {
+    opt_.step_at(p, g, 0, plan_.layout.total, lr_, ctl_, false);  // the state mirrors the arena
+  } else {
+    for (const Bucket& k : plan_.buckets) {
+      const size_t own = plan_.own_w(k);
+      opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, false);
+      opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, false);
+    }
   }
   if (plan_.sharded) {
     for (size_t b = 0; b < n; ++b) gather(b);
     comm_.synchronize();
+  }
+}
+
+// LARS and LAMB on a sharded arena: a weight tensor's norms need every piece of it, which lie in
+// every rank's chunks of one or more buckets (a large layer is cut into several). So the sums of
+// this rank's chunks of every bucket are added into one buffer, summed over the ranks, and only
+// then is anything updated. The biases, whole on every rank, are summed after that sum over the
+// ranks (their entries are still zero there) and need none of their own.
+void GradSync::update_layerwise_sharded() {
+  float* p = model_.params();
+  float* g = model_.grads();
+  opt_.clear_layer_sums();
+  for (const Bucket& k : plan_.buckets) {
+    const size_t own = plan_.own_w(k);
+    opt_.layer_sums_at(p + own, g + own, own, k.state_w, k.chunk, lr_, ctl_);
+  }
+  comm_.allreduce(opt_.layer_sums(), opt_.layer_sums(), 2 * opt_.tensors().size(), DType::f32, RedOp::sum);
+  comm_.synchronize();
+  for (const Bucket& k : plan_.buckets)
+    if (k.b_end > k.b_begin)
+      opt_.layer_sums_at(p + k.b_begin, g + k.b_begin, k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_);
+  for (const Bucket& k : plan_.buckets) {
+    const size_t own = plan_.own_w(k);
+    opt_.layer_apply_at(p + own, g + own, own, k.state_w, k.chunk, lr_, ctl_);
+    if (k.b_end > k.b_begin)
+      opt_.layer_apply_at(p + k.b_begin, g + k.b_begin, k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_);
   }
 }
 

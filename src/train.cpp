@@ -142,13 +142,15 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
                                                     by_gradients && cfg.shard_optimizer,
                                                     by_gradients && comm.size() > 1));
   model_ = std::make_unique<MLP>(be, cfg.layers, parse_act(cfg.activation), max_batch, plan_->layout);
-  opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size);
+  opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size, param_tensors(model_->layers()));
   if (by_gradients) {
     // Each bucket updated as soon as it can be, unless a skipped step must leave the model
-    // bitwise as it was (then: every reduction, the check, every update). DPT_EAGER_UPDATE=0
-    // keeps the update after the whole backward pass, for measurements.
+    // bitwise as it was (then: every reduction, the check, every update), or the optimizer needs
+    // whole tensors' norms first (LARS, LAMB: their first pass already changes the state, so the
+    // verdict must come before it). DPT_EAGER_UPDATE=0 keeps the update after the whole backward
+    // pass, for measurements.
     const char* e = std::getenv("DPT_EAGER_UPDATE");
-    const bool eager = cfg.on_nonfinite == "stop" && !(e && std::string(e) == "0");
+    const bool eager = cfg.on_nonfinite == "stop" && !opt_->layerwise() && !(e && std::string(e) == "0");
     sync_ = std::make_unique<GradSync>(*plan_, be, comm, *model_, *opt_, cfg.grad_dtype == "bf16", eager);
   }
   report_memory();
@@ -557,8 +559,10 @@ void Trainer::log_step(TrainResult& res) {
 void Trainer::log_eval(const EvalResult& e) {
   if (comm_.rank() != 0) return;
   std::ostringstream js;
+  // time_s: when the evaluation ended (the step's record has when it began).
   js << "{\"eval\": \"test\", \"step\": " << step_ << ", \"epoch\": " << epoch_ + 1
-     << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy) << "}";
+     << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy)
+     << ", \"time_s\": " << fmt("%.3f", seconds_since(t0_)) << "}";
   metrics_->write(js.str());
   log::info("eval  step " + std::to_string(step_) + "  test loss " + fmt("%.4f", e.loss) +
             "  accuracy " + fmt("%.4f", e.accuracy) + "  (" + std::to_string(e.n) + " samples)");

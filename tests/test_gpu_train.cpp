@@ -106,6 +106,24 @@ TEST(GpuTraining, SameCurveAsTheCpuBackend) {
   }
 }
 
+// LARS and LAMB inside the captured step graph: per-tensor sums and the update on the device,
+// lr and the skip read from the step control; the same curve as the CPU backend.
+TEST(GpuTraining, LarsAndLambTrainTheCpuCurveInTheGraph) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  const bool shared = cuda_device_count() < world_size();
+  for (const char* opt : {"lars", "lamb"}) {
+    Config gc = config("cuda", shared ? "mpi" : "nccl"), cc = config("cpu", "mpi");
+    for (Config* c : {&gc, &cc}) {
+      c->optimizer = opt;
+      c->lr = std::string(opt) == "lars" ? 0.2 : 0.005;
+      c->trust_coefficient = std::string(opt) == "lars" ? 0.02 : 0.0;
+    }
+    Outcome gpu = train(gc);
+    expect_same(gpu, train(cc));
+    if (!shared || world_size() == 1) EXPECT_TRUE(gpu.graph) << opt << ": the step was not captured";
+  }
+}
+
 // One rank, comm.backend = auto: the one-rank transport (no NCCL communicator), the step still
 // captured as a graph, and the same bits as the same run over NCCL (one rank has nothing to
 // reduce: the transports differ only in what they set up).

@@ -31,6 +31,11 @@ struct ArenaLayout {
 };
 ArenaLayout packed_layout(const std::vector<int>& widths);
 
+// The parameter tensors of layer slices, as the layer-wise optimizers take them, in arena order:
+// each weight (adapting) and each bias (1-D: no trust ratio, no weight decay), wherever the
+// arena layout puts them.
+std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers);
+
 // Parses "784,256,128,10"; throws InputError.
 std::vector<int> parse_layers(const std::string& s);
 
@@ -41,6 +46,7 @@ class MLP {
 
   int num_layers() const { return int(slices_.size()); }
   const LayerSlice& layer(int i) const { return slices_[size_t(i)]; }
+  const std::vector<LayerSlice>& layers() const { return slices_; }
   const std::vector<int>& widths() const { return widths_; }
   Act activation() const { return act_; }
   size_t num_params() const { return n_params_; }

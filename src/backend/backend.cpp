@@ -43,7 +43,9 @@ OptKind parse_optimizer(const std::string& s) {
   if (s == "nesterov") return OptKind::nesterov;
   if (s == "adam") return OptKind::adam;
   if (s == "adamw") return OptKind::adamw;
-  throw InputError("unknown optimizer '" + s + "' (sgd | momentum | nesterov | adam | adamw)");
+  if (s == "lars") return OptKind::lars;
+  if (s == "lamb") return OptKind::lamb;
+  throw InputError("unknown optimizer '" + s + "' (sgd | momentum | nesterov | adam | adamw | lars | lamb)");
 }
 
 AdamScalars adam_scalars(double lr, double beta1, double beta2, int64_t t) {
