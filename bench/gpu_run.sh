@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, and
-# bench-step beside the PyTorch peer, logs under $OUT. Expects the executables built here in
+# One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, its
+# start-up and shut-down phase by phase, bench-step beside the PyTorch peer, the batch-size / lr
+# grid with time to target, logs under $OUT. Expects the executables built here in
 # .gpu/bin, the OpenBLAS runtime in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
-# .gpu/fashion (see bench/README.md, "GPU").
+# .gpu/fashion (see bench/README.md, "GPU"). scale12 (2 GPUs) and one12 (1 GPU) are each one
+# call of their own (run them alone: `bash bench/gpu_run.sh scale12`).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
@@ -11,8 +13,19 @@ B=.gpu/bin
 if ! ldconfig -p | grep -q libopenblas.so.0 && [ -f .gpu/gpulibs.tar.xz ]; then
   mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
 fi
-what=${1:-all}  # all, or a comma-separated list of the sections below (tests, e2e, mps, layouts, bench, epilogues, profile, scaling, multi, cnn)
-want() { [[ $what == all || ,$what, == *,$1,* ]]; }
+what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sections below (tests, e2e, mps,
+# layouts, bench, epilogues, profile, scaling, multi, cnn, grid, startup, scale12, one12)
+want() { [[ ($what == all && $1 != scale12 && $1 != one12) || ,$what, == *,$1,* ]]; }
+# EXTRA_ENV="NAME=VALUE ...": variables for dptrain's runs in scale12 (all of them) and one12
+# (bench-step a second time with them, A/B in one call); forwarded to every rank with mpirun -x.
+xenv=()
+for kv in ${EXTRA_ENV:-}; do xenv+=(-x "${kv%%=*}"); done
+# Seconds left before the section's deadline (set by the section), and a time limit of at most
+# $1 seconds that leaves $2 seconds for what follows.
+left() { echo $(( deadline - SECONDS )); }
+cap() { local l=$(( deadline - SECONDS - ${2:-0} )); (( l < $1 )) && echo $(( l > 5 ? l : 5 )) || echo "$1"; }
+# nccl-tests' binary for a collective: .gpu/bin, else a build tree carried in .gpu/nccl-tests.
+nccl_perf() { for f in $B/$1_perf .gpu/nccl-tests/build/$1_perf; do [ -x "$f" ] && { echo "$f"; return; }; done; }
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
   nvidia-smi topo -m; command -v nsys ncu; ldd $B/dptrain | grep -E "not found|openblas|nccl|cublas" ; nproc
@@ -45,6 +58,11 @@ if want e2e; then
   # Two ranks sharing the one GPU over the MPI transport (MPS-style layout), 2 epochs.
   mpirun -np 2 $B/dptrain --config inputs/run.ini --train.epochs 2 --checkpoint.dir "" --comm.backend mpi > "$OUT/e2e-shared.log" 2>&1
   grep -E "final|done|error|transport" "$OUT/e2e-shared.log"
+fi
+if want startup; then
+  # Time to first result: the 20-epoch default run with log.timing, the start-up cuts on and off.
+  B=$B OUT=$OUT bash bench/startup.sh "${STARTUP_REPS:-3}" > "$OUT/startup.txt" 2>&1
+  cat "$OUT/startup.txt"
 fi
 if want mps; then
   # jobs/mps-daemon.sh without Slurm: a real MPS control daemon, two ranks on the GPU through it.
@@ -90,7 +108,7 @@ if want bench; then
   # The same bf16 step with the GEMMs on cublasGemmEx instead of cuBLASLt (bias in a kernel).
   DPT_CUBLASLT=0 mpirun -x DPT_CUBLASLT -np 1 $B/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --warmup 20 --steps 200 > "$OUT/ours-wide-gemmex.log" 2>&1
   if [[ ${SKIP_TORCH:-0} != 1 ]]; then
-    python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --modes eager,compile --steps 100 > "$OUT/torch-wide.jsonl" 2>&1
+    python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 --modes eager,compile-model,compile-step --steps 100 > "$OUT/torch-wide.jsonl" 2>&1
     python3 bench/torch_step.py --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision tf32 --modes eager --steps 100 >> "$OUT/torch-wide.jsonl" 2>&1
   fi
   grep -h "^{" "$OUT"/ours-*.log "$OUT"/torch-*.jsonl
@@ -123,13 +141,35 @@ if want profile; then
 fi
 if want scaling; then
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
-  timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
+  # The batch-size / lr grid has a section of its own (grid): it would not fit this one's time.
+  timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --grid.enabled false \
+    --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
   echo "bench-scaling rc=$?"; grep -A12 -i "findings" "$OUT/scaling-stdout.log" | head -20
+fi
+if want grid; then
+  # The batch-size / learning-rate grid and time to target (bench/scaling.ini [grid]: nesterov, LARS
+  # and LAMB x none/linear/sqrt x warm-up, global batch 64-32768 on one GPU; estimated 1.5-2 min on one
+  # H200), then, where inputs/cnn.ini exists, the same for the CNN (a smaller grid: CNN_GRID_ARGS).
+  # On G GPUs the grid still trains on one; the step times, the check run (the setting predicted
+  # fastest on G GPUs, trained on 1 and on G: measured against predicted time to target) and the
+  # allreduce fit use them all. GRID_ARGS adds overrides (a subset: --grid.global_batches 64,4096).
+  G=$(nvidia-smi -L | wc -l)
+  [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  sections=grid; ((G > 1)) && sections=grid,allreduce
+  timeout ${GRID_TIMEOUT:-420} mpirun -np $G $B/bench-scaling --config bench/scaling.ini --report.sections $sections \
+    ${GRID_ARGS:-} --out "$OUT/grid-mlp" > "$OUT/grid-mlp.log" 2>&1
+  echo "grid mlp rc=$?"; sed -n '/^# Findings/,$p' "$OUT/grid-mlp.log" | head -40
+  if [ -f inputs/cnn.ini ]; then
+    timeout ${GRID_TIMEOUT:-420} mpirun -np $G $B/bench-scaling --config bench/scaling.ini --grid.config inputs/cnn.ini \
+      --report.sections $sections ${CNN_GRID_ARGS:---grid.global_batches 64,256,1024,4096,16384,32768 --grid.lr_rules linear,sqrt --grid.warmup on --grid.epochs 5} \
+      --out "$OUT/grid-cnn" > "$OUT/grid-cnn.log" 2>&1
+    echo "grid cnn rc=$?"; sed -n '/^# Findings/,$p' "$OUT/grid-cnn.log" | head -40
+  fi
 fi
 if want multi; then
   # Issue 7's list in one call, for a host with G GPUs (nvidia-h200-x2/x4/x8): NCCL across real
   # GPUs against MPI, NVIDIA's all_reduce_perf beside dptrain's allreduce sweep, bench-scaling for
-  # the default MLP (with the batch/LR grid) and for the wide MLP in bf16 at batch 4096 per GPU,
+  # the default MLP (its batch/LR grid is section grid's) and for the wide MLP in bf16 at batch 4096 per GPU,
   # and the default run on G GPUs against 1 GPU at the same global batch (64).
   # all_reduce_perf: nccl-tests built here from source (not committed) into .gpu/bin. QUICK=1
   # shortens every sweep (a dry run of this section on one GPU).
@@ -144,7 +184,8 @@ if want multi; then
     echo "all_reduce_perf rc=$?"; grep -E "^ +(268435456|1073741824|4294967296|67108864) |Avg bus" "$OUT/nccl-all_reduce_perf.log"
   fi
   quick=(); ((q)) && quick=(--scaling.timed_steps 20 --scaling.repeats 1 --allreduce.max_bytes 67108864 --allreduce.repeats 1 --buckets.sizes_mb 4,64 --grid.enabled false)
-  timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --allreduce.max_bytes 1073741824 "${quick[@]}" \
+  # (the grid and its time to target on G GPUs: section grid)
+  timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --allreduce.max_bytes 1073741824 --grid.enabled false "${quick[@]}" \
     --out "$OUT/scaling-default" > "$OUT/scaling-default.log" 2>&1; echo "bench-scaling default rc=$?"
   timeout 900 mpirun -np $G $B/bench-scaling --config bench/scaling.ini --scaling.models wide:784,4096,4096,4096,4096,10 \
     --train.precision bf16 --scaling.weak_batch_per_rank 4096 --scaling.strong_global_batch $((4096 * G)) \
@@ -212,5 +253,93 @@ PY
     --log.metrics $OUT/cnn-e2e-metrics.jsonl > "$OUT/cnn-e2e.log" 2>&1
   grep -E "wall|final|done|error" "$OUT/cnn-e2e.log"
 fi
-# The device tool brings back few files: pack everything into one archive.
+if want scale12; then
+  # The scaling issue's measurements on nvidia-h200-x2 in one call (~8 minutes, inside BUDGET
+  # seconds, default 500; QUICK=1 shortens every part): the GPU tests across the GPUs; nccl-tests'
+  # all_reduce_perf, reduce_scatter_perf and all_gather_perf from 1 MB to 1 GB; bench-scaling for
+  # the wide MLP in bf16 at 4096 per GPU (weak) and 4096 x G in all (strong) with the four
+  # variants (train.shard_optimizer false/true x comm.grad_dtype fp32/bf16), the allreduce,
+  # reduce-scatter and all-gather sweeps to 1 GB and the PyTorch DDP peer (torchrun, bucket sweep
+  # and the compiled step); then a comm.nccl_max_ctas sweep (CTAS) of the fastest variant with
+  # bench-step on G GPUs; a summary at the end. Other knobs: GPUS (default nvidia-smi's count),
+  # MODEL, PREC, WEAK_B, DDP_COMPILE (none|model|step|both), SCALING_EXTRA (more bench-scaling
+  # arguments, shell-quoted), EXTRA_ENV (above). nccl-tests: see bench/README.md, "GPU".
+  deadline=$((SECONDS + ${BUDGET:-500}))
+  G=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+  W=${MODEL:-784,4096,4096,4096,4096,10}; PREC=${PREC:-bf16}; WB=${WEAK_B:-4096}; q=${QUICK:-0}
+  ((G >= 2)) || echo "scale12: $G GPU(s) visible; the section is meant for 2 or more"
+  mpi=(mpirun -np "$G" --bind-to none -x NCCL_NVLS_ENABLE "${xenv[@]}")
+  { timeout "$(cap 150 360)" env ${EXTRA_ENV:-} "${mpi[@]}" $B/test_gpu_nccl; echo "test_gpu_nccl np=$G rc=$?"
+    timeout "$(cap 200 330)" env ${EXTRA_ENV:-} "${mpi[@]}" $B/test_gpu_train; echo "test_gpu_train np=$G rc=$?"; } > "$OUT/s12-tests.log" 2>&1
+  grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/s12-tests.log"
+  e=1G; ((q)) && e=64M
+  for c in all_reduce reduce_scatter all_gather; do
+    exe=$(nccl_perf $c)
+    if [ -z "$exe" ]; then echo "scale12: ${c}_perf not in $B or .gpu/nccl-tests/build: skipped"; continue; fi
+    timeout "$(cap 60 300)" mpirun -np "$G" -x NCCL_NVLS_ENABLE "$exe" -b 1M -e $e -f 2 -g 1 > "$OUT/s12-nccl-${c}_perf.log" 2>&1
+    echo "${c}_perf rc=$?"; grep -E "^ +(268435456|1073741824|67108864) " "$OUT/s12-nccl-${c}_perf.log"
+  done
+  quick=(); ((q)) && quick=(--scaling.timed_steps 20 --scaling.repeats 1 --allreduce.max_bytes 67108864
+    --allreduce.repeats 1 --ddp.steps 10 --ddp.repeats 2 --ddp.buckets_mb 25,100)
+  eval "extra=(${SCALING_EXTRA:-})"
+  timeout "$(cap 420 40)" env ${EXTRA_ENV:-} "${mpi[@]}" $B/bench-scaling --config bench/scaling.ini \
+    --scaling.models "wide:$W" --train.precision "$PREC" --scaling.weak_batch_per_rank "$WB" \
+    --scaling.strong_global_batch $((WB * G)) --scaling.variants "unsharded-fp32 sharded-fp32 unsharded-bf16 sharded-bf16" \
+    --scaling.warmup_steps 30 --scaling.timed_steps 100 --scaling.repeats 3 --allreduce.min_bytes 1048576 \
+    --allreduce.max_bytes 1073741824 --allreduce.repeats 3 --buckets.sizes_mb 25 --grid.enabled false \
+    --ddp.compile "${DDP_COMPILE:-step}" --ddp.timeout_s "$(cap 110 60)" --ddp.steps 50 --ddp.repeats 3 \
+    "${quick[@]}" "${extra[@]}" --out "$OUT/s12-scaling" > "$OUT/s12-scaling.log" 2>&1
+  echo "bench-scaling rc=$? ($((SECONDS)) s into the call)"
+  best=$(python3 bench/gpu_summary.py best-variant "$OUT/s12-scaling" "$G" 2>/dev/null)
+  best=${best:-sharded-bf16}
+  shard=false; [[ $best == sharded-* ]] && shard=true
+  st=200; ((q)) && st=20
+  for c in ${CTAS:-0 4 8 16 32}; do
+    if (( $(left) < 25 )); then echo "scale12: nccl_max_ctas $c skipped (deadline)"; continue; fi
+    timeout "$(cap 60)" env ${EXTRA_ENV:-} mpirun -np "$G" -x NCCL_NVLS_ENABLE "${xenv[@]}" $B/bench-step --layers "$W" \
+      --batch "$WB" --precision "$PREC" --warmup 20 --steps $st --repeat 3 --shard-optimizer $shard \
+      --grad-dtype "${best##*-}" --nccl-max-ctas "$c" >> "$OUT/s12-ctas.log" 2>&1
+  done
+  python3 bench/gpu_summary.py scale12 "$OUT" | tee /tmp/dpt-summary-scale12.txt
+fi
+if want one12; then
+  # One H200 (~6 minutes, inside BUDGET seconds, default 500): bench-step for the wide MLP in
+  # bf16 and TF32 (model TFLOP/s; the scaling issue's targets: 620 and 330) beside
+  # bench/torch_step.py in every mode (eager, CUDA graph, torch.compile of the model, of the whole
+  # step) in the same call, with the ratio to PyTorch's strongest row. With EXTRA_ENV set,
+  # bench-step runs again with those variables (A/B in one call). dptrain's switches:
+  #   DPT_CUBLASLT=0            GEMMs on cublasGemmEx, the bias in a kernel
+  #   DPT_LT_FUSE=0             the per-layer path (no ReLU in cuBLASLt's epilogue; bf16)
+  #   DPT_TF32_TRANSPOSE=0|1|2  which of the TF32 weight gradient's operands are transposed first
+  #   DPT_STREAM_DATA=1         batches streamed from the host (the step not captured)
+  #   (the overlap switches of the scaling work, the optimizer and the check behind the backward
+  #   pass, go here by name when they land)
+  # Dry-run knobs: PRECS (default "bf16 tf32"), TORCH_DEVICE (cpu runs torch_step.py's logic).
+  deadline=$((SECONDS + ${BUDGET:-500}))
+  W=${MODEL:-784,4096,4096,4096,4096,10}; q=${QUICK:-0}
+  st=200; ((q)) && st=20
+  for p in ${PRECS:-bf16 tf32}; do
+    timeout "$(cap 90 300)" mpirun -np 1 $B/bench-step --layers "$W" --batch 4096 --precision $p --warmup 20 \
+      --steps $st >> "$OUT/o12-step.log" 2>&1; echo "bench-step $p rc=$?"
+    if [ -n "${EXTRA_ENV:-}" ]; then
+      timeout "$(cap 90 300)" env $EXTRA_ENV mpirun -np 1 "${xenv[@]}" $B/bench-step --layers "$W" --batch 4096 \
+        --precision $p --warmup 20 --steps $st >> "$OUT/o12-step-extra.log" 2>&1; echo "bench-step $p with $EXTRA_ENV rc=$?"
+    fi
+  done
+  if python3 -c "import torch" 2>/dev/null; then
+    for p in ${PRECS:-bf16 tf32}; do
+      gemm=(); [ $p = bf16 ] && gemm=(--gemm)
+      # Rows print as each mode finishes: a mode cut off by the limit leaves the others.
+      timeout "$(cap 200 $([ $p = bf16 ] && echo 150 || echo 5))" python3 bench/torch_step.py "${gemm[@]}" --layers "$W" \
+        --batch 4096 --precision $p --modes all --steps $((st / 2)) --repeat 3 --device "${TORCH_DEVICE:-cuda}" \
+        > "$OUT/o12-torch-$p.jsonl" 2> "$OUT/o12-torch-$p.err"
+      echo "torch_step $p rc=$?"
+    done
+  else
+    echo "one12: python3 cannot import torch: the PyTorch rows are skipped"
+  fi
+  python3 bench/gpu_summary.py one12 "$OUT" | tee /tmp/dpt-summary-one12.txt
+fi
+# The device tool brings back few files: pack everything into one archive, the summaries beside it.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"
+for f in /tmp/dpt-summary-*.txt; do [ -f "$f" ] && mv "$f" "$OUT/"; done

@@ -3,6 +3,8 @@
 // synthetic dataset already resident on the device, and report ms per step and model TFLOP/s.
 //
 //   mpirun -np 1 ./build/bench-step --layers 784,1024,1024,10 --batch 256 --precision tf32
+//   mpirun -np 2 ./build/bench-step --layers 784,4096,4096,4096,4096,10 --batch 4096 --precision bf16 \
+//       --shard-optimizer true --grad-dtype bf16 --nccl-max-ctas 8
 //   mpirun -np 1 ./build/bench-step --layers "conv(32,3,pad=1) relu maxpool(2) flatten linear(10)" \
 //       --input 1,28,28 --batch 256 --precision bf16
 //
@@ -37,6 +39,10 @@ struct Args {
   std::string layers = "784,1024,1024,10", precision = "fp32", optimizer = "nesterov";
   std::string device = "auto", comm = "auto", input = "1,28,28";
   int batch = 256, warmup = 200, steps = 2000, repeat = 3;
+  // The gradient path (train.shard_optimizer, comm.grad_dtype, comm.nccl_max_ctas, comm.bucket_mb).
+  std::string shard = "false", grad_dtype = "fp32";
+  int nccl_max_ctas = 0;
+  double bucket_mb = 25;
 };
 
 Args parse(int argc, char** argv) {
@@ -53,7 +59,12 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--steps") a.steps = std::stoi(v);
     else if (k == "--repeat") a.repeat = std::stoi(v);
+    else if (k == "--shard-optimizer") a.shard = v;
+    else if (k == "--grad-dtype") a.grad_dtype = v;
+    else if (k == "--nccl-max-ctas") a.nccl_max_ctas = std::stoi(v);
+    else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
     else throw InputError("bench-step: unknown option " + k);
+  if (a.shard != "true" && a.shard != "false") throw InputError("bench-step: --shard-optimizer " + a.shard + ": true or false");
   }
   return a;
 }
@@ -79,6 +90,12 @@ Config make_config(const Args& a) {
   c.resume = "none";
   c.device_type = a.device;
   c.comm_backend = a.comm;
+  c.shard_optimizer = a.shard == "true";
+  c.grad_dtype = a.grad_dtype;
+  c.nccl_max_ctas = a.nccl_max_ctas;
+  c.bucket_mb = a.bucket_mb;
+  c.source = "bench-step's command line";
+  validate(c);  // names the option's key and value when it is wrong
   return c;
 }
 
@@ -128,24 +145,25 @@ int main(int argc, char** argv) {
 #endif
     const double med = ms[ms.size() / 2];
     const double samples = double(a.batch) * mpi.size() / (med * 1e-3);
-    const double tflops = 6.0 * params * samples / 1e12;
-    char buf[512];
+    const double tflops = 6.0 * double(params) * samples / 1e12;
+    char buf[1024];
     std::snprintf(buf, sizeof buf,
                   "bench-step layers=%s batch/rank=%d ranks=%d precision=%s optimizer=%s backend=%s "
-                  "transport=%s: %.4f ms/step (min %.4f, max %.4f over %d), %.0f samples/s, "
-                  "%.1f model TFLOP/s, %d hidden layers fused",
+                  "transport=%s shard_optimizer=%s grad_dtype=%s nccl_max_ctas=%d bucket_mb=%g: %.4f ms/step "
+                  "(min %.4f, max %.4f over %d), %.0f samples/s, %.1f model TFLOP/s, %d hidden layers fused",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
-                  rt.backend->name().c_str(), rt.comm->name().c_str(), med, ms.front(), ms.back(),
-                  a.repeat, samples, tflops, fused);
+                  rt.backend->name().c_str(), rt.comm->name().c_str(), a.shard.c_str(), a.grad_dtype.c_str(),
+                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), a.repeat, samples, tflops, fused);
     log::info(buf);
     std::snprintf(buf, sizeof buf,
                   "{\"bench\": \"step\", \"layers\": \"%s\", \"batch_per_rank\": %d, \"ranks\": %d, "
                   "\"precision\": \"%s\", \"optimizer\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", "
+                  "\"shard_optimizer\": %s, \"grad_dtype\": \"%s\", \"nccl_max_ctas\": %d, \"bucket_mb\": %g, "
                   "\"ms_per_step\": %.5f, \"ms_min\": %.5f, \"ms_max\": %.5f, \"samples_per_s\": %.1f, "
                   "\"model_tflops\": %.2f, \"fused_layers\": %d}",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
-                  rt.backend->name().c_str(), rt.comm->name().c_str(), med, ms.front(), ms.back(),
-                  samples, tflops, fused);
+                  rt.backend->name().c_str(), rt.comm->name().c_str(), a.shard.c_str(), a.grad_dtype.c_str(),
+                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), samples, tflops, fused);
     log::info(buf);
     return 0;
   } catch (const std::exception& e) {

@@ -1,13 +1,35 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian 12 machine lacks (as root, or with sudo) and builds dptrain into
-# build/ (CUDA backend included where nvcc and NCCL are found). Safe to run again.
+# Installs what a fresh Debian 12 machine lacks (as root, or with sudo) and builds into build/
+# (CUDA backend included where nvcc and NCCL are found). Safe to run again.
+#   bash scripts/setup.sh           the main job: the packages that build and run dptrain and
+#                                   dpdata, and those two built (scripts/run-default.sh)
+#   bash scripts/setup.sh --tests   also the test packages; everything built: tests, bench-scaling,
+#                                   the GPU micro-benchmarks (scripts/test.sh)
+# Prints the seconds of each phase: "setup: apt 21.3 s", "setup: build 40.2 s".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tests=0
+case ${1:-} in
+  --tests) tests=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--tests]" >&2; exit 2 ;;
+esac
 
-packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools
-          libboost-program-options-dev libopenblas-dev libgtest-dev zlib1g-dev
-          dataset-fashion-mnist python3-torch python3-h5py python3-numpy
-          slurm-wlm slurm-wlm-basic-plugins munge clang libclang-rt-14-dev)
+# The main job: compiler, CMake, Open MPI, HDF5, Boost.Program_options, OpenBLAS, zlib, and the
+# Fashion-MNIST files that `dpdata fashion-mnist` imports.
+packages=(g++ make cmake libopenmpi-dev openmpi-bin libhdf5-dev libboost-program-options-dev
+          libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+# The tests: GoogleTest; h5dump; PyTorch, h5py and NumPy for the cross-checks; Slurm and munge
+# for the batch-script tests; clang and its sanitizer runtime for the fuzzers; nlohmann-json for
+# bench-scaling's records and matplotlib for its plots.
+((tests)) && packages+=(build-essential pkg-config libgtest-dev hdf5-tools python3-torch python3-h5py
+                        python3-numpy slurm-wlm slurm-wlm-basic-plugins munge clang libclang-rt-14-dev
+                        nlohmann-json3-dev python3-matplotlib)
+
+now() { date +%s.%N; }
+took() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+t=$(now)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,6 +41,17 @@ if ((${#missing[@]})); then
   $sudo apt-get update -q
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+echo "setup: apt $(took "$t") s (${#missing[@]} of ${#packages[@]} packages were missing)"
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${DPT_CMAKE_ARGS:-}
-cmake --build build -j"$(nproc)"
+t=$(now)
+# The main job's first configuration leaves the tests out (GoogleTest need not be installed);
+# --tests turns them on, and a later main-job run leaves that as it is.
+if ((tests)); then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON ${DPT_CMAKE_ARGS:-}
+  cmake --build build -j"$(nproc)"
+else
+  [ -f build/CMakeCache.txt ] ||
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF ${DPT_CMAKE_ARGS:-}
+  cmake --build build -j"$(nproc)" --target main-job  # dptrain and dpdata
+fi
+echo "setup: build $(took "$t") s"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install, build, and run the whole test suite (GPU tests skip where no GPU is visible).
+# Install (the main job's packages and the tests'), build everything, and run the whole test
+# suite (GPU tests skip where no GPU is visible).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 [ "$(id -u)" -ne 0 ] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd build
 # One test at a time: the multi-rank tests oversubscribe the cores on their own.

@@ -3,20 +3,27 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 #include <vector>
 
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
+#include "dpt/timing.hpp"
 #include "dpt/watchdog.hpp"
 
 namespace dpt {
 
 MpiSession::MpiSession(int& argc, char**& argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  {
+    timing::Scope timed(timing::Phase::mpi_init);
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  }
   // Errors come back as codes that DPT_CHECK_MPI turns into messages, not as MPI's own abort.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -28,13 +35,81 @@ MpiSession::MpiSession(int& argc, char**& argv) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
+MpiSession::~MpiSession() { finalize(); }
+
 // MPI_Finalize waits for every rank: a rank stuck elsewhere makes it a hang the watchdog ends.
-MpiSession::~MpiSession() {
+void MpiSession::finalize() {
+  if (finalized_) return;
+  finalized_ = true;
   {
     watchdog::Phase phase("waiting in MPI_Finalize");
     MPI_Finalize();
   }
   watchdog::stop();
+}
+
+bool cut_enabled(const char* env) {
+  const char* v = std::getenv(env);
+  return !(v && std::string(v) == "0");
+}
+
+void end_process(int rc) {
+  if (!cut_enabled("DPT_FAST_EXIT")) return;
+  std::fflush(nullptr);
+  std::_Exit(rc);
+}
+
+EarlyDriverInit::EarlyDriverInit() {
+  if (!cuda_compiled() || !cut_enabled("DPT_EARLY_CUDA")) return;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(name);
+    char* end = nullptr;
+    const long r = v && *v ? std::strtol(v, &end, 10) : -1;
+    if (v && *v && *end == '\0' && r >= 0 && r < 1 << 20) {
+      hint_ = int(r);
+      break;
+    }
+  }
+  const int hint = hint_;
+  try {
+    thread_ = std::thread([hint] { cuda_early_init(hint); });
+  } catch (const std::system_error&) {
+    hint_ = -1;  // no thread to be had: the backend initialises the driver itself, as before
+  }
+}
+
+void EarlyDriverInit::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void EarlyDriverInit::check(int local_rank) const {
+  if (hint_ >= 0 && hint_ != local_rank && cuda_device_count() > 0)
+    log::warn("the launcher's local rank " + std::to_string(hint_) + " is not MPI's (" +
+              std::to_string(local_rank) + "): a CUDA context was made at start-up on a GPU this "
+              "rank may not use; set DPT_EARLY_CUDA=0");
+}
+
+DataLoader::DataLoader(const Config& cfg, MPI_Comm c, bool with_train) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(c, &rank);
+  MPI_Comm_size(c, &world);
+  // cfg outlives the loader (main's Invocation); the thread reads files only: no MPI, no
+  // watchdog phase (the main thread marks its wait instead).
+  read_ = [&cfg, rank, world, with_train] {
+    timing::Scope timed(timing::Phase::data_load);
+    return load_run_data(cfg, rank, world, with_train);
+  };
+  if (!cut_enabled("DPT_LOAD_THREAD")) return;
+  try {
+    pending_ = std::async(std::launch::async, read_);
+  } catch (const std::system_error&) {
+    // no thread to be had: get() reads them
+  }
+}
+
+RunData DataLoader::get() {
+  timing::Scope timed(timing::Phase::data_wait);
+  return pending_.valid() ? pending_.get() : read_();
 }
 
 int stage(MPI_Comm c, const std::function<void()>& f) {
@@ -96,7 +171,16 @@ void make_comm_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
   // NCCL needs one GPU per rank; ranks sharing a GPU go through MPI. With comm.backend = nccl
   // the NCCL transport itself refuses a shared GPU with a message naming the ranks.
   if (kind == "auto" && rt.backend->name() == "cuda" && ranks_share_a_gpu(c, *rt.backend)) kind = "mpi";
-  rt.comm = make_comm(kind, c, *rt.backend);
+  // One rank on a GPU has nothing to reduce: no NCCL communicator (DPT_ONE_RANK_COMM=0: NCCL).
+  int size = 1;
+  MPI_Comm_size(c, &size);
+  if (kind == "auto" && size == 1 && rt.backend->name() == "cuda" && cut_enabled("DPT_ONE_RANK_COMM")) {
+    rt.comm = make_self_comm(c, *rt.backend);
+    return;
+  }
+  CommOptions co;
+  co.nccl_max_ctas = cfg.nccl_max_ctas;
+  rt.comm = make_comm(kind, c, *rt.backend, co);
 }
 
 void print_banner(const Config& cfg, const Runtime& rt, MPI_Comm c) {

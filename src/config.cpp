@@ -67,13 +67,16 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("train.epochs", &c.epochs, "passes over the training set");
   t.add("train.steps", &c.steps, "cap on optimizer steps (0 = none)");
   t.add("train.batch_per_rank", &c.batch_per_rank, "samples per rank per micro-batch");
-  t.add("train.optimizer", &c.optimizer, "sgd | momentum | nesterov | adam | adamw");
+  t.add("train.optimizer", &c.optimizer, "sgd | momentum | nesterov | adam | adamw | lars | lamb");
   t.add("train.lr", &c.lr, "learning rate (before scaling)");
   t.add("train.momentum", &c.momentum, "momentum (momentum, nesterov)");
   t.add("train.weight_decay", &c.weight_decay, "L2 (sgd*, adam) or decoupled (adamw)");
   t.add("train.beta1", &c.beta1, "Adam beta1");
   t.add("train.beta2", &c.beta2, "Adam beta2");
-  t.add("train.eps", &c.eps, "Adam epsilon");
+  t.add("train.eps", &c.eps, "Adam/LAMB epsilon");
+  t.add("train.trust_coefficient", &c.trust_coefficient,
+        "lars/lamb: trust ratio coefficient (0 = 0.001 for lars, 1 for lamb)");
+  t.add("train.trust_clip", &c.trust_clip, "lars/lamb: largest trust ratio (0 = no clipping)");
   t.add("train.lr_scaling", &c.lr_scaling, "none | linear | sqrt (global batch / base_batch)");
   t.add("train.base_batch", &c.base_batch, "batch the lr was tuned for (0 = batch_per_rank)");
   t.add("train.warmup_steps", &c.warmup_steps, "linear warm-up steps");
@@ -105,6 +108,7 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("log.metrics", &c.metrics_file, "metrics JSON Lines file (rank 0)");
   t.add("log.every_steps", &c.log_every, "steps between progress lines and metrics");
   t.add("log.progress", &c.progress, "print progress lines");
+  t.add("log.timing", &c.timing, "print where the time went, phase by phase, at the end (rank 0)");
 }
 
 [[noreturn]] void bad(const std::string& key, const std::string& value, const Config& c,
@@ -236,7 +240,7 @@ void validate(const Config& c) {
   if (c.crop_padding < 0 || c.crop_padding > 64)
     bad("data.crop_padding", show(c.crop_padding), c, "must be in [0, 64]");
   one_of("model.activation", c.activation, {"relu", "tanh", "sigmoid", "gelu"}, c);
-  one_of("train.optimizer", c.optimizer, {"sgd", "momentum", "nesterov", "adam", "adamw"}, c);
+  one_of("train.optimizer", c.optimizer, {"sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"}, c);
   one_of("train.lr_scaling", c.lr_scaling, {"none", "linear", "sqrt"}, c);
   one_of("train.schedule", c.schedule, {"constant", "step", "cosine"}, c);
   one_of("train.sync", c.sync, {"gradients", "parameters"}, c);
@@ -263,6 +267,8 @@ void validate(const Config& c) {
   finite_pos("train.weight_decay", c.weight_decay, true);
   finite_pos("train.min_lr", c.min_lr, true);
   finite_pos("train.eps", c.eps, false);
+  finite_pos("train.trust_coefficient", c.trust_coefficient, true);
+  finite_pos("train.trust_clip", c.trust_clip, true);
   if (!(c.momentum >= 0 && c.momentum < 1)) bad("train.momentum", show(c.momentum), c, "must be in [0, 1)");
   if (!(c.beta1 >= 0 && c.beta1 < 1)) bad("train.beta1", show(c.beta1), c, "must be in [0, 1)");
   if (!(c.beta2 >= 0 && c.beta2 < 1)) bad("train.beta2", show(c.beta2), c, "must be in [0, 1)");

@@ -70,6 +70,16 @@ std::vector<ParamShape> param_shapes(const ModelPlan& plan) {
   return s;
 }
 
+std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers) {
+  std::vector<TensorSeg> t;
+  for (const LayerSlice& l : layers) {  // from each slice's own offsets: weight and bias may lie apart
+    t.push_back({l.w_off, l.w_off + l.weights(), true});
+    t.push_back({l.b_off, l.b_off + size_t(l.out), false});
+  }
+  std::sort(t.begin(), t.end(), [](const TensorSeg& a, const TensorSeg& b) { return a.begin < b.begin; });
+  return t;
+}
+
 ArenaLayout packed_layout(const std::vector<ParamShape>& layers) {
   ArenaLayout l;
   size_t off = 0;

@@ -8,16 +8,29 @@
 
 namespace dpt {
 
-Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n) : be_(be), n_(n) {
+double trust_coefficient(const Config& cfg) {
+  if (cfg.trust_coefficient > 0) return cfg.trust_coefficient;
+  return cfg.optimizer == "lamb" ? 1.0 : 0.001;
+}
+
+Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n, std::vector<TensorSeg> tensors)
+    : be_(be), n_(n), segs_(std::move(tensors)) {
   h_.kind = parse_optimizer(cfg.optimizer);
+  h_.trust_coefficient = float(trust_coefficient(cfg));
+  h_.trust_clip = float(cfg.trust_clip);
   h_.momentum = float(cfg.momentum);
   h_.weight_decay = float(cfg.weight_decay);
   h_.beta1 = cfg.beta1;
   h_.beta2 = cfg.beta2;
   h_.eps = float(cfg.eps);
   h_.t = 1;
-  const bool sgd_family = h_.kind == OptKind::momentum || h_.kind == OptKind::nesterov;
-  const bool adam_family = h_.kind == OptKind::adam || h_.kind == OptKind::adamw;
+  const bool sgd_family = h_.kind == OptKind::momentum || h_.kind == OptKind::nesterov || h_.kind == OptKind::lars;
+  const bool adam_family = h_.kind == OptKind::adam || h_.kind == OptKind::adamw || h_.kind == OptKind::lamb;
+  if (layerwise()) {
+    if (segs_.empty()) segs_.push_back({0, n, true});
+    sums_ = Buffer<float>(be, 2 * segs_.size());
+    be.fill(sums_.data(), sums_.size(), 0.f);
+  }
   if (sgd_family || adam_family) {
     s1_ = Buffer<float>(be, n);
     be.fill(s1_.data(), n, 0.f);
@@ -30,7 +43,13 @@ Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n) : be_(be), n_(n) 
 
 void Optimizer::step(float* params, const float* grads, double lr) {
   h_.lr = float(lr);
-  be_.optimizer_step(params, grads, s1_.data(), s2_.data(), n_, h_);
+  if (layerwise()) {
+    clear_layer_sums();
+    layer_sums_at(params, grads, 0, 0, n_, nullptr, nullptr);
+    layer_apply_at(params, grads, 0, 0, n_, nullptr, nullptr);
+  } else {
+    be_.optimizer_step(params, grads, s1_.data(), s2_.data(), n_, h_);
+  }
   ++h_.t;
 }
 
@@ -40,17 +59,47 @@ void Optimizer::step_at(float* params, const float* grads, size_t state_at, size
   if (state_at + count > n_)
     throw Error("optimizer: state [" + std::to_string(state_at) + ", " + std::to_string(state_at + count) +
                 ") outside its " + std::to_string(n_) + " elements");
+  if (layerwise()) {
+    // The layer-wise optimizers here only where the state mirrors the arena (unsharded): the
+    // range's arena offset is its state offset. A sharded caller uses layer_sums_at and
+    // layer_apply_at with a sum of the tensors' partial sums over its ranks in between.
+    if (flag) throw Error("optimizer: the non-finite check cannot be folded into LARS or LAMB");
+    clear_layer_sums();
+    layer_sums_at(params, grads, state_at, state_at, count, lr_table, ctl);
+    layer_apply_at(params, grads, state_at, state_at, count, lr_table, ctl);
+    return;
+  }
   float* s1 = s1_.data() ? s1_.data() + state_at : nullptr;
   float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
   be_.optimizer_step_at(params, grads, s1, s2, count, h_, lr_table, ctl, flag);
 }
 
+void Optimizer::clear_layer_sums() {
+  if (sums_.data()) be_.fill(sums_.data(), sums_.size(), 0.f);
+}
+
+void Optimizer::layer_sums_at(const float* params, const float* grads, size_t lo, size_t state_at, size_t count,
+                              const float* lr_table, const StepCtl* ctl) {
+  if (state_at + count > n_) throw Error("optimizer: state range outside its " + std::to_string(n_) + " elements");
+  float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
+  be_.layer_sums(params, grads, s1_.data() + state_at, s2, lo, count, segs_, h_, lr_table, ctl, sums_.data());
+}
+
+void Optimizer::layer_apply_at(float* params, const float* grads, size_t lo, size_t state_at, size_t count,
+                               const float* lr_table, const StepCtl* ctl) {
+  if (state_at + count > n_) throw Error("optimizer: state range outside its " + std::to_string(n_) + " elements");
+  float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
+  be_.layer_apply(params, grads, s1_.data() + state_at, s2, lo, count, segs_, sums_.data(), h_, lr_table, ctl);
+}
+
 std::vector<Optimizer::State> Optimizer::state() {
   switch (h_.kind) {
     case OptKind::momentum:
-    case OptKind::nesterov: return {{"momentum_buffer", s1_.data()}};
+    case OptKind::nesterov:
+    case OptKind::lars: return {{"momentum_buffer", s1_.data()}};
     case OptKind::adam:
-    case OptKind::adamw: return {{"exp_avg", s1_.data()}, {"exp_avg_sq", s2_.data()}};
+    case OptKind::adamw:
+    case OptKind::lamb: return {{"exp_avg", s1_.data()}, {"exp_avg_sq", s2_.data()}};
     default: return {};
   }
 }

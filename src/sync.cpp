@@ -78,7 +78,9 @@ BucketPlan plan_buckets(const std::vector<ParamShape>& layers, double bucket_mb,
   constexpr size_t kAlign = BucketPlan::kShardGranule;  // every layer's weights 256-byte aligned
   const size_t grain = P.sharded ? kAlign * size_t(world) : kAlign;
   auto nw = [&](int i) { return in_of(i) * out_of(i); };
-  const std::vector<Part> parts = parts_of(layers, cap, grain, split_large, P.layout.piece_rows);
+  // Row pieces cut at the same rows sharded or not (whole grains of every rank's chunk), so both
+  // give cuBLAS the same GEMMs and differ only in the order of their sums.
+  const std::vector<Part> parts = parts_of(layers, cap, kAlign * size_t(world), split_large, P.layout.piece_rows);
 
   // Offsets, layer 0 first: each bucket's weight range is padded (at a layer boundary, never
   // inside a layer) to a multiple of the grain when sharded.
@@ -236,11 +238,13 @@ void GradSync::reduce(size_t b) {
   const DType t = bf16_wire_ ? DType::bf16 : DType::f32;
   const size_t es = dtype_size(t);
   auto at = [&](size_t off) { return static_cast<char*>(base) + off * es; };
+  comm_.group_begin();  // NCCL: the weights' and the biases' collectives in one launch
   if (plan_.sharded)
     comm_.reduce_scatter(at(k.w_begin), at(plan_.own_w(k)), k.chunk, t, RedOp::sum);
   else
     comm_.allreduce(at(k.w_begin), at(k.w_begin), wlen, t, RedOp::sum);
   if (blen) comm_.allreduce(at(k.b_begin), at(k.b_begin), blen, t, RedOp::sum);
+  comm_.group_end();
 }
 
 // bf16 reduced gradients back into the fp32 arena (this rank's chunk and the biases), with the
@@ -290,16 +294,18 @@ void GradSync::finish() {
   const size_t n = plan_.buckets.size();
   for (size_t b = 0; b < n; ++b)
     if (!reduced_[b]) throw Error("GradSync: bucket " + std::to_string(b) + " was never reported final");
+  // One rank enqueues nothing on the communication stream but the side lane's work (joined by
+  // main_wait); a wait for it would refer to work outside a step being captured.
   if (eager_) {
     for (size_t b = 0; b < n; ++b)
       if (!updated_[b]) update(b);
     if (side_) be_.main_wait();
-    comm_.synchronize();
+    if (world_ > 1) comm_.synchronize();
     return;
   }
   // Every reduction, then the check of every reduced gradient (all ranks decide alike), then
   // the updates: a skipped step leaves parameters and state bitwise as they were.
-  comm_.synchronize();
+  if (world_ > 1) comm_.synchronize();
   float* g = model_.grads();
   if (bf16_wire_) {
     for (size_t b = 0; b < n; ++b) unwire(b, true);
@@ -317,14 +323,46 @@ void GradSync::finish() {
     comm_.synchronize();
   }
   float* p = model_.params();
-  for (const Bucket& k : plan_.buckets) {
-    const size_t own = plan_.own_w(k);
-    opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, false);
-    opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, false);
+  if (opt_.layerwise() && plan_.sharded) {
+    update_layerwise_sharded();
+  } else if (opt_.layerwise()) {
+    opt_.step_at(p, g, 0, plan_.layout.total, lr_, ctl_, false);  // the state mirrors the arena
+  } else {
+    for (const Bucket& k : plan_.buckets) {
+      const size_t own = plan_.own_w(k);
+      opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, false);
+      opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, false);
+    }
   }
   if (plan_.sharded) {
     for (size_t b = 0; b < n; ++b) gather(b);
     comm_.synchronize();
+  }
+}
+
+// LARS and LAMB on a sharded arena: a weight tensor's norms need every piece of it, which lie in
+// every rank's chunks of one or more buckets (a large layer is cut into several). So the sums of
+// this rank's chunks of every bucket are added into one buffer, summed over the ranks, and only
+// then is anything updated. The biases, whole on every rank, are summed after that sum over the
+// ranks (their entries are still zero there) and need none of their own.
+void GradSync::update_layerwise_sharded() {
+  float* p = model_.params();
+  float* g = model_.grads();
+  opt_.clear_layer_sums();
+  for (const Bucket& k : plan_.buckets) {
+    const size_t own = plan_.own_w(k);
+    opt_.layer_sums_at(p + own, g + own, own, k.state_w, k.chunk, lr_, ctl_);
+  }
+  comm_.allreduce(opt_.layer_sums(), opt_.layer_sums(), 2 * opt_.tensors().size(), DType::f32, RedOp::sum);
+  comm_.synchronize();
+  for (const Bucket& k : plan_.buckets)
+    if (k.b_end > k.b_begin)
+      opt_.layer_sums_at(p + k.b_begin, g + k.b_begin, k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_);
+  for (const Bucket& k : plan_.buckets) {
+    const size_t own = plan_.own_w(k);
+    opt_.layer_apply_at(p + own, g + own, own, k.state_w, k.chunk, lr_, ctl_);
+    if (k.b_end > k.b_begin)
+      opt_.layer_apply_at(p + k.b_begin, g + k.b_begin, k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_);
   }
 }
 

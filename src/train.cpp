@@ -14,6 +14,7 @@
 #include "dpt/ckpt.hpp"
 #include "dpt/log.hpp"
 #include "dpt/sync.hpp"
+#include "dpt/timing.hpp"
 #include "dpt/watchdog.hpp"
 
 namespace dpt {
@@ -70,24 +71,32 @@ template <class F> void on_rank0(MPI_Comm c, int rank, const char* what, F&& f) 
 // ---------------------------------------------------------------------------------------------
 
 RankOrder rank_order(const Config& cfg, const Comm& comm) {
+  return rank_order(cfg, comm.rank(), comm.size());
+}
+
+RankOrder rank_order(const Config& cfg, int rank, int world) {
   RankOrder o;
   o.shuffle = cfg.shuffle;
   o.seed = cfg.seed;
-  o.rank = comm.rank();
-  o.world = comm.size();
+  o.rank = rank;
+  o.world = world;
   o.batch = cfg.batch_per_rank;
   o.accumulate = cfg.accumulate;
   return o;
 }
 
 RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train) {
+  return load_run_data(cfg, comm.rank(), comm.size(), with_train);
+}
+
+RunData load_run_data(const Config& cfg, int rank, int world, bool with_train) {
   RunData d;
   const bool shard = cfg.data_read == "shard";
-  if (with_train && shard) d.rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, comm));
+  if (with_train && shard) d.rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, rank, world));
   else if (with_train) d.train = load_dataset(cfg.train_file);
   d.has_test = !cfg.test_file.empty();
   if (d.has_test)
-    d.test = shard ? load_eval_shard(cfg.test_file, comm.rank(), comm.size()) : load_dataset(cfg.test_file);
+    d.test = shard ? load_eval_shard(cfg.test_file, rank, world) : load_dataset(cfg.test_file);
   return d;
 }
 
@@ -185,13 +194,15 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
     image_ = augment_shape(cfg, mp, rows_->info().sample_shape, rows_->path());
     xa_ = Buffer<float>(be, size_t(max_batch) * size_t(model_->in_dim()));
   }
-  opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size);
+  opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size, param_tensors(model_->layers()));
   if (by_gradients) {
     // Each bucket updated as soon as it can be, unless a skipped step must leave the model
-    // bitwise as it was (then: every reduction, the check, every update). DPT_EAGER_UPDATE=0
-    // keeps the update after the whole backward pass, for measurements.
+    // bitwise as it was (then: every reduction, the check, every update), or the optimizer needs
+    // whole tensors' norms first (LARS, LAMB: their first pass already changes the state, so the
+    // verdict must come before it). DPT_EAGER_UPDATE=0 keeps the update after the whole backward
+    // pass, for measurements.
     const char* e = std::getenv("DPT_EAGER_UPDATE");
-    const bool eager = cfg.on_nonfinite == "stop" && !(e && std::string(e) == "0");
+    const bool eager = cfg.on_nonfinite == "stop" && !opt_->layerwise() && !(e && std::string(e) == "0");
     sync_ = std::make_unique<GradSync>(*plan_, be, comm, *model_, *opt_, cfg.grad_dtype == "bf16", eager);
   }
   report_memory();
@@ -445,6 +456,7 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   float host_stats[2];
   // A big test set takes long in total but each chunk is bounded: the clock restarts per chunk.
   watchdog::Phase phase("evaluating", step_);
+  timing::Scope timed(timing::Phase::eval);
   for (int64_t r0 = begin; r0 < end; r0 += chunk, phase.restart()) {
     const int n = int(std::min<int64_t>(chunk, end - r0));
     for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
@@ -636,8 +648,10 @@ void Trainer::log_step(TrainResult& res) {
 void Trainer::log_eval(const EvalResult& e) {
   if (comm_.rank() != 0) return;
   std::ostringstream js;
+  // time_s: when the evaluation ended (the step's record has when it began).
   js << "{\"eval\": \"test\", \"step\": " << step_ << ", \"epoch\": " << epoch_ + 1
-     << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy) << "}";
+     << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy)
+     << ", \"time_s\": " << fmt("%.3f", seconds_since(t0_)) << "}";
   metrics_->write(js.str());
   log::info("eval  step " + std::to_string(step_) + "  test loss " + fmt("%.4f", e.loss) +
             "  accuracy " + fmt("%.4f", e.accuracy) + "  (" + std::to_string(e.n) + " samples)");
@@ -681,7 +695,10 @@ TrainResult Trainer::run() {
         // On the CPU the step's allreduces happen inside (each its own phase); on a GPU the
         // host blocks only where it reads results back, which are phases of their own.
         watchdog::Phase phase("computing", step_ + 1);
+        const bool early = step_ - first_step < 2;  // the eager first step, then the capture
+        const double t = early ? timing::now() : 0;
         runner->run();
+        if (early) timing::add(timing::Phase::first_steps, timing::now() - t);
       }
       ++step_;
       ++step_in_epoch_;
@@ -693,7 +710,10 @@ TrainResult Trainer::run() {
       if (log || eval || save) check_health();
       if (log) log_step(res);
       if (eval) log_eval(res.last_eval = evaluate(*test_));
-      if (save) save_checkpoint();
+      if (save) {
+        timing::Scope timed(timing::Phase::checkpoint);
+        save_checkpoint();
+      }
       // With sync = parameters, stop only where the ranks hold one model (after an average).
       const bool one_model = by_gradients || step_ % cfg_.average_every == 0;
       if (one_model && (comm_.size() > 1 ? agree_stop() : stop_requested())) {
@@ -716,7 +736,10 @@ TrainResult Trainer::run() {
   res.graph = runner->captured();
   check_health();
   if (!by_gradients && step_ % cfg_.average_every != 0) average_parameters();  // one final model
-  if (last_saved_ != step_) save_checkpoint();
+  if (last_saved_ != step_) {
+    timing::Scope timed(timing::Phase::final_ckpt);
+    save_checkpoint();
+  }
   res.steps = step_;
   res.epoch = epoch_;
   return res;

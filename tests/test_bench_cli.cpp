@@ -1,6 +1,8 @@
 // bench-scaling as a user runs it, end to end on tiny settings: `mpirun -np 2 ./bench-scaling`
 // with a config and overrides, and `./bench-scaling` alone (singleton MPI, one rank), each
-// writing the table to stdout and the report folder; a bad key is rejected with its name.
+// writing the table to stdout and the report folder; the variants of the gradient path, the
+// reduce-scatter and all-gather sweeps and the PyTorch DDP peer (torchrun over gloo, where
+// /usr/bin/python3 imports torch) on CPU ranks; a bad key or variant is rejected with its name.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,26 +59,37 @@ class BenchCli : public ::testing::Test {
       << (dir / "test.h5").string() << "\n[train]\noptimizer = sgd\nlr = 0.1\nbase_batch = 16\n[device]\nthreads = 1\n"
       << "[scaling]\nmodels = small:16,32,4\nweak_batch_per_rank = 8\nstrong_global_batch = 16\nwarmup_steps = 2\n"
       << "timed_steps = 3\nrepeats = 1\ndata_iters = 2\n[allreduce]\nmin_bytes = 64\nmax_bytes = 4096\nfactor = 8\n"
-      << "iters = 2\nrepeats = 1\n[buckets]\nsizes_mb = 0.0001,1\n[grid]\nglobal_batches = 16,64\nlr_rules = none,linear\n"
+      << "iters = 2\nrepeats = 1\n[buckets]\nsizes_mb = 0.0001,1\n[grid]\nglobal_batches = 16,32,64\nlr_rules = none,linear\n"
       << "warmup = off\nepochs = 1\ntarget_accuracy = 0.5\nevals_per_run = 3\n[predict]\nmax_ranks = 8\n";
   }
   static void TearDownTestSuite() { fs::remove_all(dir); }
 
-  // The report folder holds every file, the JSON parses, and the stdout table has a units row.
-  void expect_report(const Outcome& r, const fs::path& out, int scaling_rows) {
+  // The report folder holds every file, the JSON parses with the grid's time-to-target tables
+  // (one check run per subset: `ranks` of them), the plots are drawn where matplotlib is, and
+  // the stdout table has a units row.
+  void expect_report(const Outcome& r, const fs::path& out, int scaling_rows, int ranks) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("# Weak and strong scaling"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("(samples/s)"), std::string::npos) << r.out;
-    for (const char* f : {"report.md", "records.csv", "records.json", "efficiency-vs-ranks.svg", "accuracy-vs-batch.svg",
-                          "throughput-vs-batch.svg"})
-      EXPECT_TRUE(fs::exists(out / f)) << f << "\n" << r.out;
+    EXPECT_NE(r.out.find("# Time to the target accuracy on N ranks"), std::string::npos) << r.out;
+    for (const char* f : {"report.md", "records.csv", "records.json"}) EXPECT_TRUE(fs::exists(out / f)) << f << "\n" << r.out;
     const std::string cmd = "python3 -c \"import json,sys; d=json.load(open('" + (out / "records.json").string() +
                             "')); t=d['tables']; sys.exit(0 if len(t['scaling']['rows']) == " + std::to_string(scaling_rows) +
-                            " and len(t['grid']['rows']) == 4 else 1)\"";
+                            " and len(t['grid']['rows']) == 6 and len(t['critical']['rows']) == 2 and len(t['tta']['rows']) > 0"
+                            " and len(t['check']['rows']) == " + std::to_string(ranks) +
+                            " and all(c['measured_s'] is not None for c in t['check']['rows']) else 1)\"";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(out / "records.json");
     const std::string md = slurp(out / "report.md");
     EXPECT_NE(md.find("## Machine"), std::string::npos);
     EXPECT_NE(md.find("no GPU"), std::string::npos);
+    const bool matplotlib = std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0 ||
+                            std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+    for (const char* f : {"efficiency-vs-ranks.svg", "accuracy-vs-batch.svg", "throughput-vs-batch.svg",
+                          "epochs-to-target-vs-batch.svg", "time-to-target-vs-ranks.svg", "tta-speedup-vs-ranks.svg"}) {
+      EXPECT_NE(md.find(std::string("](") + f + ")"), std::string::npos) << f;
+      if (matplotlib) EXPECT_TRUE(fs::exists(out / f)) << f << "\n" << r.out;
+    }
+    if (!matplotlib) EXPECT_NE(md.find("plots not drawn"), std::string::npos);
   }
 };
 fs::path BenchCli::dir;
@@ -87,7 +100,7 @@ TEST_F(BenchCli, TwoRanksMeasureEverySubsetAndWriteTheReport) {
   const fs::path out = dir / "two";
   Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
                  out.string() + " --grid.epochs 1");
-  expect_report(r, out, 4);  // n = 1, 2 × weak, strong
+  expect_report(r, out, 4, 2);  // n = 1, 2 × weak, strong; a check run on 1 and 2 ranks
   EXPECT_TRUE(fs::exists(out / "busbw-vs-size.svg"));
   EXPECT_NE(r.out.find("#wrong"), std::string::npos);
 }
@@ -95,8 +108,60 @@ TEST_F(BenchCli, TwoRanksMeasureEverySubsetAndWriteTheReport) {
 TEST_F(BenchCli, AloneItIsOneRank) {
   const fs::path out = dir / "one";
   Outcome r = sh(std::string(DPT_BINARY_DIR) + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " + out.string());
-  expect_report(r, out, 2);  // n = 1 × weak, strong
+  expect_report(r, out, 2, 1);  // n = 1 × weak, strong
   EXPECT_NE(r.out.find("one rank: no allreduce"), std::string::npos) << r.out;
+}
+
+// A grid alone (report.sections) with LARS and LAMB beside the base optimizer: 3 optimizers ×
+// 1 rule × 1 warm-up × 2 batches.
+TEST_F(BenchCli, GridAloneWithLarsAndLamb) {
+  const fs::path out = dir / "grid";
+  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
+                 out.string() + " --report.sections grid --grid.optimizers 'sgd:0.1 lars:2 lamb:0.01' --grid.lr_rules sqrt"
+                 " --grid.warmup on --grid.global_batches 16,32");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("# Weak and strong scaling"), std::string::npos) << r.out;
+  const std::string cmd = "python3 -c \"import json,sys; d=json.load(open('" + (out / "records.json").string() +
+                          "')); t=d['tables']; v=set(r['variant'] for r in t['grid']['rows']); sys.exit(0 if "
+                          "'scaling' not in t and len(t['grid']['rows']) == 6 and v == {'sgd:0.1 sqrt +warm-up', "
+                          "'lars:2 sqrt +warm-up', 'lamb:0.01 sqrt +warm-up'} else 1)\"";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(out / "records.json");
+}
+
+TEST_F(BenchCli, VariantsCollectivesAndThePyTorchPeerOnCpuRanks) {
+  const bool torch = std::system("/usr/bin/python3 -c 'import torch, torch.distributed' >/dev/null 2>&1") == 0;
+  const fs::path out = dir / "peer";
+  // Debian's torch 1.13 under Python 3.11 fails on torchrun's default --redirects 0; 2 (stderr
+  // to files, teed) works there and on current torch alike.
+  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
+                 out.string() + " --grid.enabled false --scaling.variants 'unsharded-fp32 sharded-bf16'" +
+                 " --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR + "/bench/torch_ddp.py" +
+                 " --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps 3 --ddp.repeats 2" +
+                 " --ddp.buckets_mb 1,25");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* title : {"# Reduce-scatter alone", "# All-gather alone", "# PyTorch DDP beside dptrain"})
+    EXPECT_NE(r.out.find(title), std::string::npos) << title << "\n" << r.out;
+  // The records, counted by python's json module.
+  const std::string count = std::string(
+      "import json,sys; t=json.load(open(sys.argv[1]))['tables']; sc=t['scaling']['rows']; p=t['ddp_peer']['rows']; "
+      "print('scaling', len(sc), ','.join(sorted({r['variant'] for r in sc})), "
+      "'collectives', len(t['reduce_scatter']['rows']), len(t['all_gather']['rows']), "
+      "sum(r['wrong'] for c in ('allreduce','reduce_scatter','all_gather') for r in t[c]['rows']), "
+      "'peer', len(p), sum(1 for r in p if (r['peer_step_ms'] or 0) > 0 and (r['ratio'] or 0) > 0), "
+      "sum(1 for r in p if r['strongest'] == '*'))");
+  const Outcome c = sh("/usr/bin/python3 -c \"" + count + "\" " + (out / "records.json").string());
+  ASSERT_EQ(c.code, 0) << c.out;
+  // n = 1, 2 × weak, strong × 2 variants; 64, 512, 4096 B on 2 ranks, every result exact.
+  EXPECT_NE(c.out.find("scaling 8 sharded-bf16,unsharded-fp32 collectives 3 3 0"), std::string::npos) << c.out;
+  if (!torch) {
+    EXPECT_NE(r.out.find("cannot import torch"), std::string::npos) << r.out;
+    GTEST_SKIP() << "/usr/bin/python3 has no torch: the peer's rows were not checked";
+  }
+  // weak: 1 process (eager, compiled step) and 2 (buckets 1 and 25 MB, compiled step); strong:
+  // 1 process at the global batch, and the 2-process run again (same batch per rank). The
+  // eager rows are timed beside dptrain's; one strongest per mode and n.
+  EXPECT_NE(c.out.find("peer 10 6 4"), std::string::npos) << c.out << r.out;
+  EXPECT_TRUE(fs::exists(out / "ddp-peer" / "small-n2-b8.log"));
 }
 
 TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
@@ -104,4 +169,8 @@ TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
                  " --scaling.repeets 3");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("scaling.repeets"), std::string::npos) << r.out;
+  r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() +
+         " --scaling.variants 'sharded-fp32 zero3-bf16'");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("scaling.variants = 'zero3-bf16' (command line)"), std::string::npos) << r.out;
 }

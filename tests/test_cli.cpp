@@ -124,6 +124,51 @@ TEST_F(Cli, TrainsEvaluatesCheckpointsAndEvalReadsItBack) {
   Outcome e = sh(dptrain(2, "--eval --checkpoint " + ck.string()));
   EXPECT_EQ(e.code, 0) << e.out;
   EXPECT_NE(e.out.find("accuracy"), std::string::npos) << e.out;
+  EXPECT_EQ(r.out.find("timing (log.timing)"), std::string::npos) << "log.timing is off by default";
+}
+
+// log.timing = true: the phase table accounts for the run. Its serial rows (each the slowest
+// rank's) cover the time from process start to the report, the loop holds its parts, the work
+// that happened shows up (evaluations, periodic and final checkpoints), and the whole fits in the
+// wall time mpirun took.
+TEST_F(Cli, TimingReportAccountsForTheRun) {
+  std::string cfg = ini("[checkpoint]\ndir = " + (dir / "ck-timing").string() + "\nevery_steps = 30\n", "timing.ini");
+  // A wider model and the training set as test set: evaluations take milliseconds, enough for
+  // the table's resolution.
+  Outcome r = sh(dptrain(2, "--config " + cfg + " --log.timing true --model.layers 16,512,512,4 --data.test " +
+                                (dir / "train.h5").string()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto value = [&](const std::string& row) {
+    const size_t at = r.out.find("\n  " + row + " ");
+    if (at == std::string::npos) return -1.0;
+    return std::stod(r.out.substr(r.out.find_first_not_of(' ', at + 3 + row.size())));
+  };
+  auto seconds_after = [&](const std::string& words) {
+    const size_t at = r.out.find(words);
+    return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + words.size()));
+  };
+  const char* serial[] = {"process start to main", "MPI_Init", "configuration", "backend", "transport",
+                          "datasets (wait)", "model", "training loop", "around the loop", "other"};
+  double sum = 0;
+  for (const char* row : serial) {
+    const double v = value(row);
+    EXPECT_GE(v, 0) << "row '" << row << "' missing or negative in:\n" << r.out;
+    sum += v;
+  }
+  const double total = value("process start to here");
+  ASSERT_GT(total, 0) << r.out;
+  EXPECT_GE(sum, total - 0.01) << r.out;  // each row is a maximum over ranks: the sum covers any rank's total
+  const double loop = value("training loop");
+  const double first = seconds_after("first two steps "), evals = seconds_after("evaluations ");
+  const double ckpts = seconds_after("periodic checkpoints "), final_ckpt = seconds_after("final checkpoint ");
+  EXPECT_GT(evals, 0) << r.out;       // one per epoch
+  EXPECT_GT(ckpts, 0) << r.out;       // steps 30 and 60
+  EXPECT_GT(final_ckpt, 0) << r.out;  // step 80
+  EXPECT_GE(first, 0) << r.out;
+  EXPECT_LE(first + evals + ckpts, loop + 0.003) << r.out;
+  const double to_end = seconds_after("process start to the end of main ");
+  EXPECT_GE(to_end, total) << r.out;
+  EXPECT_LE(to_end, r.seconds) << r.out;
 }
 
 TEST_F(Cli, MissingConfigFile) { expect_rejected("--config /nonexistent/run.ini", {"/nonexistent/run.ini"}); }

@@ -1,12 +1,15 @@
 // The MPI transport's typed collectives on element counts, against values every rank can
-// compute for itself (rank-dependent inputs, exact integer-valued floats so sums are exact).
+// compute for itself (rank-dependent inputs, exact integer-valued floats so sums are exact);
+// the one-rank transport against the MPI transport.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "dpt/backend.hpp"
+#include "dpt/check.hpp"
 #include "dpt/comm.hpp"
 
 using namespace dpt;
@@ -84,4 +87,47 @@ TEST(MpiTransport, AllOkAgreesOnEveryRank) {
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   EXPECT_TRUE(all_ok(MPI_COMM_WORLD, true, ""));
   EXPECT_FALSE(all_ok(MPI_COMM_WORLD, r != 1, "rank 1 says no"));  // one rank's no is everyone's
+}
+
+// The one-rank transport against the MPI transport over the same one-rank communicator
+// (MPI_COMM_SELF, on every rank of this test): each collective, in and out of place, gives MPI's
+// bits; a communicator of more ranks is refused.
+TEST(SelfTransport, MatchesMpiOnOneRank) {
+  BackendOptions opt;
+  opt.type = "cpu";
+  opt.threads = 1;
+  auto be = make_cpu_backend(opt);
+  auto self = make_self_comm(MPI_COMM_SELF, *be);
+  auto mpi = make_mpi_comm(MPI_COMM_SELF, nullptr);
+  EXPECT_EQ(self->size(), 1);
+  EXPECT_TRUE(self->capturable());
+  const size_t n = 1001;
+  std::vector<float> src(n);
+  for (size_t i = 0; i < n; ++i) src[i] = value<float>(self->rank(), i) * 0.37f;
+  for (RedOp op : {RedOp::sum, RedOp::max, RedOp::min}) {
+    std::vector<float> a(n, -1.f), b(n, -2.f), ia = src, ib = src;
+    self->allreduce(src.data(), a.data(), n, DType::f32, op);
+    mpi->allreduce(src.data(), b.data(), n, DType::f32, op);
+    EXPECT_EQ(a, b) << "out of place, op " << int(op);
+    self->allreduce(ia.data(), ia.data(), n, DType::f32, op);
+    mpi->allreduce(ib.data(), ib.data(), n, DType::f32, op);
+    EXPECT_EQ(ia, ib) << "in place, op " << int(op);
+  }
+  std::vector<int64_t> s64(77), a64(77), b64(77);
+  for (size_t i = 0; i < s64.size(); ++i) s64[i] = value<int64_t>(0, i);
+  self->reduce_scatter(s64.data(), a64.data(), s64.size(), DType::i64, RedOp::sum);
+  mpi->reduce_scatter(s64.data(), b64.data(), s64.size(), DType::i64, RedOp::sum);
+  EXPECT_EQ(a64, b64);
+  std::fill(a64.begin(), a64.end(), 0);
+  std::fill(b64.begin(), b64.end(), 0);
+  self->allgather(s64.data(), a64.data(), s64.size(), DType::i64);
+  mpi->allgather(s64.data(), b64.data(), s64.size(), DType::i64);
+  EXPECT_EQ(a64, b64);
+  std::vector<float> x = src, y = src;
+  self->broadcast(x.data(), n, 0);
+  mpi->broadcast(y.data(), n, 0);
+  EXPECT_EQ(x, y);
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) EXPECT_THROW(make_self_comm(MPI_COMM_WORLD, *be), Error);
 }

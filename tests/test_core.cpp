@@ -63,6 +63,13 @@ TEST(Config, ErrorsNameKeyValueAndFile) {
   e = error_of(std::string(kMinimal) + "[train]\noptimizer = lion\n");
   EXPECT_NE(e.find("train.optimizer = 'lion'"), std::string::npos) << e;
   EXPECT_NE(e.find("adamw"), std::string::npos) << e;
+  EXPECT_NE(e.find("lamb"), std::string::npos) << e;
+
+  e = error_of(std::string(kMinimal) + "[train]\noptimizer = lars\ntrust_coefficient = -0.1\n");
+  EXPECT_NE(e.find("train.trust_coefficient = '-0.1'"), std::string::npos) << e;
+  EXPECT_NE(e.find("test.ini"), std::string::npos) << e;
+  e = error_of(kMinimal, {"--train.trust_clip", "inf"});
+  EXPECT_NE(e.find("train.trust_clip"), std::string::npos) << e;
 
   e = error_of(std::string(kMinimal) + "[train]\nlr = 0.1\nlr = 0.2\n");
   EXPECT_NE(e.find("lr"), std::string::npos) << e;
@@ -250,6 +257,147 @@ TEST(Optim, Nesterov) { check_optimizer("nesterov", 0.0); }
 TEST(Optim, Adam) { check_optimizer("adam", 0.0); }
 TEST(Optim, AdamWeightDecay) { check_optimizer("adam", 0.1); }
 TEST(Optim, AdamW) { check_optimizer("adamw", 0.1); }
+
+// ---- LARS and LAMB against their formulas written out in double (README) ----------------------
+
+namespace {
+
+// Two tensors: a weight (4 elements, adapting) and a bias (3, neither trust ratio nor decay).
+const std::vector<TensorSeg> kTwoTensors = {{0, 4, true}, {4, 7, false}};
+
+void ref_layerwise(const std::string& kind, Ref& r, const std::vector<double>& g, double lr,
+                   double mom, double wd, double eta, double clip, int t) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  for (const TensorSeg& seg : kTwoTensors) {
+    const double lam = seg.adapt ? wd : 0.0;
+    std::vector<double> d(seg.end - seg.begin);
+    double wn = 0, dn = 0;
+    for (size_t i = seg.begin; i < seg.end; ++i) {
+      double di = g[i];
+      if (kind == "lamb") {
+        r.s1[i] = b1 * r.s1[i] + (1 - b1) * g[i];
+        r.s2[i] = b2 * r.s2[i] + (1 - b2) * g[i] * g[i];
+        di = r.s1[i] / (1 - std::pow(b1, t)) / (std::sqrt(r.s2[i] / (1 - std::pow(b2, t))) + eps) + lam * r.p[i];
+      }
+      d[i - seg.begin] = di;
+      wn += r.p[i] * r.p[i];
+      dn += di * di;
+    }
+    wn = std::sqrt(wn), dn = std::sqrt(dn);
+    double ratio = 1;
+    if (seg.adapt && wn > 0 && dn > 0) ratio = eta * wn / (kind == "lars" ? dn + lam * wn : dn);
+    if (seg.adapt && clip > 0) ratio = std::min(ratio, clip);
+    for (size_t i = seg.begin; i < seg.end; ++i) {
+      if (kind == "lars") {
+        r.s1[i] = mom * r.s1[i] + ratio * (g[i] + lam * r.p[i]);
+        r.p[i] -= lr * r.s1[i];
+      } else {
+        r.p[i] -= lr * ratio * d[i - seg.begin];
+      }
+    }
+  }
+}
+
+void check_layerwise(const std::string& kind, double wd, double eta, double clip) {
+  auto be = make_cpu_backend({});
+  Config c;
+  c.optimizer = kind;
+  c.momentum = 0.8;
+  c.weight_decay = wd;
+  c.trust_coefficient = eta;
+  c.trust_clip = clip;
+  const size_t n = 7;
+  Optimizer opt(*be, c, n, kTwoTensors);
+  std::vector<float> p{0.5f, -1.f, 2.f, 0.f, 0.25f, -0.75f, 1.5f};
+  Ref r{std::vector<double>(p.begin(), p.end()), std::vector<double>(n), std::vector<double>(n)};
+  const double coeff = trust_coefficient(c);
+  for (int t = 1; t <= 4; ++t) {
+    std::vector<float> g(n);
+    std::vector<double> gd(n);
+    for (size_t i = 0; i < n; ++i) gd[i] = g[i] = float(std::sin(double(i + 1) * t) * 0.5);
+    const double lr = (kind == "lars" ? 20.0 : 0.1) / t;
+    opt.step(p.data(), g.data(), lr);
+    ref_layerwise(kind, r, gd, lr, c.momentum, wd, coeff, clip, t);
+    for (size_t i = 0; i < n; ++i) EXPECT_NEAR(p[i], r.p[i], 4e-6) << kind << " step " << t << " i " << i;
+  }
+}
+
+}  // namespace
+
+TEST(Optim, Lars) { check_layerwise("lars", 0.0, 0.0, 0.0); }
+TEST(Optim, LarsWeightDecayAndClip) { check_layerwise("lars", 0.05, 0.02, 0.03); }  // r ≈ 0.04 clipped
+TEST(Optim, Lamb) { check_layerwise("lamb", 0.0, 0.0, 0.0); }
+TEST(Optim, LambWeightDecayAndClip) { check_layerwise("lamb", 0.1, 0.5, 0.3); }
+
+TEST(Optim, LayerwiseDefaultsAndStateNames) {
+  Config c;
+  c.optimizer = "lars";
+  EXPECT_DOUBLE_EQ(trust_coefficient(c), 0.001);
+  c.optimizer = "lamb";
+  EXPECT_DOUBLE_EQ(trust_coefficient(c), 1.0);
+  c.trust_coefficient = 0.02;
+  EXPECT_DOUBLE_EQ(trust_coefficient(c), 0.02);
+  auto be = make_cpu_backend({});
+  Optimizer lamb(*be, c, 3);
+  ASSERT_EQ(lamb.state().size(), 2u);
+  EXPECT_EQ(lamb.state()[0].name, "exp_avg");
+  EXPECT_EQ(lamb.state()[1].name, "exp_avg_sq");
+  c.optimizer = "lars";
+  Optimizer lars(*be, c, 3);
+  ASSERT_EQ(lars.state().size(), 1u);
+  EXPECT_EQ(lars.state()[0].name, "momentum_buffer");
+  // The model's tensors: each weight (adapting), then its bias.
+  MLP m(*be, {3, 4, 2}, Act::relu, 1);
+  const auto t = param_tensors(m.layers());
+  ASSERT_EQ(t.size(), 4u);
+  EXPECT_EQ(t[0].begin, 0u);
+  EXPECT_EQ(t[0].end, 12u);
+  EXPECT_TRUE(t[0].adapt);
+  EXPECT_EQ(t[1].begin, 12u);
+  EXPECT_EQ(t[1].end, 16u);
+  EXPECT_FALSE(t[1].adapt);
+  EXPECT_EQ(t[3].end, m.num_params());
+}
+
+// What a sharded or bucketed caller does: the sums pass over two ranges that cut a tensor, the
+// sums added, then the update of each range, equals one pass over the whole arena (to the
+// rounding of adding two partial sums).
+TEST(Optim, LayerwiseRangesAddUpToTheWholeArena) {
+  auto be = make_cpu_backend({});
+  for (const char* kind : {"lars", "lamb"}) {
+    Config c;
+    c.optimizer = kind;
+    c.weight_decay = 0.01;
+    const std::vector<TensorSeg> segs = {{0, 40, true}, {40, 45, false}, {45, 85, true}, {85, 89, false}};
+    const size_t n = 89, cut = 60;  // inside the second weight
+    Optimizer whole(*be, c, n, segs), parts(*be, c, n, segs);
+    std::vector<float> p(n), g(n);
+    for (size_t i = 0; i < n; ++i) p[i] = float(std::cos(0.3 * double(i))), g[i] = float(std::sin(0.7 * double(i)) * 0.1);
+    std::vector<float> q = p;
+    const float lr_table[1] = {0.05f};
+    for (int t = 0; t < 3; ++t) {
+      whole.step(p.data(), g.data(), 0.05);
+      StepCtl ctl;  // the loop's path: lr and t read from the step control
+      ctl.updates = t;
+      parts.clear_layer_sums();
+      parts.layer_sums_at(q.data(), g.data(), 0, 0, cut, lr_table, &ctl);
+      const std::vector<float> first(parts.layer_sums(), parts.layer_sums() + 2 * segs.size());
+      EXPECT_EQ(first[6], 0.f) << "the last tensor lies outside [0, cut)";
+      parts.layer_sums_at(q.data() + cut, g.data() + cut, cut, cut, n - cut, lr_table, &ctl);  // adds
+      EXPECT_EQ(parts.layer_sums()[0], first[0]) << "the first tensor lies outside [cut, n)";
+      parts.layer_apply_at(q.data(), g.data(), 0, 0, cut, lr_table, &ctl);
+      parts.layer_apply_at(q.data() + cut, g.data() + cut, cut, cut, n - cut, lr_table, &ctl);
+    }
+    // A step whose gradients were non-finite does nothing.
+    StepCtl bad;
+    bad.bad = 1;
+    const std::vector<float> before = q;
+    parts.layer_sums_at(q.data(), g.data(), 0, 0, n, lr_table, &bad);
+    parts.layer_apply_at(q.data(), g.data(), 0, 0, n, lr_table, &bad);
+    EXPECT_EQ(q, before) << kind;
+    for (size_t i = 0; i < n; ++i) EXPECT_NEAR(q[i], p[i], 1e-6) << kind << " i " << i;
+  }
+}
 
 // Adam's per-step scalars as torch.optim forms them: in double from the betas as given (Python
 // floats), rounded to float once. In float from float(0.999), 1 - beta2 is off by 1.3e-5.

@@ -369,6 +369,88 @@ TEST(CudaBackend, OptimizerStep) {
       }
 }
 
+// LARS and LAMB: the GPU's two passes against the CPU backend's, on 70 tensors (two launches of
+// at most 64) of which one is long enough for many partial-sum blocks; the loop's path (lr and t
+// from the step control on the device) over the whole arena and, for the sums, over two ranges
+// that cut a tensor, added as a sharded caller would; the sums bitwise reproducible; a step
+// with ctl->bad changes nothing.
+TEST(CudaBackend, LayerwiseOptimizersMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  std::vector<TensorSeg> segs;
+  size_t n = 0;
+  for (int i = 0; i < 70; ++i) {
+    const size_t len = i == 3 ? 700001 : size_t(5 + 37 * i);
+    segs.push_back({n, n + len, i % 2 == 0});
+    n += len;
+  }
+  const size_t cut = segs[3].begin + 12345;
+  for (OptKind kind : {OptKind::lars, OptKind::lamb}) {
+    const std::string what = kind == OptKind::lars ? "lars" : "lamb";
+    OptimStep h;
+    h.kind = kind;
+    h.momentum = 0.9f;
+    h.weight_decay = 0.01f;
+    h.trust_coefficient = kind == OptKind::lars ? 0.02f : 1.f;
+    h.trust_clip = kind == OptKind::lars ? 0.f : 0.5f;
+    const std::vector<float> p0 = uniform(n, 700), zeros(n, 0.f), lr{0.05f, 0.04f, 0.03f, 0.02f};
+    auto cp = put(*cpu, p0), cs1 = put(*cpu, zeros), cs2 = put(*cpu, zeros);
+    auto gp = put(*g, p0), gs1 = put(*g, zeros), gs2 = put(*g, zeros);
+    auto glr = put(*g, lr);
+    Buffer<float> csums(*cpu, 2 * segs.size()), gsums(*g, 2 * segs.size());
+    Buffer<StepCtl> gctl(*g, 1);
+    for (int t = 1; t <= 4; ++t) {
+      h.t = t;
+      h.lr = lr[size_t(t - 1)];
+      const std::vector<float> grad = uniform(n, 800 + uint64_t(t), -0.1f, 0.1f);
+      auto cg = put(*cpu, grad);
+      auto gg = put(*g, grad);
+      cpu->fill(csums.data(), csums.size(), 0.f);  // the sums passes add into them
+      cpu->layer_sums(cp.data(), cg.data(), cs1.data(), cs2.data(), 0, n, segs, h, nullptr, nullptr, csums.data());
+      cpu->layer_apply(cp.data(), cg.data(), cs1.data(), cs2.data(), 0, n, segs, csums.data(), h, nullptr, nullptr);
+      StepCtl c;
+      c.step = t - 1;
+      c.updates = t - 1;
+      g->upload(gctl.data(), &c, sizeof c);
+      g->fill(gsums.data(), gsums.size(), 0.f);
+      if (t % 2) {  // the whole arena
+        g->layer_sums(gp.data(), gg.data(), gs1.data(), gs2.data(), 0, n, segs, h, glr.data(), gctl.data(), gsums.data());
+      } else {      // two ranges, their sums added into one buffer
+        g->layer_sums(gp.data(), gg.data(), gs1.data(), gs2.data(), 0, cut, segs, h, glr.data(), gctl.data(), gsums.data());
+        g->layer_sums(gp.data() + cut, gg.data() + cut, gs1.data() + cut, gs2.data() + cut, cut, n - cut, segs, h,
+                      glr.data(), gctl.data(), gsums.data());
+      }
+      EXPECT_LE(rel_err(get(*g, gsums), get(*cpu, csums)), 1e-5) << "sums " << what << " step " << t;
+      g->layer_apply(gp.data(), gg.data(), gs1.data(), gs2.data(), 0, n, segs, gsums.data(), h, glr.data(), gctl.data());
+    }
+    EXPECT_LE(rel_err(get(*g, gp), get(*cpu, cp)), 1e-5) << "p " << what;
+    EXPECT_LE(rel_err(get(*g, gs1), get(*cpu, cs1)), 1e-5) << "state 1 " << what;
+    if (kind == OptKind::lamb) EXPECT_LE(rel_err(get(*g, gs2), get(*cpu, cs2)), 1e-5) << "state 2 " << what;
+    // LARS's sums pass writes nothing but the sums: running it twice gives the same bits.
+    if (kind == OptKind::lars) {
+      const std::vector<float> grad = uniform(n, 900, -0.1f, 0.1f);
+      auto gg = put(*g, grad);
+      g->fill(gsums.data(), gsums.size(), 0.f);
+      g->layer_sums(gp.data(), gg.data(), gs1.data(), gs2.data(), 0, n, segs, h, glr.data(), gctl.data(), gsums.data());
+      const std::vector<float> first = get(*g, gsums);
+      g->fill(gsums.data(), gsums.size(), 0.f);
+      g->layer_sums(gp.data(), gg.data(), gs1.data(), gs2.data(), 0, n, segs, h, glr.data(), gctl.data(), gsums.data());
+      EXPECT_EQ(first, get(*g, gsums)) << "sums not reproducible";
+    }
+    // ctl->bad: neither pass touches parameters or state.
+    StepCtl bad;
+    bad.bad = 1;
+    g->upload(gctl.data(), &bad, sizeof bad);
+    const std::vector<float> p_before = get(*g, gp), s_before = get(*g, gs1);
+    auto gg = put(*g, uniform(n, 901, -0.1f, 0.1f));
+    g->layer_sums(gp.data(), gg.data(), gs1.data(), gs2.data(), 0, n, segs, h, glr.data(), gctl.data(), gsums.data());
+    g->layer_apply(gp.data(), gg.data(), gs1.data(), gs2.data(), 0, n, segs, gsums.data(), h, glr.data(), gctl.data());
+    EXPECT_EQ(get(*g, gp), p_before) << what;
+    EXPECT_EQ(get(*g, gs1), s_before) << what;
+  }
+}
+
 TEST(CudaBackend, FillScaleCopyAllFinite) {
   SKIP_WITHOUT_GPU();
   auto g = gpu();

@@ -171,6 +171,55 @@ TEST(Resume, ContinuesExactlyLikeTheUninterruptedRun) {
       std::filesystem::remove_all(std::filesystem::temp_directory_path() / (std::string("dpt-") + t + "-" + std::to_string(::getpid())));
 }
 
+// LARS and LAMB take each tensor's trust ratio from the reduced gradient, so rank counts agree
+// as with the other optimizers; their state is checkpointed under torch's names and a resumed
+// run continues bitwise.
+TEST(Layerwise, LarsAndLambMatchAcrossRankCountsAndResumeBitwise) {
+  for (const std::string opt : {"lars", "lamb"}) {
+    Config c = base_config();
+    c.optimizer = opt;
+    c.lr = opt == "lars" ? 0.2 : 0.01;
+    c.trust_coefficient = opt == "lars" ? 0.02 : 0.0;
+    c.weight_decay = 0.001;
+    c.epochs = 2;
+    c.batch_per_rank = 32;
+    Outcome one = train_on(1, c);
+    EXPECT_LT(one.losses.back(), 0.8 * one.losses.front()) << opt << ": it trains";
+    for (int n : {2, 4}) {
+      c.batch_per_rank = 32 / n;
+      expect_same_run(train_on(n, c), one, opt + ": " + std::to_string(n) + " ranks vs 1");
+    }
+
+    c.batch_per_rank = 8;
+    c.ckpt_every = 7;
+    c.ckpt_keep = 0;
+    c.ckpt_dir = temp_dir("lw-" + opt);
+    Outcome full = train_on(2, c);
+    std::string mid;
+    if (world_rank() == 0) {
+      mid = checkpoint_path(c.ckpt_dir, 21);
+      const Checkpoint ck = read_checkpoint(mid);
+      EXPECT_EQ(ck.optimizer, opt);
+      for (const char* t : {"fc0/weight", "fc2/bias"})
+        for (const char* st : opt == "lars" ? std::vector<const char*>{"momentum_buffer"}
+                                            : std::vector<const char*>{"exp_avg", "exp_avg_sq"})
+          EXPECT_NE(ck.find(std::string("optimizer/") + st + "/" + t), nullptr) << opt << " " << st << "/" << t;
+    }
+    bcast_string(MPI_COMM_WORLD, mid);
+    Config resumed = c;
+    resumed.resume = mid;
+    resumed.ckpt_dir = temp_dir("lw-r-" + opt);
+    Outcome rest = train_on(2, resumed);
+    EXPECT_EQ(rest.steps, full.steps) << opt;
+    ASSERT_EQ(rest.params.size(), full.params.size());
+    EXPECT_EQ(0, std::memcmp(rest.params.data(), full.params.data(), full.params.size() * sizeof(float))) << opt;
+    ASSERT_EQ(rest.losses.size(), size_t(full.steps - 21)) << opt;
+    for (size_t i = 0; i < rest.losses.size(); ++i) EXPECT_EQ(rest.losses[i], full.losses[21 + i]) << opt;
+    if (world_rank() == 0)
+      for (const std::string& d : {c.ckpt_dir, resumed.ckpt_dir}) std::filesystem::remove_all(d);
+  }
+}
+
 // A run capped by train.steps in the middle of an epoch saves its exact place in the epoch
 // order; resuming it continues like the uninterrupted run.
 TEST(Resume, AfterAStepCapInTheMiddleOfAnEpoch) {

@@ -77,10 +77,14 @@ TEST(BucketPlan, PadsEveryBucketAndSplitsLargeLayers) {
 }
 
 TEST(Shard, MatchesTheUnshardedRunOnOneToFourRanks) {
-  for (const char* opt : {"nesterov", "adam"}) {
+  // LARS and LAMB: a weight's trust ratio needs the norms of the whole tensor, summed over the
+  // ranks' chunks of every bucket holding a piece of it when sharded (layer 0 is in pieces).
+  for (const char* opt : {"nesterov", "adam", "lars", "lamb"}) {
+    const std::string o = opt;
     Config one = shard_config(1, false);
     one.optimizer = opt;
-    one.lr = std::string(opt) == "adam" ? 0.005 : 0.05;
+    one.lr = o == "adam" || o == "lamb" ? 0.005 : o == "lars" ? 0.2 : 0.05;
+    one.trust_coefficient = o == "lars" ? 0.02 : 0.0;
     const Outcome ref = train_on(1, one);
     ASSERT_EQ(ref.steps, 20);
     for (int ranks : {1, 2, 3, 4}) {
@@ -88,6 +92,7 @@ TEST(Shard, MatchesTheUnshardedRunOnOneToFourRanks) {
         Config c = shard_config(ranks, shard);
         c.optimizer = one.optimizer;
         c.lr = one.lr;
+        c.trust_coefficient = one.trust_coefficient;
         const Outcome o = train_on(ranks, c);
         const std::string what = std::string(opt) + ", " + std::to_string(ranks) + " ranks" + (shard ? ", sharded" : "");
         ASSERT_EQ(o.losses.size(), ref.losses.size()) << what;

@@ -1,6 +1,7 @@
-# Cross-check against PyTorch: dptrain (1 and 2 ranks, every optimizer and activation,
-# accumulation, uint8 and float32 data, a cosine schedule; convolutional layer lists with
-# pooling, dropout and augmentation) replayed step by step in torch;
+# Cross-check against PyTorch: dptrain (1 and 2 ranks, every optimizer (LARS and LAMB against
+# references written in torch in the script) and activation, accumulation, uint8 and float32
+# data, a cosine schedule; convolutional layer lists with pooling, dropout and augmentation)
+# replayed step by step in torch;
 # per-step losses, learning rates, final parameters and optimizer state must agree.
 # Needs /usr/bin/python3 with torch, h5py and numpy (Debian's python3-torch); skips (exit 77)
 # without them. Takes a few seconds.

@@ -103,6 +103,18 @@ CASES = [
          lr=0.005, wd=0.01, data="u8", steps=50, schedule="cosine", warmup=5, min_lr=0.0005),
     dict(name="nesterov_gelu_wd_u8", ranks=2, b=16, acc=1, opt="nesterov", act="gelu", lr=0.05,
          momentum=0.9, wd=0.005, data="u8", steps=30),
+    # The layer-wise optimizers against RefLARS / RefLAMB below (torch has neither): weights
+    # take the trust ratio and weight decay, biases neither. The lars case keeps the default
+    # coefficient (0.001, so lr is large, as LARS is used); the last lamb case clips the ratio
+    # at 0.1 (fc0's and fc2's ratios start above it: the case fails against a reference
+    # without the clip) with a warm-up and cosine schedule on 1 rank.
+    dict(name="lars_relu_wd", ranks=2, b=16, acc=1, opt="lars", act="relu", lr=2.0,
+         momentum=0.9, wd=0.0005, data="f32", steps=30),
+    dict(name="lamb_tanh_wd_acc2", ranks=2, b=8, acc=2, opt="lamb", act="tanh", lr=0.02,
+         wd=0.01, eps=1e-6, trust=0.8, data="f32", steps=30),
+    dict(name="lamb_relu_clip_cosine_1rank", ranks=1, b=32, acc=1, opt="lamb", act="relu",
+         lr=0.02, wd=0.001, eps=1e-6, trust_clip=0.1, data="u8", steps=40,
+         schedule="cosine", warmup=5, min_lr=0.001),
 ]
 
 
@@ -205,6 +217,7 @@ def write_ini(path, c, data_file, ckdir, metrics):
         f"momentum = {c.get('momentum', 0.9)!r}", f"weight_decay = {c['wd']!r}",
         f"beta1 = {c.get('beta1', 0.9)!r}", f"beta2 = {c.get('beta2', 0.999)!r}",
         f"eps = {c.get('eps', 1e-8)!r}", "lr_scaling = none",
+        f"trust_coefficient = {c.get('trust', 0.0)!r}", f"trust_clip = {c.get('trust_clip', 0.0)!r}",
         f"warmup_steps = {c.get('warmup', 0)}", f"schedule = {c.get('schedule', 'constant')}",
         f"min_lr = {c.get('min_lr', 0.0)!r}", f"seed = {SEED}", "sync = gradients",
         "[device]", "type = cpu", "threads = 1",
@@ -390,8 +403,91 @@ def build_list_model(layers, params):
     return torch.nn.Sequential(*mods)
 
 
-def make_optimizer(c, params, lr):
+class RefLARS(torch.optim.Optimizer):
+    """LARS as README.md states it (You et al., arXiv 1708.03888, with torch.optim.SGD's
+    momentum on the trust-scaled gradient), written here from the formulas, not from dptrain:
+    per tensor of a group with adapt=True, r = eta*|w| / (|g| + wd*|w|) (1 where a norm is 0,
+    at most clip when clip > 0); a group with adapt=False (biases) has r = 1 and no weight
+    decay. d = r*(g + wd*w); momentum_buffer = mu*momentum_buffer + d; w -= lr*momentum_buffer."""
+
+    def __init__(self, params, lr, momentum, weight_decay, eta, clip):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      eta=eta, clip=clip, adapt=True))
+
+    @torch.no_grad()
+    def step(self):
+        for grp in self.param_groups:
+            wd = grp["weight_decay"] if grp["adapt"] else 0.0
+            for p in grp["params"]:
+                g = p.grad
+                r = torch.ones((), dtype=p.dtype)
+                if grp["adapt"]:
+                    wn, gn = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
+                    if wn > 0 and gn > 0:
+                        r = grp["eta"] * wn / (gn + wd * wn)
+                        if grp["clip"] > 0:
+                            r = torch.clamp(r, max=grp["clip"])
+                st = self.state[p]
+                if "momentum_buffer" not in st:
+                    st["momentum_buffer"] = torch.zeros_like(p)
+                buf = st["momentum_buffer"]
+                buf.mul_(grp["momentum"]).add_((g + wd * p) * r)
+                p.sub_(grp["lr"] * buf)
+
+
+class RefLAMB(torch.optim.Optimizer):
+    """LAMB as README.md states it (You et al., arXiv 1904.00962, Algorithm 2 with Adam's bias
+    corrections): m = b1*m + (1-b1)*g, v = b2*v + (1-b2)*g^2,
+    u = (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps) + wd*w, r = eta*|w| / |u| per tensor of
+    a group with adapt=True (1 where a norm is 0, at most clip when clip > 0), r = 1 and wd = 0
+    for adapt=False (biases); w -= lr*r*u."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay, eta, clip):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      eta=eta, clip=clip, adapt=True))
+
+    @torch.no_grad()
+    def step(self):
+        for grp in self.param_groups:
+            b1, b2 = grp["betas"]
+            wd = grp["weight_decay"] if grp["adapt"] else 0.0
+            for p in grp["params"]:
+                g = p.grad
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    st["exp_avg"] = torch.zeros_like(p)
+                    st["exp_avg_sq"] = torch.zeros_like(p)
+                st["step"] += 1
+                t = st["step"]
+                m, v = st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                u = (m / (1 - b1 ** t)) / (v.sqrt() / math.sqrt(1 - b2 ** t) + grp["eps"]) + wd * p
+                r = torch.ones((), dtype=p.dtype)
+                if grp["adapt"]:
+                    wn, un = torch.linalg.vector_norm(p), torch.linalg.vector_norm(u)
+                    if wn > 0 and un > 0:
+                        r = grp["eta"] * wn / un
+                        if grp["clip"] > 0:
+                            r = torch.clamp(r, max=grp["clip"])
+                p.sub_(grp["lr"] * r * u)
+
+
+def make_optimizer(c, model, lr):
     o = c["opt"]
+    if o in ("lars", "lamb"):
+        # Weights (2-D) adapt; biases (1-D) take neither the trust ratio nor weight decay.
+        groups = [dict(params=[q for q in model.parameters() if q.dim() > 1], adapt=True),
+                  dict(params=[q for q in model.parameters() if q.dim() == 1], adapt=False)]
+        eta = c.get("trust", 0.0) or (0.001 if o == "lars" else 1.0)
+        if o == "lars":
+            return RefLARS(groups, lr=lr, momentum=c.get("momentum", 0.9), weight_decay=c["wd"],
+                           eta=eta, clip=c.get("trust_clip", 0.0))
+        return RefLAMB(groups, lr=lr, betas=(c.get("beta1", 0.9), c.get("beta2", 0.999)),
+                       eps=c.get("eps", 1e-8), weight_decay=c["wd"], eta=eta,
+                       clip=c.get("trust_clip", 0.0))
+    params = model.parameters()
     if o == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.0, weight_decay=c["wd"])
     if o in ("momentum", "nesterov"):
@@ -424,7 +520,8 @@ def compare_tensor(case, name, got, want, rtol, atol_rel):
 
 def torch_state_name(opt_kind):
     return {"momentum": ["momentum_buffer"], "nesterov": ["momentum_buffer"],
-            "adam": ["exp_avg", "exp_avg_sq"], "adamw": ["exp_avg", "exp_avg_sq"]}.get(opt_kind, [])
+            "lars": ["momentum_buffer"], "adam": ["exp_avg", "exp_avg_sq"],
+            "adamw": ["exp_avg", "exp_avg_sq"], "lamb": ["exp_avg", "exp_avg_sq"]}.get(opt_kind, [])
 
 
 def run_case(c, tmp, tools, datasets, mpirun, perturb):
@@ -463,7 +560,7 @@ def run_case(c, tmp, tools, datasets, mpirun, perturb):
         model = build_list_model(str(attrs0["model"].decode() if isinstance(attrs0["model"], bytes) else attrs0["model"]), p0)
     else:
         model = build_model(c["act"], p0)
-    opt = make_optimizer(c, model.parameters(), c["lr"])
+    opt = make_optimizer(c, model, c["lr"])
     max_loss_rel = max_lr_rel = 0.0
     for s in range(1, S + 1):
         lr = expected_lr(c, s, S)

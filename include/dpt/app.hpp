@@ -4,12 +4,15 @@
 #include <mpi.h>
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "dpt/backend.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/config.hpp"
+#include "dpt/train.hpp"
 
 namespace dpt {
 
@@ -22,10 +25,65 @@ class MpiSession {
   MpiSession& operator=(const MpiSession&) = delete;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // MPI_Finalize now (once; the destructor does it otherwise) and the watchdog stopped.
+  void finalize();
 
  private:
   int rank_ = 0, size_ = 1;
+  bool finalized_ = false;
 };
+
+// ---- start-up and shut-down cuts; each has an environment switch that restores the old path
+// (=0), so that one call can time both ----
+
+// True unless the environment variable is set to 0.
+bool cut_enabled(const char* env);
+
+// The CUDA driver initialised on a thread of its own while MPI starts, and, where the launcher
+// names this process's local rank (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID),
+// the primary context of the GPU that rank's backend will pick. check() warns when MPI's local
+// rank turns out otherwise (a context was then made on another GPU). DPT_EARLY_CUDA=0: not.
+// (With device.type = cpu on a GPU node the context is made all the same.)
+class EarlyDriverInit {
+ public:
+  EarlyDriverInit();
+  ~EarlyDriverInit() { join(); }
+  EarlyDriverInit(const EarlyDriverInit&) = delete;
+  EarlyDriverInit& operator=(const EarlyDriverInit&) = delete;
+  void join();
+  void check(int local_rank) const;
+
+ private:
+  std::thread thread_;
+  int hint_ = -1;
+};
+
+// cfg's datasets for this rank, read on a thread of its own from construction (no MPI there)
+// while the backend and transport start; get() waits and rethrows its error. Its time is
+// timing's data_load. DPT_LOAD_THREAD=0: read in get() instead.
+class DataLoader {
+ public:
+  DataLoader(const Config& cfg, MPI_Comm c, bool with_train);
+  RunData get();
+
+ private:
+  std::future<RunData> pending_;
+  std::function<RunData()> read_;
+};
+
+// After a successful run, the objects that hold device memory, handles and streams (the trainer,
+// the backend) are left to the end of the process, which frees them all at once: freeing them
+// one by one (every cudaFree waits for the device) only delays the exit. Never a transport (an
+// NCCL communicator must be destroyed before the process ends) nor what owns a thread.
+// DPT_FAST_EXIT=0: destroyed as before.
+template <class T> void leave_to_exit(std::unique_ptr<T>& p) {
+  if (cut_enabled("DPT_FAST_EXIT")) (void)p.release();
+}
+// After MPI_Finalize at the end of a successful run: stdout and stderr flushed, then _Exit(rc),
+// so that the CUDA runtime's and the libraries' exit handlers, which would tear the device's
+// context down piece by piece, leave it to the driver as the process ends. Returns (and the
+// caller returns rc from main) when DPT_FAST_EXIT=0.
+void end_process(int rc);
 
 // Runs f on every rank; if any rank throws, every rank learns it (rank 0 prints each distinct
 // message) and the result is the largest exit code, else 0. Only for code that every rank

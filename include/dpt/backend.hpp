@@ -17,7 +17,7 @@ struct Dataset;
 
 enum class Act { none, relu, tanh, sigmoid, gelu };
 enum class Precision { fp32, tf32, bf16 };
-enum class OptKind { sgd, momentum, nesterov, adam, adamw };
+enum class OptKind { sgd, momentum, nesterov, adam, adamw, lars, lamb };
 
 Act parse_act(const std::string& s);
 const char* act_name(Act a);
@@ -96,13 +96,25 @@ AdamScalars adam_scalars(double lr, double beta1, double beta2, int64_t t);
 struct OptimStep {
   OptKind kind = OptKind::sgd;
   float lr = 0.01f;
-  float momentum = 0.f;      // sgd family
-  float weight_decay = 0.f;  // L2 added to the gradient (sgd*, adam); decoupled (adamw)
+  float momentum = 0.f;      // sgd family, lars
+  float weight_decay = 0.f;  // L2 added to the gradient (sgd*, adam, lars); decoupled (adamw); in u (lamb)
   // Adam's betas in double, as torch holds them (Python floats): 1 − β and the bias corrections
   // are formed in double and rounded to float once, as torch.optim does.
   double beta1 = 0.9, beta2 = 0.999;
   float eps = 1e-8f;
   int64_t t = 1;  // 1-based step count (Adam bias correction)
+  // LARS and LAMB: trust ratio r = trust_coefficient × ‖w‖ / ‖d‖ per tensor (README gives d),
+  // clipped to at most trust_clip when trust_clip > 0.
+  float trust_coefficient = 0.001f;
+  float trust_clip = 0.f;
+};
+
+// One parameter tensor of the flat arena as the layer-wise optimizers (LARS, LAMB) see it:
+// arena elements [begin, end). adapt: the tensor takes the trust ratio and weight decay (a
+// weight matrix or kernel); biases and other 1-D tensors take neither.
+struct TensorSeg {
+  size_t begin = 0, end = 0;
+  bool adapt = true;
 };
 
 // The state one training step reads and advances on the device, so a whole step can be
@@ -237,6 +249,24 @@ class Backend {
   // True when every element is finite (waits for the device).
   virtual bool all_finite(const float* p, size_t n) = 0;
 
+  // ---- the layer-wise optimizers (LARS, LAMB): two passes over any range of the arena ----
+  // The range is arena elements [lo, lo + n); p, g, s1, s2 point at its first element (the state
+  // may be a shard's own); segs are the model's tensors in arena coordinates, not overlapping
+  // (the range may cut some). lr and t come from h, or, with ctl, from lr_table[ctl->step] and
+  // ctl->updates + 1; with ctl->bad neither pass does anything. A caller holding the arena in
+  // shards adds `sums` over its ranks between the two passes.
+  // (a) layer_sums: sums[2i] += Σ w², sums[2i+1] += Σ d² over segment i's elements inside the
+  //     range (nothing for a segment outside it), d = g (LARS) or LAMB's update direction; LAMB
+  //     also advances its moments s1, s2 over the range here. Summed in a fixed order. The
+  //     caller zeroes sums first: passes over several ranges (a tensor cut by buckets) add up.
+  virtual void layer_sums(const float* p, const float* g, float* s1, float* s2, size_t lo,
+                          size_t n, const std::vector<TensorSeg>& segs, const OptimStep& h,
+                          const float* lr_table, const StepCtl* ctl, float* sums);
+  // (b) layer_apply: the update of the range, each tensor's trust ratio from its whole sums.
+  virtual void layer_apply(float* p, const float* g, float* s1, float* s2, size_t lo, size_t n,
+                           const std::vector<TensorSeg>& segs, const float* sums,
+                           const OptimStep& h, const float* lr_table, const StepCtl* ctl);
+
   // ---- the side lane: work that overlaps the main lane (cuda: the communication stream) ----
   // side_wait(): the side lane waits for everything enqueued on the main lane so far;
   // main_wait(): the main lane waits for everything enqueued on the side lane so far. While a
@@ -355,6 +385,10 @@ struct BackendOptions {
 // Number of CUDA devices this process can use; 0 where the build has no CUDA or no driver.
 int cuda_device_count();
 bool cuda_compiled();
+// Initialises the CUDA driver and, for local_rank_hint >= 0, creates the primary context of the
+// GPU a backend for that local rank picks; errors are left to the backend. Any thread, before
+// MPI_Init. Nothing without CUDA.
+void cuda_early_init(int local_rank_hint);
 
 // "auto" picks cuda where a GPU is visible, else cpu. Throws InputError for "cuda" without one.
 std::unique_ptr<Backend> make_backend(const BackendOptions& opt);

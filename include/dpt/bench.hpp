@@ -1,13 +1,19 @@
 // bench-scaling's harness: power-of-two subsets of the ranks, each with its own communicator;
 // step times by difference of two run lengths (the real loop, the loop with communication
-// removed, data loading alone); the allreduce sweep with a correctness count; the bucket sweep;
-// the batch-size / learning-rate grid on a real dataset; the alpha-beta model; and the report
-// (fixed-width table, CSV, JSON, Markdown with SVG plots). Drives Trainer and Comm through their
-// public interfaces only; knows nothing of how a layer or a transport works inside.
+// removed, data loading alone) for each variant of the gradient path (sharded optimizer or not,
+// fp32 or bf16 on the wire); the allreduce, reduce-scatter and all-gather sweeps with a
+// correctness count; the bucket sweep; the batch-size / learning-rate grid on a real dataset and
+// the time to a target accuracy it predicts and measures on N ranks; the alpha-beta model; the
+// PyTorch DDP peer (bench/torch_ddp.py under torchrun); and the report (fixed-width table, CSV,
+// records.json through nlohmann-json, Markdown read back from it, plots drawn by
+// bench/plot_scaling.py with matplotlib). Drives Trainer and Comm through their public
+// interfaces only; knows nothing of how a layer or a transport works inside.
 #pragma once
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +37,24 @@ struct ModelSpec {
   std::vector<int> layers;
 };
 
+// One gradient path measured side by side with the others: optimizer state sharded over the
+// ranks or not (train.shard_optimizer), gradients on the wire in fp32 or bf16 (comm.grad_dtype).
+struct Variant {
+  bool sharded = false;
+  std::string wire = "fp32";
+  std::string name() const;  // "unsharded-fp32", "sharded-bf16", ...
+  Config apply(Config c) const;
+  bool operator==(const Variant& o) const { return sharded == o.sharded && wire == o.wire; }
+};
+// "unsharded-fp32" | "unsharded-bf16" | "sharded-fp32" | "sharded-bf16"; throws InputError
+// naming the key (scaling.variants), the value and where it came from.
+Variant parse_variant(const std::string& text, const std::string& where);
+// The base config's own gradient path.
+Variant variant_of(const Config& c);
+
+enum class Collective { allreduce, reduce_scatter, all_gather };
+std::string collective_name(Collective c);  // "allreduce", "reduce_scatter", "all_gather"
+
 struct Settings {
   Config base;
   std::string source;   // the INI path or "(built-in defaults)"
@@ -45,27 +69,50 @@ struct Settings {
   int data_iters = 100;       // load_batch calls timed for the data share
   double latency_ms = 0.05;   // a step shorter than this is called launch/latency-bound
   int max_ranks = 0;          // 0 = the whole world
-  // [allreduce]
+  std::vector<Variant> variants;  // empty: the base config's own (variants_of)
+  // [allreduce]: every collective sweep (allreduce, reduce-scatter, all-gather)
+  std::vector<Collective> collectives{Collective::allreduce, Collective::reduce_scatter, Collective::all_gather};
   double ar_min_bytes = 1024, ar_max_bytes = 256.0 * (1 << 20), ar_factor = 2;
   int ar_warmup = 5, ar_iters = 20, ar_repeats = 3;
   // [buckets]
   std::vector<double> bucket_mb{1, 4, 16, 64, 256};
   // [grid]
   bool grid = true;
+  std::string grid_config;  // a dptrain INI for the grid's model, data and optimizer ("" = base)
+  Config grid_base;         // the grid's dptrain configuration (grid_config's, or base)
+  std::vector<std::string> grid_optimizers;  // "name:lr"; empty = grid_base's optimizer and lr
   std::vector<int> grid_batches{64, 256, 1024, 4096};
   std::vector<std::string> grid_rules{"none", "linear", "sqrt"};
   std::vector<int> grid_warmup{0, 1};
   double grid_epochs = 5;
+  int grid_min_steps = 0;         // every run takes at least this many steps
+  int grid_max_batch_per_rank = 4096;  // larger per-rank batches use train.accumulate
   double warmup_epochs = 0.5;
+  int grid_warmup_min_steps = 0;  // warm-up on: at least this many steps (large batches)
   double target_accuracy = 0.85;
   int grid_evals = 10;  // evaluations per run (time-to-target resolution)
+  bool grid_check = true;  // measure the predicted fastest setting on every subset
   // [predict]
   int predict_max_ranks = 64;
+  // [report]
+  std::vector<std::string> sections{"scaling", "allreduce", "buckets", "grid"};  // what runs
+  bool plots = true;  // run bench/plot_scaling.py when python3 and matplotlib are there
+  bool section(const std::string& name) const;
+  // [ddp]: the PyTorch DDP peer, run by rank 0 through torchrun after dptrain's measurements
+  std::string ddp_run = "gpu";  // gpu (only with the CUDA backend) | always (CPU too, gloo) | never
+  std::string ddp_python = "python3";
+  std::string ddp_torchrun_args = "--standalone";  // arguments of -m torch.distributed.run
+  std::string ddp_script = "bench/torch_ddp.py";
+  std::vector<double> ddp_buckets_mb{25, 50, 100, 200};
+  std::string ddp_compile = "step";  // none | model | step | both
+  int ddp_warmup = 20, ddp_steps = 50, ddp_repeats = 5;
+  double ddp_timeout_s = 600;  // per torchrun launch
 };
 
 // Reads --config on rank 0, broadcasts it, parses. The [cpu] overrides are applied by
 // finalize_settings once the backend is known. Throws InputError naming key, value and file.
 Settings read_settings(MPI_Comm c, int argc, char** argv);
+std::vector<Variant> variants_of(const Settings& s);  // s.variants, or the base config's own
 void finalize_settings(Settings& s, bool cpu_backend);
 std::string settings_text(const Settings& s);  // resolved sweep settings, INI-like
 std::string settings_help();
@@ -95,18 +142,24 @@ class SubComm {
 // from those measuring.
 void idle_barrier(MPI_Comm c);
 
-// A Comm whose collectives do nothing, over MPI_COMM_SELF: the training loop then runs its
-// compute alone on each rank (the loss is wrong, the compute time is right).
-std::unique_ptr<Comm> make_null_comm();
+// A Comm whose collectives send nothing, over MPI_COMM_SELF, that reports the given rank and
+// size: the training loop then lays out its buckets and shards, takes its rows and captures its
+// step as on `size` ranks, and runs its compute alone (the loss is wrong, the compute time is
+// right). With `lanes`, each collective and synchronize() order its streams as the NCCL
+// transport does (Backend::side_wait / main_wait); `capturable` as the transport it stands for.
+std::unique_ptr<Comm> make_null_comm(int rank = 0, int size = 1, Backend* lanes = nullptr, bool capturable = true);
 
 // ---------------------------------------------------------------------------------------------
 // Arithmetic, all pure (tested).
 
 // Scaling efficiency = throughput(n) / (n × throughput(1)).
 double efficiency(double throughput_n, int n, double throughput_1);
-// nccl-tests: algbw = bytes / time; busbw = algbw × 2(n−1)/n for allreduce.
+// nccl-tests: algbw = bytes / time, bytes being the whole buffer (for reduce-scatter the input,
+// for all-gather the output: n × the per-rank count); busbw = algbw × 2(n−1)/n for allreduce,
+// algbw × (n−1)/n for reduce-scatter and all-gather.
 double algbw(double bytes, double seconds);
 double busbw_allreduce(double algbw, int n);
+double busbw(Collective c, double algbw, int n);
 // Gradient bucket sizes in elements, as the Trainer builds them (consecutive layers from the
 // last, each at least bucket_mb, the first layer's bucket possibly smaller).
 std::vector<size_t> bucket_elements(const std::vector<int>& layers, double bucket_mb);
@@ -140,6 +193,17 @@ RingModel ring_from(const AlphaBeta& ab);
 std::string limiting_factor(double step, double math, double data, double imbalance_wait,
                             double exposed_comm, double latency_s);
 
+// Where one step's time goes (seconds), from the slowest rank's step and every rank's compute
+// (the loop with no communication) and data (load_batch alone): exposed communication =
+// step − the slowest rank's compute, never negative.
+struct Breakdown {
+  double compute_mean = 0, compute_max = 0, data_mean = 0;
+  double imbalance_pct = 0;  // (max − mean) / mean of the compute
+  double exposed = 0, exposed_pct = 0;
+  std::string limit;
+};
+Breakdown breakdown(double step, const std::vector<double>& compute, const std::vector<double>& data, double latency_s);
+
 // ---------------------------------------------------------------------------------------------
 // Report tables: a value is a number (kept at full precision for CSV/JSON, shown with the
 // column's printf format) or text; empty means not measured.
@@ -170,7 +234,6 @@ struct Table {
 
 std::string format_table(const Table& t);  // fixed width, header, units row, notes
 std::string csv_escape(const std::string& s);
-std::string json_escape(const std::string& s);
 
 // ---------------------------------------------------------------------------------------------
 // Measurements. Every rank of `world` calls each; ranks outside a subset wait in idle_barrier.
@@ -189,13 +252,109 @@ struct Context {
 // communicator bootstrapped over MPI_Bcast). Placement is the world's: one device per world rank.
 std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub);
 
-Table measure_scaling(Context& cx);                          // weak + strong, with the breakdown
-Table measure_allreduce(Context& cx);                        // n ≥ 2
+Table measure_scaling(Context& cx);                          // weak + strong per variant, with the breakdown
+Table measure_collective(Context& cx, Collective c);         // n ≥ 2
+Table measure_allreduce(Context& cx);                        // measure_collective(cx, allreduce)
 Table measure_buckets(Context& cx);                          // n ≥ 2
-Table measure_grid(Context& cx, std::vector<std::string>& notes);  // Fashion-MNIST grid
+// The grid: every optimizer × lr rule × warm-up × global batch trained on one rank (the
+// epochs-to-target curve), the step time of each per-rank batch on every subset, and the
+// predicted fastest setting trained on every subset (time to target measured).
+struct GridResult {
+  Table grid, steps, check;
+  int64_t params = 0;      // the grid model's parameters (the allreduce per step)
+  int64_t train_rows = 0;  // training set rows (epochs = steps × global batch / rows)
+};
+GridResult measure_grid(Context& cx, std::vector<std::string>& notes);
 std::vector<AlphaBeta> fit_allreduce(const Table& allreduce);
 Table alpha_beta_table(const std::vector<AlphaBeta>& fits);
 Table predict_scaling(const Settings& s, const Table& scaling, const std::vector<AlphaBeta>& fits);
+
+// ---------------------------------------------------------------------------------------------
+// Time to accuracy: arithmetic on fixed inputs (tested), then the tables.
+
+// One evaluation of a run: its step, its accuracy, and the training seconds before it
+// (evaluations taken out).
+struct EvalPoint {
+  double step = 0, accuracy = 0, seconds = 0;
+};
+// Where a run first reaches `target`: linear interpolation in step and seconds between the last
+// evaluation below and the first at or above it (the first evaluation itself when it is already
+// there: an upper bound); reached = false when no evaluation gets there.
+struct Crossing {
+  bool reached = false;
+  double step = NAN, seconds = NAN;
+};
+Crossing first_crossing(const std::vector<EvalPoint>& evals, double target);
+// The evaluations of a run's metrics JSON Lines (rank 0's log.metrics). An evaluation's training
+// seconds = the loop's clock at its step (that step's record, written just before it) less the
+// evaluations before it, each as long as its record's time_s (when it ended) says, or eval_s
+// where the record has none. eval_total: every evaluation's seconds.
+std::vector<EvalPoint> evals_from_metrics(const std::string& jsonl, double eval_s, double& eval_total);
+// y at x on the polyline through pts (x ascending) with log x and log y; NaN outside its range or
+// where a neighbour is not positive and finite.
+double interp_loglog(const std::vector<std::pair<double, double>>& pts, double x);
+// Epochs the samples of `steps` steps of `global_batch` make of a training set of `rows`.
+double epochs_of(double steps, double global_batch, double rows);
+
+// A grid setting's name: optimizer:lr as grid.optimizers gives it, lr rule, warm-up.
+std::string variant_name(const std::string& optimizer, const std::string& rule, bool warmup);
+
+// The fastest way to the target for one variant on `ranks` ranks: over the grid's global batches
+// B (B / ranks at least min_b), steps to target (grid) × step seconds (step_at(ranks, B / ranks),
+// NaN when unknown); runs that did not reach the target or diverged are left out.
+struct TtaPoint {
+  std::string variant;
+  int ranks = 0;
+  double global_batch = NAN, steps = NAN, epochs = NAN, step_s = NAN, seconds = NAN;
+  bool found = false;
+};
+using StepTime = std::function<double(int ranks, double batch_per_rank)>;
+TtaPoint fastest_to_target(const Table& grid, const std::string& variant, int ranks, double min_b,
+                           const StepTime& step_at);
+// Step seconds of `optimizer` at (ranks, b): the steps table on the rank counts it measured;
+// beyond the largest, n (ring given): n's step at b (log-log interpolated between its batches)
+// + ring(ranks) − ring(n), the allreduce of the gradient (bytes) added — one bucket reduced
+// after the backward pass, so nothing overlaps it.
+StepTime step_model(const Table& steps, const std::string& optimizer, const RingModel* ring, double gradient_bytes);
+bool step_measured(const Table& steps, const std::string& optimizer, int ranks, double batch_per_rank);
+
+// Per variant: epochs to target at the smallest global batch, and the largest batch that still
+// reaches it within 2× those epochs.
+Table critical_batch_table(const Table& grid);
+// Per variant and rank count (1 … predict.max_ranks): the fastest global batch, its predicted
+// time to target, the speed-up over 1 rank, and the measured time where a check run matched.
+Table time_to_target_table(const Settings& s, const GridResult& g, const std::vector<AlphaBeta>& fits);
+// The PyTorch DDP peer: bench/torch_ddp.py under `python3 -m torch.distributed.run --standalone`
+// (torchrun), run by rank 0 alone for 1 GPU and for the GPUs of rank 0's host, each model and
+// mode, after dptrain's own measurements (the other ranks sleep in idle_barrier; dptrain then
+// holds no model, data or communicator on the GPU). Same model, batch per GPU, precision and
+// optimizer as the scaling rows.
+
+// One timing row of torch_ddp.py's JSON line.
+struct PeerRow {
+  std::string kind;      // "eager" | "compile-step" | "compile-model"
+  bool ddp = false;      // wrapped in DistributedDataParallel (more than one process)
+  double bucket_mb = 0;  // DDP's bucket_cap_mb (0 without DDP)
+  double ms = NAN, ms_min = NAN, ms_max = NAN;  // slowest rank's median step, and its spread
+  std::string error;     // why the row has no time (e.g. torch.compile unavailable)
+};
+struct PeerRun {
+  std::string model, torch_version, command, error;
+  int ranks = 0, batch_per_rank = 0;
+  std::vector<PeerRow> rows;
+};
+// Parses the `{"bench": "torch-ddp", ...}` line of torch_ddp.py's output (other lines ignored);
+// error says what is missing when there is none.
+PeerRun parse_peer_output(const std::string& output);
+// The peer beside the scaling table's rows: per model, mode and rank count, every peer row with
+// its efficiency (against the same kind on 1 GPU), the strongest marked, and dptrain's fastest
+// variant there with the ratio of step times (dptrain / peer).
+Table peer_table(const Settings& s, const Table& scaling, const std::vector<PeerRun>& runs);
+// Runs the peer where it can (rank 0; every rank calls it), else returns none and says why in
+// notes. Logs go to <out_dir>/ddp-peer/. After each launch rank 0 calls done(runs so far), so a
+// report can be written before a time limit cuts the rest.
+std::vector<PeerRun> run_ddp_peer(Context& cx, std::vector<std::string>& notes,
+                                  const std::function<void(const std::vector<PeerRun>&)>& done = {});
 
 // ---------------------------------------------------------------------------------------------
 // The machine and the report.
@@ -219,21 +378,16 @@ struct Report {
 // the best bucket, the allreduce's peak busbw, the grid's best accuracy and fastest to target.
 std::vector<std::string> findings(const Report& r);
 
-// Writes report.md, records.csv, records.json and the SVG plots into out_dir; returns the
-// files written.
+// Writes records.json (nlohmann-json), reads it back for report.md, writes records.csv, and draws
+// the plots with bench/plot_scaling.py where python3 has matplotlib (else says how to); returns
+// the files written.
 std::vector<std::string> write_report(const Settings& s, const Report& r);
-
-// An SVG line chart: linear or log₂ x, linear y, ticks, labels, legend.
-struct Series {
-  std::string name;
-  std::vector<std::pair<double, double>> pts;
-  bool dashed = false;
-};
-struct Chart {
-  std::string title, xlabel, ylabel;
-  bool logx = false;
-  std::vector<Series> series;
-};
-std::string svg_chart(const Chart& c);
+// The report's records as JSON text, and the report read back from it (tables, notes, findings,
+// machine, settings; command and config into the two strings).
+std::string records_json(const Settings& s, const Report& r);
+Report report_from_json(const std::string& text, std::string& command, std::string& config);
+// The plots report.md shows (file, title), for the tables the report holds; plot_scaling.py
+// draws exactly these.
+std::vector<std::pair<std::string, std::string>> plot_list(const Report& r);
 
 }  // namespace dpt::bench

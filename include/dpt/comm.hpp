@@ -43,6 +43,10 @@ class Comm {
   virtual void reduce_scatter(const void* send, void* recv, size_t count, DType t, RedOp op) = 0;
   // recv gets size()*count elements: every rank's count elements, in rank order.
   virtual void allgather(const void* send, void* recv, size_t count, DType t) = 0;
+  // Collectives between group_begin() and group_end() may be launched as one (NCCL groups);
+  // the MPI transport runs each as it comes.
+  virtual void group_begin() {}
+  virtual void group_end() {}
   // Wait until every collective enqueued so far is done (no-op for the blocking MPI transport).
   virtual void synchronize() {}
   // True when the collectives can be recorded into a CUDA graph (no host work inside them).
@@ -69,8 +73,17 @@ class Comm {
 // pass it so the transport stages through host memory; nullptr means buffers are host memory.
 std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, Backend* staging);
 
+// Transport settings from the config.
+struct CommOptions {
+  int nccl_max_ctas = 0;  // NCCL: most CTAs (thread blocks, one SM each) per collective; 0 = NCCL's
+};
+
 // The NCCL transport over c (cuda builds only): id from rank 0 over MPI_Bcast.
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm c, Backend& cuda_backend);
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm c, Backend& cuda_backend, const CommOptions& opt = {});
+
+// The transport of a communicator of one rank (any backend): collectives are local copies on the
+// backend, nothing is set up. comm.backend = auto takes it for one rank on a GPU (make_comm_for).
+std::unique_ptr<Comm> make_self_comm(MPI_Comm c, Backend& backend);
 
 // True on every rank when two ranks of c use one GPU (same host and PCI bus id); false with
 // the cpu backend. Collective over c.
@@ -79,7 +92,8 @@ bool ranks_share_a_gpu(MPI_Comm c, Backend& backend);
 // Picks the transport: "nccl" needs the cuda backend; "auto" takes nccl with cuda, mpi with cpu.
 // Throws InputError when the choice is impossible (nccl asked without a GPU, or two ranks on
 // one GPU).
-std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& backend);
+std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& backend,
+                                const CommOptions& opt = {});
 
 // --- host-side helpers on plain MPI, used by set-up and apps (not the hot path) ---
 

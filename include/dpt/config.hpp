@@ -29,11 +29,13 @@ struct Config {
   int epochs = 1;
   int64_t steps = 0;  // optional cap on optimizer steps (0 = none)
   int batch_per_rank = 64;
-  std::string optimizer = "sgd";  // sgd|momentum|nesterov|adam|adamw
+  std::string optimizer = "sgd";  // sgd|momentum|nesterov|adam|adamw|lars|lamb
   double lr = 0.01;
   double momentum = 0.9;
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double trust_coefficient = 0;  // lars|lamb: η (0 = the optimizer's default: 0.001, 1)
+  double trust_clip = 0;         // lars|lamb: upper bound of the trust ratio (0 = none)
   std::string lr_scaling = "none";  // none|linear|sqrt
   int base_batch = 0;               // 0 = batch_per_rank (scale 1 on one rank)
   int64_t warmup_steps = 0;
@@ -68,6 +70,7 @@ struct Config {
   std::string metrics_file;
   int64_t log_every = 50;
   bool progress = true;
+  bool timing = false;  // rank 0 prints where the run's time went, phase by phase, at the end
 
   // Where it came from, for messages and the checkpoint's `config` attribute.
   std::string source;    // the INI path, or "(command line)"

@@ -60,6 +60,11 @@ ArenaLayout packed_layout(const std::vector<int>& widths);  // the MLP widths fo
 std::vector<ParamShape> mlp_param_shapes(const std::vector<int>& widths);
 std::vector<ParamShape> param_shapes(const ModelPlan& plan);  // its conv and linear layers
 
+// The parameter tensors of layer slices, as the layer-wise optimizers take them, in arena order:
+// each weight (adapting) and each bias (1-D: no trust ratio, no weight decay), wherever the
+// arena layout puts them.
+std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers);
+
 // Parses "784,256,128,10"; throws InputError.
 std::vector<int> parse_layers(const std::string& s);
 
@@ -89,6 +94,7 @@ class Model {
   const ModelPlan& plan() const { return plan_; }
   // The MLP widths form: its widths (else empty) and activation.
   bool widths_form() const { return !widths_.empty(); }
+  const std::vector<LayerSlice>& layers() const { return slices_; }
   const std::vector<int>& widths() const { return widths_; }
   Act activation() const { return act_; }
   size_t num_params() const { return n_params_; }

@@ -96,6 +96,7 @@ class GradSync {
   void update(size_t b);
   void unwire(size_t b, bool check);
   void gather(size_t b);
+  void update_layerwise_sharded();
   std::vector<float> compact_of_arena(const std::vector<float>& arena) const;
   std::vector<float> arena_of_compacts(const std::vector<float>& all) const;
 

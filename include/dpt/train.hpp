@@ -114,6 +114,7 @@ class Trainer {
 
 // This rank's walk through the training set under cfg.
 RankOrder rank_order(const Config& cfg, const Comm& comm);
+RankOrder rank_order(const Config& cfg, int rank, int world);
 
 // cfg's datasets as this rank reads them (data.read): all — both files whole; shard — the
 // training rows through TrainRows (epoch by epoch) and this rank's evaluation slice of the test
@@ -125,6 +126,9 @@ struct RunData {
   bool has_test = false;
 };
 RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train);
+// The same for rank `rank` of `world` ranks, before any transport exists (no MPI call: it may
+// run on a thread of its own while the backend starts).
+RunData load_run_data(const Config& cfg, int rank, int world, bool with_train);
 // A Trainer over d (its training data if read, its test set if any).
 std::unique_ptr<Trainer> make_trainer(const Config& cfg, Backend& be, Comm& comm, RunData& d);
 

@@ -1,8 +1,11 @@
 // bench-scaling: one launch measures every power-of-two subset of the ranks (weak and strong
-// scaling with where the time goes, allreduce alone, bucket sizes), a batch-size / learning-rate
-// grid on Fashion-MNIST, and an alpha-beta model; writes a table to stdout and a report folder.
+// scaling of each gradient-path variant with where the time goes; allreduce, reduce-scatter and
+// all-gather alone; bucket sizes), a batch-size / learning-rate grid on Fashion-MNIST with the
+// time to a target accuracy on N ranks it predicts and measures, an alpha-beta model, and the
+// PyTorch DDP peer; writes a table to stdout and a report folder.
 //   mpirun -np 8 ./bench-scaling --config bench/scaling.ini [--out DIR] [--section.key value ...]
 //   ./bench-scaling                       (one rank: n = 1 and the grid)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -36,16 +39,48 @@ int main(int argc, char** argv) {
     rt.comm.reset();  // every measurement makes its own communicator on its subset
     log::info("bench-scaling: " + std::to_string(mpi.size()) + " rank(s), backend " + cx.backend_name +
               ", report to " + s.out_dir);
-    Table scaling = measure_scaling(cx);
-    Table allreduce = measure_allreduce(cx);
-    Table buckets = measure_buckets(cx);
-    Table grid = measure_grid(cx, r.notes);
+    Table scaling = s.section("scaling") ? measure_scaling(cx) : Table{"scaling", "(not run)", {}, {}, {}};
+    std::vector<Table> collectives;
+    if (s.section("allreduce"))
+      for (Collective c : s.collectives) collectives.push_back(measure_collective(cx, c));
+    Table buckets = s.section("buckets") ? measure_buckets(cx) : Table{"buckets", "(not run)", {}, {}, {}};
+    GridResult grid = measure_grid(cx, r.notes);
+    Table allreduce{"allreduce", "", {}, {}, {}};
+    for (const Table& t : collectives)
+      if (t.name == "allreduce") allreduce = t;
     const auto fits = fit_allreduce(allreduce);
     Table predict = predict_scaling(s, scaling, fits);
-    r.tables = {scaling, allreduce, alpha_beta_table(fits), predict, buckets, grid};
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const Table critical = critical_batch_table(grid.grid), tta = time_to_target_table(s, grid, fits);
+    // A section not run leaves no table behind (nor do the models fed only by it).
+    auto dropped = [&](const Table& t) {
+      return t.cols.empty() || (t.name == "alpha_beta" && !s.section("allreduce")) ||
+             (t.name == "predict" && !(s.section("scaling") && s.section("allreduce")));
+    };
+    auto assemble = [&](const Table& ddp) {
+      r.tables = {scaling, ddp};
+      r.tables.insert(r.tables.end(), collectives.begin(), collectives.end());
+      r.tables.insert(r.tables.end(), {alpha_beta_table(fits), predict, buckets, grid.grid, critical, grid.steps, tta,
+                                       grid.check});
+      r.tables.erase(std::remove_if(r.tables.begin(), r.tables.end(), dropped), r.tables.end());
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.findings = findings(r);
+    };
+    // dptrain's figures are on disk before the peer runs: a launch cut short there keeps them.
+    assemble(Table{"ddp_peer", "PyTorch DDP peer: not run yet", {}, {}, {}});
+    if (mpi.rank() == 0) write_report(s, r);
+    // Last: the peer needs the GPUs that dptrain's measurements no longer hold.
+    std::vector<std::string> peer_notes;
+    auto peer_rows = [&](const std::vector<PeerRun>& runs) {
+      Table ddp = peer_table(s, scaling, runs);
+      ddp.notes.insert(ddp.notes.end(), peer_notes.begin(), peer_notes.end());
+      return ddp;
+    };
+    const std::vector<PeerRun> peer = run_ddp_peer(cx, peer_notes, [&](const std::vector<PeerRun>& runs) {
+      assemble(peer_rows(runs));
+      write_report(s, r);
+    });
     r.machine.facts.push_back({"load average at end", load_average()});
-    r.findings = findings(r);
+    assemble(peer_rows(peer));
     if (mpi.rank() == 0) {
       for (const Table& t : r.tables) std::printf("\n%s", format_table(t).c_str());
       std::printf("\n# Findings\n");

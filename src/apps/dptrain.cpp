@@ -10,6 +10,7 @@
 #include "dpt/ckpt.hpp"
 #include "dpt/data.hpp"
 #include "dpt/log.hpp"
+#include "dpt/timing.hpp"
 #include "dpt/train.hpp"
 #include "dpt/watchdog.hpp"
 
@@ -54,9 +55,28 @@ void print_summary(const TrainResult& r) {
   }
 }
 
+// The end of a run that worked: what holds device memory goes with the process (DPT_FAST_EXIT),
+// then MPI. The datasets are host memory, and a shard reader may still have a thread to join:
+// freed here.
+void shut_down(MpiSession& mpi, Runtime& rt, std::unique_ptr<Trainer>& trainer, RunData& data,
+               bool print_timing) {
+  const double t0 = timing::now();
+  leave_to_exit(trainer);
+  trainer.reset();
+  data = RunData();
+  watchdog::set_comm(nullptr);  // before the communicator goes
+  rt.comm.reset();
+  leave_to_exit(rt.backend);
+  rt.backend.reset();
+  mpi.finalize();
+  timing::report_exit(print_timing, timing::now() - t0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  timing::start();
+  EarlyDriverInit driver;  // the CUDA driver starts while MPI does
   MpiSession mpi(argc, argv);
   // First thing after MPI: a signal during start-up is remembered, never fatal; the loop then
   // stops at its first step with a checkpoint (exit 6).
@@ -65,6 +85,7 @@ int main(int argc, char** argv) {
   watchdog::start(Config{}.timeout_s);  // every blocking phase from here on has a deadline
   Invocation inv;
   if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::config);
         fault::init(mpi.rank());
         inv = read_invocation(world, argc, argv);
         watchdog::set_timeout(inv.cfg.timeout_s);
@@ -83,17 +104,29 @@ int main(int argc, char** argv) {
       }))
     return kExitUsage;
   const Config& cfg = inv.cfg;
+  // data.read = all: every rank loads both files whole. shard: a rank reads only the training
+  // rows its batches use (epoch by epoch) and only its evaluation rows of the test set. Read on
+  // a thread while the device, its handles and the transport start.
+  DataLoader loader(cfg, world, !inv.eval_only);
   Runtime rt;
-  if (int rc = stage(world, [&] { make_backend_for(cfg, world, rt); })) return rc;
-  if (int rc = stage(world, [&] { make_comm_for(cfg, world, rt); })) return rc;
+  if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::backend);
+        driver.join();
+        make_backend_for(cfg, world, rt);
+      }))
+    return rc;
+  driver.check(rt.node.local_rank);
+  if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::comm);
+        make_comm_for(cfg, world, rt);
+      }))
+    return rc;
   CommWatch watch(rt.comm.get());
   print_banner(cfg, rt, world);
-  // data.read = all: every rank loads both files whole. shard: a rank reads only the training
-  // rows its batches use (epoch by epoch) and only its evaluation rows of the test set.
   RunData data;
   if (int rc = stage(world, [&] {
         watchdog::Phase phase("loading the datasets", 0);
-        data = load_run_data(cfg, *rt.comm, !inv.eval_only);
+        data = loader.get();
         if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
       }))
     return rc;
@@ -103,10 +136,12 @@ int main(int argc, char** argv) {
               " per epoch" + (cfg.shuffle ? " (the next epoch's while one trains)" : " (once: shuffle = false)"));
   std::unique_ptr<Trainer> trainer;
   if (int rc = stage(world, [&] {
+        timing::Scope timed(timing::Phase::model);
         watchdog::Phase phase("setting up the model", 0);
         trainer = make_trainer(cfg, *rt.backend, *rt.comm, data);
       }))
     return rc;
+  int rc = kExitOk;
   try {
     if (inv.eval_only) {
       EvalResult e = trainer->evaluate(data.test);
@@ -114,12 +149,19 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.4f, accuracy %.4f", cfg.test_file.c_str(),
                     static_cast<long long>(e.n), e.loss, e.accuracy);
       log::info(buf);
-      return 0;
+    } else {
+      const double t0 = timing::now();
+      TrainResult r = trainer->run();
+      timing::add(timing::Phase::loop, r.seconds);
+      timing::add(timing::Phase::around, timing::now() - t0 - r.seconds);
+      print_summary(r);
+      rc = r.stopped_by_signal ? kExitSignal : kExitOk;
     }
-    TrainResult r = trainer->run();
-    print_summary(r);
-    return r.stopped_by_signal ? kExitSignal : kExitOk;
+    timing::report(world, cfg.timing);
   } catch (const std::exception& e) {
     return fail_run(e, world);
   }
+  shut_down(mpi, rt, trainer, data, cfg.timing);
+  end_process(rc);
+  return rc;
 }

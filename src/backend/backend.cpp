@@ -43,7 +43,9 @@ OptKind parse_optimizer(const std::string& s) {
   if (s == "nesterov") return OptKind::nesterov;
   if (s == "adam") return OptKind::adam;
   if (s == "adamw") return OptKind::adamw;
-  throw InputError("unknown optimizer '" + s + "' (sgd | momentum | nesterov | adam | adamw)");
+  if (s == "lars") return OptKind::lars;
+  if (s == "lamb") return OptKind::lamb;
+  throw InputError("unknown optimizer '" + s + "' (sgd | momentum | nesterov | adam | adamw | lars | lamb)");
 }
 
 AdamScalars adam_scalars(double lr, double beta1, double beta2, int64_t t) {
@@ -198,6 +200,7 @@ std::unique_ptr<StepRunner> Backend::make_runner(std::function<void()> step, boo
 #ifndef DPT_HAVE_CUDA
 bool ranks_share_a_gpu(MPI_Comm, Backend&) { return false; }
 int cuda_device_count() { return 0; }
+void cuda_early_init(int) {}
 bool cuda_compiled() { return false; }
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
   throw InputError("device.type = cuda, but this dptrain was built without CUDA");

@@ -272,6 +272,9 @@ class CpuBackend final : public Backend {
                   h.kind == OptKind::adamw);
         return;
       }
+      case OptKind::lars:
+      case OptKind::lamb:
+        throw Error("optimizer_step: LARS and LAMB run through layer_sums / layer_apply");
     }
   }
 

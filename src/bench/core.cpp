@@ -1,5 +1,6 @@
-// bench-scaling's building blocks: rank subsets, the no-op transport, and the arithmetic
-// (efficiency, nccl-tests bandwidths, bucket layout, alpha-beta fit, limiting factor).
+// bench-scaling's building blocks: rank subsets, the no-op transport, the variants of the
+// gradient path, and the arithmetic (efficiency, nccl-tests bandwidths, bucket layout,
+// alpha-beta fit, limiting factor, where a step's time goes).
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,17 +43,66 @@ void idle_barrier(MPI_Comm c) {
 namespace {
 class NullComm final : public Comm {
  public:
-  NullComm() : Comm(MPI_COMM_SELF) {}
+  NullComm(int rank, int size, Backend* lanes, bool capturable) : Comm(MPI_COMM_SELF), lanes_(lanes), capturable_(capturable) {
+    rank_ = rank;
+    size_ = size;
+  }
   std::string name() const override { return "none"; }
   std::string describe() const override { return "none (collectives removed, timing only)"; }
-  void allreduce(const void*, void*, size_t, DType, RedOp) override {}
-  void broadcast(void*, size_t, DType, int) override {}
-  void reduce_scatter(const void*, void*, size_t, DType, RedOp) override {}
-  void allgather(const void*, void*, size_t, DType) override {}
+  // Each collective orders the streams as the NCCL transport's would (the communication stream
+  // waits for the compute stream; synchronize() the other way), so a step that forks work onto
+  // the communication stream is captured and joined as in the real run, with nothing sent.
+  void allreduce(const void*, void*, size_t, DType, RedOp) override { fork(); }
+  void broadcast(void*, size_t, DType, int) override { fork(); }
+  void reduce_scatter(const void*, void*, size_t, DType, RedOp) override { fork(); }
+  void allgather(const void*, void*, size_t, DType) override { fork(); }
+  void synchronize() override {
+    if (lanes_) lanes_->main_wait();
+  }
+  bool capturable() const override { return capturable_; }
+
+ private:
+  void fork() {
+    if (lanes_) lanes_->side_wait();
+  }
+  Backend* lanes_;
+  bool capturable_;
 };
 }  // namespace
 
-std::unique_ptr<Comm> make_null_comm() { return std::make_unique<NullComm>(); }
+std::unique_ptr<Comm> make_null_comm(int rank, int size, Backend* lanes, bool capturable) {
+  return std::make_unique<NullComm>(rank, size, lanes, capturable);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::string Variant::name() const { return std::string(sharded ? "sharded-" : "unsharded-") + wire; }
+
+Config Variant::apply(Config c) const {
+  c.shard_optimizer = sharded;
+  c.grad_dtype = wire;
+  return c;
+}
+
+Variant parse_variant(const std::string& text, const std::string& where) {
+  for (bool sharded : {false, true})
+    for (const char* wire : {"fp32", "bf16"})
+      if (Variant v{sharded, wire}; v.name() == text) return v;
+  throw InputError("bench-scaling: scaling.variants = '" + text + "' (" + where +
+                   "): variants are unsharded-fp32, unsharded-bf16, sharded-fp32, sharded-bf16 "
+                   "(train.shard_optimizer false/true, comm.grad_dtype fp32/bf16)");
+}
+
+Variant variant_of(const Config& c) { return Variant{c.shard_optimizer, c.grad_dtype}; }
+
+std::string collective_name(Collective c) {
+  switch (c) {
+    case Collective::allreduce: return "allreduce";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_gather: return "all_gather";
+  }
+  return "?";
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -64,6 +114,13 @@ double efficiency(double throughput_n, int n, double throughput_1) {
 double algbw(double bytes, double seconds) { return seconds > 0 ? bytes / seconds : NAN; }
 
 double busbw_allreduce(double alg, int n) { return n > 0 ? alg * 2.0 * (n - 1) / n : NAN; }
+
+// nccl-tests' PERFORMANCE.md: a ring reduce-scatter or all-gather moves (n−1)/n of the whole
+// buffer through each rank's link, an allreduce (one of each) twice that.
+double busbw(Collective c, double alg, int n) {
+  if (c == Collective::allreduce) return busbw_allreduce(alg, n);
+  return n > 0 ? alg * double(n - 1) / n : NAN;
+}
 
 size_t param_count(const std::vector<int>& layers) {
   size_t p = 0;
@@ -142,6 +199,21 @@ std::string limiting_factor(double step, double math, double data, double imbala
   char buf[96];
   std::snprintf(buf, sizeof buf, top->fmt, 100.0 * std::max(0.0, top->v) / std::max(total, step));
   return buf;
+}
+
+Breakdown breakdown(double step, const std::vector<double>& compute, const std::vector<double>& data, double latency_s) {
+  Breakdown b;
+  for (size_t r = 0; r < compute.size(); ++r) {
+    b.compute_mean += compute[r] / double(compute.size());
+    b.compute_max = std::max(b.compute_max, compute[r]);
+  }
+  for (double d : data) b.data_mean += d / double(data.size());
+  b.imbalance_pct = b.compute_mean > 0 ? 100.0 * (b.compute_max - b.compute_mean) / b.compute_mean : NAN;
+  b.exposed = std::max(0.0, step - b.compute_max);
+  b.exposed_pct = step > 0 ? 100.0 * b.exposed / step : NAN;
+  b.limit = limiting_factor(step, b.compute_mean - b.data_mean, b.data_mean, b.compute_max - b.compute_mean, b.exposed,
+                            latency_s);
+  return b;
 }
 
 }  // namespace dpt::bench

@@ -1,11 +1,12 @@
 // bench-scaling's measurements. Every one runs the product path: Trainer::run on each subset's
-// own communicator (make_comm_for: NCCL bootstrapped over MPI_Bcast on GPUs), Comm::allreduce
-// for the sweep. Step times are differences of two run lengths in fresh Trainers, so start-up,
-// first-touch and warm-up cancel; "the step" is the slowest rank's (MPI_MAX).
+// own communicator (make_comm_for: NCCL bootstrapped over MPI_Bcast on GPUs), Comm's
+// collectives for the sweeps. Step times are differences of two run lengths in fresh Trainers,
+// so start-up, first-touch and warm-up cancel; "the step" is the slowest rank's (MPI_MAX).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 
 #include "dpt/app.hpp"
@@ -103,7 +104,9 @@ struct RowTiming {
 
 RowTiming time_row(Context& cx, MPI_Comm sub, Comm& comm, const Config& c, const Dataset& ds, bool breakdown) {
   const Settings& s = *cx.s;
-  auto alone = make_null_comm();
+  // The same rank and size as the real run (the same rows, bucket layout and optimizer shard),
+  // the same stream order and graph capture, nothing sent.
+  auto alone = make_null_comm(comm.rank(), comm.size(), cx.be, comm.capturable());
   std::vector<double> full, compute;
   // One untimed run first: the first Trainer on a dataset pays one-time costs (on a GPU, the
   // dataset's upload and the libraries' lazy set-up) that would skew the first difference.
@@ -135,6 +138,7 @@ Dataset synthetic_for(const std::vector<int>& layers, int64_t rows) {
 const std::vector<Column> kScalingCols = {
     {"model", "model", "", ""},
     {"mode", "mode", "", ""},
+    {"variant", "variant", "", ""},
     {"ranks", "ranks", "", "%.0f"},
     {"batch_per_rank", "b/rank", "samples", "%.0f"},
     {"global_batch", "global", "samples", "%.0f"},
@@ -143,6 +147,7 @@ const std::vector<Column> kScalingCols = {
     {"step_max_ms", "max", "ms", "%.3f"},
     {"samples_per_s", "throughput", "samples/s", "%.0f"},
     {"efficiency", "eff", "", "%.3f"},
+    {"efficiency_vs_best1", "eff/best1", "", "%.3f"},
     {"compute_ms", "compute", "ms mean", "%.3f"},
     {"compute_max_ms", "cmp max", "ms", "%.3f"},
     {"data_ms", "data", "ms", "%.3f"},
@@ -153,41 +158,47 @@ const std::vector<Column> kScalingCols = {
     {"compute_per_rank_ms", "compute per rank", "ms", ""},
 };
 
-std::vector<Cell> scaling_row(const Settings& s, const ModelSpec& m, const char* mode, int n, int b,
+std::vector<Cell> scaling_row(const Settings& s, const ModelSpec& m, const char* mode, const Variant& v, int n, int b,
                               const RowTiming& t) {
   const double step = t.step.med;
-  double cmean = 0, cmax = 0, dmean = 0;
+  const Breakdown bd = breakdown(step, t.compute, t.data, s.latency_ms * 1e-3);
   std::string per_rank;
-  for (size_t r = 0; r < t.compute.size(); ++r) {
-    cmean += t.compute[r] / double(t.compute.size());
-    cmax = std::max(cmax, t.compute[r]);
-    dmean += t.data[r] / double(t.data.size());
-    per_rank += (r ? " " : "") + fmt("%.3f", t.compute[r] * 1e3);
-  }
-  const double exposed = std::max(0.0, step - cmax);
+  for (size_t r = 0; r < t.compute.size(); ++r) per_rank += (r ? " " : "") + fmt("%.3f", t.compute[r] * 1e3);
   const double G = double(b) * n;
-  if (!(step > 0))  // the two run lengths' difference drowned in noise: say so, show no figure
-    return {txt(m.name), txt(mode), num(n), num(b), num(G), none(), num(t.step.min * 1e3), num(t.step.max * 1e3),
-            none(), none(), num(cmean * 1e3), num(cmax * 1e3), num(dmean * 1e3), none(), none(), none(),
-            txt("unresolved: raise scaling.timed_steps"), txt(per_rank)};
-  return {txt(m.name), txt(mode), num(n), num(b), num(G), num(step * 1e3), num(t.step.min * 1e3),
-          num(t.step.max * 1e3), num(G / step), none(), num(cmean * 1e3), num(cmax * 1e3),
-          num(dmean * 1e3), num(100.0 * (cmax - cmean) / cmean), num(exposed * 1e3),
-          num(100.0 * exposed / step),
-          txt(limiting_factor(step, cmean - dmean, dmean, cmax - cmean, exposed, s.latency_ms * 1e-3)),
+  const bool resolved = step > 0;  // else the two run lengths' difference drowned in noise: no figure
+  return {txt(m.name), txt(mode), txt(v.name()), num(n), num(b), num(G), resolved ? num(step * 1e3) : none(),
+          num(t.step.min * 1e3), num(t.step.max * 1e3), resolved ? num(G / step) : none(), none(), none(),
+          num(bd.compute_mean * 1e3), num(bd.compute_max * 1e3), num(bd.data_mean * 1e3),
+          resolved ? num(bd.imbalance_pct) : none(), resolved ? num(bd.exposed * 1e3) : none(),
+          resolved ? num(bd.exposed_pct) : none(), txt(resolved ? bd.limit : "unresolved: raise scaling.timed_steps"),
           txt(per_rank)};
 }
 
-// Efficiency against the same model and mode on one rank.
+size_t col(const Table& t, const std::string& key) {
+  for (size_t j = 0; j < t.cols.size(); ++j)
+    if (t.cols[j].key == key) return j;
+  throw Error("bench-scaling: no column " + key + " in table " + t.name);
+}
+
+// Efficiency against the same model, mode and variant on one rank, and against the fastest
+// variant on one rank (so a variant that slows the one-rank step cannot flatter itself).
 void fill_efficiency(Table& t) {
+  const size_t eff = col(t, "efficiency"), best = col(t, "efficiency_vs_best1");
   for (size_t i = 0; i < t.rows.size(); ++i) {
+    double own = NAN, fastest = NAN;
     for (size_t j = 0; j < t.rows.size(); ++j) {
       if (t.at(j, "ranks")->num != 1 || t.at(j, "model")->text != t.at(i, "model")->text ||
-          t.at(j, "mode")->text != t.at(i, "mode")->text)
+          t.at(j, "mode")->text != t.at(i, "mode")->text || t.at(j, "samples_per_s")->empty)
         continue;
-      t.rows[i][9] = num(efficiency(t.at(i, "samples_per_s")->num, int(t.at(i, "ranks")->num),
-                                    t.at(j, "samples_per_s")->num));
+      const double thr = t.at(j, "samples_per_s")->num;
+      if (t.at(j, "variant")->text == t.at(i, "variant")->text) own = thr;
+      if (!(fastest >= thr)) fastest = thr;
     }
+    if (t.at(i, "samples_per_s")->empty) continue;
+    const double thr = t.at(i, "samples_per_s")->num;
+    const int n = int(t.at(i, "ranks")->num);
+    t.rows[i][eff] = num(efficiency(thr, n, own));
+    t.rows[i][best] = num(efficiency(thr, n, fastest));
   }
 }
 
@@ -208,27 +219,53 @@ std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub) {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// The variants a subset measures: those whose timing config dptrain accepts (the others are
+// named in the table's notes, on every rank alike: validate is pure).
+std::vector<Variant> runnable_variants(const Settings& s, const ModelSpec& m, std::vector<std::string>& notes) {
+  std::vector<Variant> out;
+  for (const Variant& v : variants_of(s)) {
+    try {
+      validate(v.apply(timing_config(s, m.layers, s.weak_batch_per_rank)));
+      out.push_back(v);
+    } catch (const InputError& e) {
+      notes.push_back("variant " + v.name() + " not measured: " + e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Table measure_scaling(Context& cx) {
   const Settings& s = *cx.s;
-  Table t{"scaling", "Weak and strong scaling, with where the step time goes", kScalingCols, {}, {}};
+  Table t{"scaling", "Weak and strong scaling per variant, with where the step time goes", kScalingCols, {}, {}};
   const std::vector<int> ns = subset_sizes(cx.size, s.max_ranks);
   const int nmax = ns.back();
   for (const ModelSpec& m : s.models) {
     const int64_t rows = 4 * std::max<int64_t>(int64_t(s.weak_batch_per_rank) * nmax, s.strong_global_batch);
     const Dataset ds = synthetic_for(m.layers, rows);
+    const std::vector<Variant> variants = runnable_variants(s, m, t.notes);
     for (int n : ns) {
       SubComm sub(cx.world, n);
       if (sub.member()) {
         auto comm = subset_comm(cx, sub.get());
-        for (const char* mode : {"weak", "strong"}) {
-          const bool weak = mode[0] == 'w';
-          if (!weak && s.strong_global_batch % n != 0) continue;
-          const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / n;
-          const RowTiming rt = time_row(cx, sub.get(), *comm, timing_config(s, m.layers, b), ds, true);
-          if (cx.rank == 0) {
-            t.rows.push_back(scaling_row(s, m, mode, n, b, rt));
-            log::info("scaling: " + m.name + " " + mode + " n=" + std::to_string(n) + " step " +
-                      fmt("%.3f", rt.step.med * 1e3) + " ms");
+        for (const Variant& v : variants) {
+          // A strong row whose batch per rank is the weak one's is the same run: timed once.
+          std::map<int, RowTiming> by_batch;
+          for (const char* mode : {"weak", "strong"}) {
+            const bool weak = mode[0] == 'w';
+            if (!weak && s.strong_global_batch % n != 0) continue;
+            const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / n;
+            if (!by_batch.count(b))
+              by_batch[b] = time_row(cx, sub.get(), *comm, v.apply(timing_config(s, m.layers, b)), ds, true);
+            const RowTiming& rt = by_batch[b];
+            if (cx.rank == 0) {
+              t.rows.push_back(scaling_row(s, m, mode, v, n, b, rt));
+              log::info("scaling: " + m.name + " " + mode + " " + v.name() + " n=" + std::to_string(n) + " step " +
+                        fmt("%.3f", rt.step.med * 1e3) + " ms");
+            }
           }
         }
       }
@@ -236,34 +273,87 @@ Table measure_scaling(Context& cx) {
     }
   }
   fill_efficiency(t);
-  t.notes = {
+  std::vector<std::string> notes = {
+      "variant: train.shard_optimizer (unsharded/sharded) and comm.grad_dtype (fp32/bf16 gradients on the wire) of the timed runs.",
       "step: slowest rank's seconds per step = (t(W+S) - t(W)) / S in fresh Trainers, median (min, max) of the repeats.",
-      "compute: the same loop with every collective removed (a no-op Comm on MPI_COMM_SELF), all ranks at once; mean and max over ranks.",
+      "compute: the same loop with nothing sent (a Comm on MPI_COMM_SELF with the subset's rank and size and the transport's stream order), all ranks at once; mean and max over ranks.",
       "data: Backend::load_batch of one batch timed alone (an estimate of the loop's gather, which it contains).",
-      "imbal = (max - mean) / mean of per-rank compute; exp comm = step - max compute (communication and sync not hidden behind compute).",
-      "eff = throughput(n) / (n x throughput(1)), same model and mode."};
+      "imbal = (max - mean) / mean of per-rank compute; exp comm = step - max compute (communication and sync not hidden behind compute), per variant.",
+      "eff = throughput(n) / (n x throughput(1)), same model, mode and variant; eff/best1: against the fastest variant on 1 rank.",
+      "a strong row whose batch per rank equals the weak row's is the same measurement, shown in both modes."};
+  notes.insert(notes.end(), t.notes.begin(), t.notes.end());
+  t.notes = notes;
   return t;
 }
 
 // ---------------------------------------------------------------------------------------------
 
-Table measure_allreduce(Context& cx) {
+namespace {
+
+// One collective's buffers and its exact expected result. Every value is a small integer, so the
+// float sum is exact in any order: rank r contributes (r+1)·(i mod 13 + 1) at element i of the
+// whole buffer (all-gather: at element i of its own slice).
+struct CollectiveRun {
+  Collective kind;
+  int n, rank;
+  size_t max_count;  // elements per call argument at the largest size
+  Buffer<float> send, recv;
+
+  CollectiveRun(Backend& be, Collective k, int n_, int rank_, size_t max_count_)
+      : kind(k), n(n_), rank(rank_), max_count(max_count_),
+        send(be, k == Collective::reduce_scatter ? size_t(n_) * max_count_ : max_count_),
+        recv(be, k == Collective::all_gather ? size_t(n_) * max_count_ : max_count_) {
+    std::vector<float> h(send.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = float((rank + 1) * int(i % 13 + 1));
+    be.upload(send.data(), h.data(), h.size() * sizeof(float));
+  }
+  size_t recv_count(size_t count) const { return kind == Collective::all_gather ? size_t(n) * count : count; }
+  void run(Comm& c, size_t count) {
+    switch (kind) {
+      case Collective::allreduce: c.allreduce(send.data(), recv.data(), count, DType::f32, RedOp::sum); break;
+      case Collective::reduce_scatter: c.reduce_scatter(send.data(), recv.data(), count, DType::f32, RedOp::sum); break;
+      case Collective::all_gather: c.allgather(send.data(), recv.data(), count, DType::f32); break;
+    }
+  }
+  // Elements of the result (count per call) that differ from the exact one.
+  double wrong(Backend& be, size_t count) const {
+    std::vector<float> h(recv_count(count));
+    be.download(h.data(), recv.data(), h.size() * sizeof(float));
+    const double tri = double(n) * (n + 1) / 2;
+    const size_t first = kind == Collective::reduce_scatter ? size_t(rank) * count : 0;  // this rank's slice
+    double bad = 0;
+    for (size_t q = 0; q < h.size() / count; ++q)  // all-gather: rank q's slice; else one slice
+      for (size_t j = 0; j < count; ++j) {
+        const double want = kind == Collective::all_gather ? double(q + 1) * double(j % 13 + 1)
+                                                            : tri * double((first + j) % 13 + 1);
+        bad += h[q * count + j] != float(want);
+      }
+    return bad;
+  }
+};
+
+const std::vector<Column> kCollectiveCols = {{"ranks", "ranks", "", "%.0f"},
+                                             {"bytes", "size", "B", "%.0f"},
+                                             {"count", "count", "elements", "%.0f"},
+                                             {"type", "type", "", ""},
+                                             {"redop", "redop", "", ""},
+                                             {"time_us", "time", "us", "%.1f"},
+                                             {"time_min_us", "min", "us", "%.1f"},
+                                             {"time_max_us", "max", "us", "%.1f"},
+                                             {"algbw_gbs", "algbw", "GB/s", "%.3f"},
+                                             {"busbw_gbs", "busbw", "GB/s", "%.3f"},
+                                             {"wrong", "#wrong", "elements", "%.0f"}};
+
+}  // namespace
+
+Table measure_collective(Context& cx, Collective coll) {
   const Settings& s = *cx.s;
-  Table t{"allreduce",
-          "Allreduce alone (Comm::allreduce, float32 sum, out of place), nccl-tests definitions",
-          {{"ranks", "ranks", "", "%.0f"},
-           {"bytes", "size", "B", "%.0f"},
-           {"count", "count", "elements", "%.0f"},
-           {"type", "type", "", ""},
-           {"redop", "redop", "", ""},
-           {"time_us", "time", "us", "%.1f"},
-           {"time_min_us", "min", "us", "%.1f"},
-           {"time_max_us", "max", "us", "%.1f"},
-           {"algbw_gbs", "algbw", "GB/s", "%.3f"},
-           {"busbw_gbs", "busbw", "GB/s", "%.3f"},
-           {"wrong", "#wrong", "elements", "%.0f"}},
-          {},
-          {}};
+  const bool ar = coll == Collective::allreduce, ag = coll == Collective::all_gather;
+  const std::string name = collective_name(coll);
+  const char* call = ar ? "Comm::allreduce" : ag ? "Comm::allgather" : "Comm::reduce_scatter";
+  Table t{name, std::string(ar ? "Allreduce" : ag ? "All-gather" : "Reduce-scatter") + " alone (" + call +
+                    ", float32" + (ag ? "" : " sum") + ", out of place), nccl-tests definitions",
+          kCollectiveCols, {}, {}};
   std::vector<double> sizes;
   for (double b = s.ar_min_bytes; b <= s.ar_max_bytes * 1.0000001; b *= s.ar_factor) sizes.push_back(std::floor(b / 4) * 4);
   for (int n : subset_sizes(cx.size, s.max_ranks)) {
@@ -271,49 +361,52 @@ Table measure_allreduce(Context& cx) {
     SubComm sub(cx.world, n);
     if (sub.member()) {
       auto comm = subset_comm(cx, sub.get());
-      const size_t max_count = size_t(sizes.back() / 4);
-      Buffer<float> send(*cx.be, max_count), recv(*cx.be, max_count);
-      // Small integers, so the float sum is exact in any order: rank r sends (r+1)·(i mod 13 + 1).
-      std::vector<float> h(max_count);
-      for (size_t i = 0; i < max_count; ++i) h[i] = float((comm->rank() + 1) * int(i % 13 + 1));
-      cx.be->upload(send.data(), h.data(), h.size() * sizeof(float));
-      const double tri = double(n) * (n + 1) / 2;
+      // As nccl-tests: the size is the whole buffer (reduce-scatter's input, all-gather's
+      // output), so each rank's count is size / n.
+      auto count_of = [&](double bytes) { return std::max<size_t>(1, size_t(bytes / 4) / (ar ? 1 : size_t(n))); };
+      CollectiveRun run(*cx.be, coll, n, comm->rank(), count_of(sizes.back()));
       for (double bytes : sizes) {
-        const size_t count = std::max<size_t>(1, size_t(bytes / 4));
+        const size_t count = count_of(bytes);
         std::vector<double> times;
         double wrong = 0;
         for (int r = 0; r < s.ar_repeats; ++r) {
-          cx.be->fill(recv.data(), count, -1.f);
-          for (int w = 0; w < s.ar_warmup; ++w) comm->allreduce(send.data(), recv.data(), count, DType::f32, RedOp::sum);
+          cx.be->fill(run.recv.data(), run.recv_count(count), -1.f);
+          for (int w = 0; w < s.ar_warmup; ++w) run.run(*comm, count);
           comm->synchronize();
           cx.be->synchronize();
           DPT_CHECK_MPI(MPI_Barrier(sub.get()));
           const double t0 = now_s();
-          for (int i = 0; i < s.ar_iters; ++i) comm->allreduce(send.data(), recv.data(), count, DType::f32, RedOp::sum);
+          for (int i = 0; i < s.ar_iters; ++i) run.run(*comm, count);
           comm->synchronize();
           cx.be->synchronize();
           times.push_back(max_over(sub.get(), (now_s() - t0) / s.ar_iters));
-          cx.be->download(h.data(), recv.data(), count * sizeof(float));
-          for (size_t i = 0; i < count; ++i) wrong += h[i] != float(tri * double(i % 13 + 1));
+          wrong += run.wrong(*cx.be, count);
         }
         DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_DOUBLE, MPI_SUM, sub.get()));
         const Stat st = stat_of(times);
-        const double B = double(count) * 4, alg = algbw(B, st.med);
+        const double B = double(count) * (ar ? 1 : n) * 4, alg = algbw(B, st.med);
         if (cx.rank == 0)
-          t.rows.push_back({num(n), num(B), num(double(count)), txt("float"), txt("sum"), num(st.med * 1e6),
-                            num(st.min * 1e6), num(st.max * 1e6), num(alg / 1e9),
-                            num(busbw_allreduce(alg, n) / 1e9), num(wrong)});
+          t.rows.push_back({num(n), num(B), num(double(count)), txt("float"), txt(ag ? "none" : "sum"), num(st.med * 1e6),
+                            num(st.min * 1e6), num(st.max * 1e6), num(alg / 1e9), num(busbw(coll, alg, n) / 1e9),
+                            num(wrong)});
       }
-      if (cx.rank == 0) log::info("allreduce: n=" + std::to_string(n) + " done");
+      if (cx.rank == 0) log::info(name + ": n=" + std::to_string(n) + " done");
     }
     idle_barrier(cx.world);
   }
-  t.notes = {"time: slowest rank's mean per call over the timed iterations (after untimed warm-up), median (min, max) of the repeats.",
-             "algbw = size / time; busbw = algbw x 2(n-1)/n (nccl-tests' allreduce bus bandwidth, comparable with all_reduce_perf).",
-             "#wrong: elements of the last result that differ from the exact sum, over all ranks and repeats."};
-  if (cx.size < 2) t.notes.push_back("one rank: no allreduce to measure.");
+  t.notes = {"time: slowest rank's mean per call over the timed iterations (after untimed warm-up), median (min, max) of the repeats."};
+  if (ar)
+    t.notes.push_back("algbw = size / time; busbw = algbw x 2(n-1)/n (nccl-tests' allreduce bus bandwidth, comparable with all_reduce_perf).");
+  else
+    t.notes.push_back(std::string("size = the whole ") + (ag ? "output (n x count)" : "input (n x count)") +
+                      ", count = elements per rank, as nccl-tests; algbw = size / time; busbw = algbw x (n-1)/n "
+                      "(comparable with " + (ag ? "all_gather_perf" : "reduce_scatter_perf") + ").");
+  t.notes.push_back("#wrong: elements of the last result that differ from the exact one, over all ranks and repeats.");
+  if (cx.size < 2) t.notes.push_back("one rank: no " + name + " to measure.");
   return t;
 }
+
+Table measure_allreduce(Context& cx) { return measure_collective(cx, Collective::allreduce); }
 
 // ---------------------------------------------------------------------------------------------
 

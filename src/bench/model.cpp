@@ -57,6 +57,7 @@ const ModelSpec* find_model(const Settings& s, const std::string& name) {
 Table predict_scaling(const Settings& s, const Table& sc, const std::vector<AlphaBeta>& fits) {
   Table t{"predict", "Weak scaling: measured efficiency and the alpha-beta model's prediction",
           {{"model", "model", "", ""},
+           {"variant", "variant", "", ""},
            {"ranks", "ranks", "", "%.0f"},
            {"measured_eff", "measured", "eff", "%.3f"},
            {"predicted_eff", "predicted", "eff", "%.3f"},
@@ -72,38 +73,42 @@ Table predict_scaling(const Settings& s, const Table& sc, const std::vector<Alph
   }
   const AlphaBeta& ab = fits.back();  // the largest rank count measured
   const RingModel ring = ring_from(ab);
-  for (const ModelSpec& m : s.models) {
-    // Weak-scaling rows of this model: the per-rank work is the same at every n.
-    std::map<int, size_t> rows;
-    for (size_t i = 0; i < sc.rows.size(); ++i)
-      if (sc.at(i, "model")->text == m.name && sc.at(i, "mode")->text == "weak") rows[int(sc.at(i, "ranks")->num)] = i;
-    if (rows.empty() || !rows.count(1)) continue;
-    const size_t top = rows.rbegin()->second;
-    const int ntop = rows.rbegin()->first;
-    const double thr1 = sc.at(rows[1], "samples_per_s")->num;
-    if (sc.at(rows[1], "samples_per_s")->empty) continue;
-    const double compute = sc.at(top, "compute_max_ms")->num * 1e-3;
-    const auto buckets = bucket_elements(find_model(s, m.name)->layers, s.base.bucket_mb);
-    auto comm_at = [&](int n) {
-      double c = 0;
-      for (size_t e : buckets) c += ring.seconds(double(e) * 4, n);
-      return c;
-    };
-    // The exposed share of the modelled communication at the largest measured n; the rest was
-    // hidden behind backward (or the measurement says it cost nothing beyond the model).
-    const double model_top = comm_at(ntop);
-    const double exposed_top = sc.at(top, "exposed_comm_ms")->num * 1e-3;
-    const double exposed_frac = model_top > 0 ? std::clamp(exposed_top / model_top, 0.0, 1.0) : 1.0;
-    for (int n = 1; n <= std::max(s.predict_max_ranks, ntop); n *= 2) {
-      const double c = comm_at(n);
-      const double step = compute + exposed_frac * c, step_no = compute + c;
-      const double b = double(s.weak_batch_per_rank);
-      const bool measured = rows.count(n) > 0;
-      t.rows.push_back({txt(m.name), num(n), measured ? num(sc.at(rows[n], "efficiency")->num) : none(),
-                        num(efficiency(n * b / step, n, thr1)), num(efficiency(n * b / step_no, n, thr1)),
-                        num(c * 1e3), num(step * 1e3), txt(measured ? "measured n" : "extrapolated")});
+  for (const ModelSpec& m : s.models)
+    for (const Variant& v : variants_of(s)) {
+      // Weak-scaling rows of this model and variant: the per-rank work is the same at every n.
+      std::map<int, size_t> rows;
+      for (size_t i = 0; i < sc.rows.size(); ++i)
+        if (sc.at(i, "model")->text == m.name && sc.at(i, "mode")->text == "weak" && sc.at(i, "variant")->text == v.name())
+          rows[int(sc.at(i, "ranks")->num)] = i;
+      if (rows.empty() || !rows.count(1) || sc.at(rows[1], "samples_per_s")->empty) continue;
+      const size_t top = rows.rbegin()->second;
+      const int ntop = rows.rbegin()->first;
+      const double thr1 = sc.at(rows[1], "samples_per_s")->num;
+      const double compute = sc.at(top, "compute_max_ms")->num * 1e-3;
+      const auto buckets = bucket_elements(find_model(s, m.name)->layers, s.base.bucket_mb);
+      // A sharded step's reduce-scatter and all-gather move the bytes of one ring allreduce;
+      // bf16 on the wire halves them.
+      const double wire_bytes = v.wire == "bf16" ? 2 : 4;
+      auto comm_at = [&](int n) {
+        double c = 0;
+        for (size_t e : buckets) c += ring.seconds(double(e) * wire_bytes, n);
+        return c;
+      };
+      // The exposed share of the modelled communication at the largest measured n; the rest was
+      // hidden behind backward (or the measurement says it cost nothing beyond the model).
+      const double model_top = comm_at(ntop);
+      const double exposed_top = sc.at(top, "exposed_comm_ms")->num * 1e-3;
+      const double exposed_frac = model_top > 0 ? std::clamp(exposed_top / model_top, 0.0, 1.0) : 1.0;
+      for (int n = 1; n <= std::max(s.predict_max_ranks, ntop); n *= 2) {
+        const double c = comm_at(n);
+        const double step = compute + exposed_frac * c, step_no = compute + c;
+        const double b = double(s.weak_batch_per_rank);
+        const bool measured = rows.count(n) > 0;
+        t.rows.push_back({txt(m.name), txt(v.name()), num(n), measured ? num(sc.at(rows[n], "efficiency")->num) : none(),
+                          num(efficiency(n * b / step, n, thr1)), num(efficiency(n * b / step_no, n, thr1)),
+                          num(c * 1e3), num(step * 1e3), txt(measured ? "measured n" : "extrapolated")});
+      }
     }
-  }
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "model from the %d-rank fit: hop %.2f us, busbw %.3f GB/s; buckets of comm.bucket_mb = %g; "
@@ -111,7 +116,8 @@ Table predict_scaling(const Settings& s, const Table& sc, const std::vector<Alph
                 ab.n, ring.hop_latency * 1e6, ring.bus_bw / 1e9, s.base.bucket_mb);
   t.notes = {buf,
              "predicted: compute + f x allreduce, f = the exposed fraction measured at the largest n (overlap kept); "
-             "no overlap: compute + allreduce.",
+             "no overlap: compute + allreduce. Per variant: bf16 on the wire halves the bytes; a sharded step's "
+             "reduce-scatter + all-gather are modelled as one ring allreduce of the same bytes.",
              "caveat: beyond one node the links change (NVLink -> network); the fit knows only the links it measured."};
   return t;
 }

@@ -1,5 +1,6 @@
-// bench-scaling's report: the fixed-width table (nccl-tests style, with a units row), CSV and
-// JSON records, the machine it ran on, and the Markdown page with its SVG plots.
+// bench-scaling's report: the fixed-width table (nccl-tests style, with a units row), the CSV
+// escaping, the machine it ran on, and the findings in sentences. The records (JSON), the
+// Markdown page and the plots are records.cpp's.
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -104,21 +105,6 @@ std::string csv_escape(const std::string& s) {
   return o + "\"";
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += char(c);
-    else if (c == '\n') o += "\\n";
-    else if (c == '\t') o += "\\t";
-    else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else o += char(c);
-  }
-  return o + "\"";
-}
-
 // ---------------------------------------------------------------------------------------------
 // The machine.
 
@@ -205,104 +191,6 @@ Machine describe_machine(const Context& cx, const std::string& comm_describe) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SVG line chart.
-
-namespace {
-
-std::string esc_xml(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
-  return o;
-}
-
-// 1, 2, 5 × 10^k steps covering [lo, hi] with about `want` ticks.
-std::vector<double> nice_ticks(double lo, double hi, int want) {
-  if (!(hi > lo)) hi = lo + 1;
-  const double raw = (hi - lo) / want, mag = std::pow(10, std::floor(std::log10(raw)));
-  const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
-  std::vector<double> t;
-  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + 1e-9 * step; v += step) t.push_back(std::fabs(v) < 1e-12 * step ? 0 : v);
-  return t;
-}
-
-std::string label(double v) {
-  char b[32];
-  const double a = std::fabs(v);
-  if (a >= 1e9) std::snprintf(b, sizeof b, "%gG", v / 1e9);
-  else if (a >= 1e6) std::snprintf(b, sizeof b, "%gM", v / 1e6);
-  else if (a >= 1e4) std::snprintf(b, sizeof b, "%gk", v / 1e3);
-  else std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
-
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
-
-}  // namespace
-
-std::string svg_chart(const Chart& c) {
-  const double W = 720, H = 420, L = 80, R = 200, T = 40, B = 60;
-  double x0 = INFINITY, x1 = -INFINITY, y0 = 0, y1 = -INFINITY;
-  for (auto& s : c.series)
-    for (auto [x, y] : s.pts) {
-      if (!std::isfinite(x) || !std::isfinite(y) || (c.logx && x <= 0)) continue;
-      const double xv = c.logx ? std::log2(x) : x;
-      x0 = std::min(x0, xv), x1 = std::max(x1, xv), y0 = std::min(y0, y), y1 = std::max(y1, y);
-    }
-  std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " " << H
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << esc_xml(c.title) << "</text>\n";
-  if (!std::isfinite(x0)) {
-    o << "<text x=\"" << W / 2 << "\" y=\"" << H / 2 << "\" text-anchor=\"middle\">no data</text>\n</svg>\n";
-    return o.str();
-  }
-  if (x1 == x0) x0 -= 1, x1 += 1;
-  const std::vector<double> yt = nice_ticks(y0, y1 * 1.05, 6);
-  y1 = std::max(y1, yt.back());
-  y0 = std::min(y0, yt.front());
-  auto px = [&](double x) { return L + (W - L - R) * ((c.logx ? std::log2(x) : x) - x0) / (x1 - x0); };
-  auto py = [&](double y) { return H - B - (H - T - B) * (y - y0) / (y1 - y0); };
-  o << "<g stroke=\"#ddd\">\n";
-  for (double y : yt) o << "<line x1=\"" << L << "\" x2=\"" << W - R << "\" y1=\"" << py(y) << "\" y2=\"" << py(y) << "\"/>\n";
-  o << "</g>\n<g text-anchor=\"end\">\n";
-  for (double y : yt) o << "<text x=\"" << L - 6 << "\" y=\"" << py(y) + 4 << "\">" << label(y) << "</text>\n";
-  o << "</g>\n<g text-anchor=\"middle\">\n";
-  std::vector<double> xt;
-  if (c.logx) {
-    const int step = std::max(1, int(std::ceil((x1 - x0) / 10)));
-    for (int e = int(std::ceil(x0)); e <= int(std::floor(x1)); e += step) xt.push_back(std::ldexp(1.0, e));
-  } else {
-    xt = nice_ticks(x0, x1, 8);
-  }
-  for (double x : xt)
-    o << "<line x1=\"" << px(x) << "\" x2=\"" << px(x) << "\" y1=\"" << H - B << "\" y2=\"" << H - B + 5 << "\" stroke=\"black\"/>"
-      << "<text x=\"" << px(x) << "\" y=\"" << H - B + 18 << "\">" << label(x) << "</text>\n";
-  o << "</g>\n<path d=\"M" << L << " " << T << " V" << H - B << " H" << W - R << "\" fill=\"none\" stroke=\"black\"/>\n"
-    << "<text x=\"" << (L + W - R) / 2 << "\" y=\"" << H - 15 << "\" text-anchor=\"middle\">" << esc_xml(c.xlabel) << "</text>\n"
-    << "<text transform=\"translate(18," << (T + H - B) / 2 << ") rotate(-90)\" text-anchor=\"middle\">" << esc_xml(c.ylabel) << "</text>\n";
-  for (size_t i = 0; i < c.series.size(); ++i) {
-    const Series& s = c.series[i];
-    const char* col = kColors[i % 10];
-    std::string d;
-    for (auto [x, y] : s.pts) {
-      if (!std::isfinite(x) || !std::isfinite(y) || (c.logx && x <= 0)) continue;
-      char b[64];
-      std::snprintf(b, sizeof b, "%s%.1f %.1f", d.empty() ? "M" : " L", px(x), py(y));
-      d += b;
-      o << "<circle cx=\"" << px(x) << "\" cy=\"" << py(y) << "\" r=\"3\" fill=\"" << col << "\"/>\n";
-    }
-    o << "<path d=\"" << d << "\" fill=\"none\" stroke=\"" << col << "\" stroke-width=\"2\""
-      << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << "/>\n";
-    const double ly = T + 10 + 18 * double(i);
-    o << "<line x1=\"" << W - R + 12 << "\" x2=\"" << W - R + 36 << "\" y1=\"" << ly << "\" y2=\"" << ly << "\" stroke=\"" << col
-      << "\" stroke-width=\"2\"" << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << "/><text x=\"" << W - R + 42 << "\" y=\""
-      << ly + 4 << "\">" << esc_xml(s.name) << "</text>\n";
-  }
-  o << "</svg>\n";
-  return o.str();
-}
-
-// ---------------------------------------------------------------------------------------------
 // Findings.
 
 namespace {
@@ -317,26 +205,39 @@ std::string f3(const char* fmt, double v) {
 std::vector<std::string> findings(const Report& r) {
   std::vector<std::string> out;
   if (const Table* sc = find(r, "scaling")) {
-    std::map<std::string, size_t> top;  // model/mode -> row of the largest n
+    std::map<std::string, size_t> top;  // model/mode/variant -> row of the largest n
     for (size_t i = 0; i < sc->rows.size(); ++i) {
-      const std::string k = sc->at(i, "model")->text + " " + sc->at(i, "mode")->text;
+      const std::string k = sc->at(i, "model")->text + " " + sc->at(i, "mode")->text + " " + sc->at(i, "variant")->text;
       if (!top.count(k) || sc->at(i, "ranks")->num > sc->at(top[k], "ranks")->num) top[k] = i;
     }
     for (auto& [k, i] : top)
       if (sc->at(i, "ranks")->num > 1)
         out.push_back(k + " scaling at " + raw(*sc->at(i, "ranks")) + " ranks: efficiency " +
-                      f3("%.2f", sc->at(i, "efficiency")->num) + ", " + f3("%.0f", sc->at(i, "samples_per_s")->num) +
+                      f3("%.2f", sc->at(i, "efficiency")->num) + " (" + f3("%.2f", sc->at(i, "efficiency_vs_best1")->num) +
+                      " against the fastest 1-rank variant), " + f3("%.0f", sc->at(i, "samples_per_s")->num) +
                       " samples/s; limiting factor: " + sc->at(i, "limit")->text + "; exposed communication " +
-                      f3("%.0f", sc->at(i, "exposed_comm_pct")->num) + "% of the step.");
+                      f3("%.3f", sc->at(i, "exposed_comm_ms")->num) + " ms, " + f3("%.0f", sc->at(i, "exposed_comm_pct")->num) +
+                      "% of the step.");
   }
-  if (const Table* ar = find(r, "allreduce"); ar && !ar->rows.empty()) {
+  if (const Table* p = find(r, "ddp_peer"))
+    for (size_t i = 0; i < p->rows.size(); ++i)
+      if (p->at(i, "strongest")->text == "*" && !p->at(i, "ratio")->empty)
+        out.push_back("PyTorch, " + p->at(i, "model")->text + " " + p->at(i, "mode")->text + " on " + raw(*p->at(i, "ranks")) +
+                      " rank(s): strongest " + p->at(i, "peer")->text + " " + f3("%.3f", p->at(i, "peer_step_ms")->num) +
+                      " ms per step (efficiency " + f3("%.2f", p->at(i, "peer_efficiency")->num) + "); dptrain " +
+                      p->at(i, "ours_variant")->text + " " + f3("%.3f", p->at(i, "ours_step_ms")->num) + " ms (efficiency " +
+                      f3("%.2f", p->at(i, "ours_efficiency")->num) + "): " + f3("%.3f", p->at(i, "ratio")->num) +
+                      "x PyTorch's step.");
+  for (const char* name : {"allreduce", "reduce_scatter", "all_gather"}) {
+    const Table* ar = find(r, name);
+    if (!ar || ar->rows.empty()) continue;
     size_t best = 0;
     double wrong = 0;
     for (size_t i = 0; i < ar->rows.size(); ++i) {
       wrong += ar->at(i, "wrong")->num;
       if (ar->at(i, "busbw_gbs")->num > ar->at(best, "busbw_gbs")->num) best = i;
     }
-    out.push_back("allreduce: peak busbw " + f3("%.2f", ar->at(best, "busbw_gbs")->num) + " GB/s at " +
+    out.push_back(std::string(name) + ": peak busbw " + f3("%.2f", ar->at(best, "busbw_gbs")->num) + " GB/s at " +
                   f3("%.0f", ar->at(best, "bytes")->num) + " B on " + raw(*ar->at(best, "ranks")) + " ranks; " +
                   f3("%.0f", wrong) + " wrong elements in all.");
   }
@@ -353,20 +254,37 @@ std::vector<std::string> findings(const Report& r) {
           (fast == g->rows.size() || g->at(i, "time_to_target_s")->num < g->at(fast, "time_to_target_s")->num))
         fast = i;
     }
-    auto name = [&](size_t i) {
-      return "global batch " + raw(*g->at(i, "global_batch")) + ", lr rule " + g->at(i, "lr_scaling")->text +
-             ", warm-up " + g->at(i, "warmup")->text;
-    };
+    auto name = [&](size_t i) { return g->at(i, "variant")->text + " at global batch " + raw(*g->at(i, "global_batch")); };
     out.push_back("grid: best final accuracy " + f3("%.4f", g->at(acc, "final_accuracy")->num) + " with " + name(acc) + ".");
     if (fast < g->rows.size())
-      out.push_back("grid: fastest to the target accuracy: " + name(fast) + ", " +
+      out.push_back("grid: fastest to the target accuracy on one rank: " + name(fast) + ", " +
                     f3("%.2f", g->at(fast, "time_to_target_s")->num) + " s of training.");
   }
+  if (const Table* c = find(r, "critical"))
+    for (size_t i = 0; i < c->rows.size(); ++i)
+      if (!c->at(i, "largest_batch_2x")->empty)
+        out.push_back("critical batch: " + c->at(i, "variant")->text + " reaches the target within 2x the epochs of "
+                      "global batch " + raw(*c->at(i, "smallest_batch")) + " up to global batch " +
+                      raw(*c->at(i, "largest_batch_2x")) + " (" + f3("%.2f", c->at(i, "epochs_at_smallest")->num) +
+                      " -> " + f3("%.2f", c->at(i, "epochs_at_largest")->num) + " epochs).");
+  if (const Table* t = find(r, "tta"))
+    for (size_t i = 0; i < t->rows.size(); ++i)
+      if (t->at(i, "best")->text == "*")
+        out.push_back("time to target on " + raw(*t->at(i, "ranks")) + " rank(s): fastest with " + t->at(i, "variant")->text +
+                      " at global batch " + raw(*t->at(i, "global_batch")) + ", " + f3("%.3f", t->at(i, "predicted_s")->num) +
+                      " s predicted (" + t->at(i, "step_source")->text + " step)" +
+                      (t->at(i, "speedup")->empty ? "" : ", " + f3("%.2f", t->at(i, "speedup")->num) + "x its 1-rank time") +
+                      (t->at(i, "measured_s")->empty ? "" : "; measured " + f3("%.3f", t->at(i, "measured_s")->num) + " s") + ".");
+  if (const Table* c = find(r, "check"))
+    for (size_t i = 0; i < c->rows.size(); ++i)
+      out.push_back("check on " + raw(*c->at(i, "ranks")) + " rank(s), " + c->at(i, "variant")->text + " at global batch " +
+                    raw(*c->at(i, "global_batch")) + ": time to target " +
+                    (c->at(i, "measured_s")->empty ? c->at(i, "status")->text
+                                                   : f3("%.3f", c->at(i, "measured_s")->num) + " s measured vs " +
+                                                         f3("%.3f", c->at(i, "predicted_s")->num) + " s predicted (" +
+                                                         f3("%+.1f", c->at(i, "error_pct")->num) + "%)") + ".");
   return out;
 }
-
-// ---------------------------------------------------------------------------------------------
-// The files.
 
 namespace {
 
@@ -376,203 +294,6 @@ const Table* find(const Report& r, const std::string& name) {
   return nullptr;
 }
 
-// One series per distinct value of `group` (rows filtered by `keep`), x and y from columns.
-std::vector<Series> series_by(const Table& t, const std::string& group, const std::string& x, const std::string& y,
-                              const std::function<bool(size_t)>& keep = {}, const std::string& prefix = "") {
-  std::map<std::string, Series> by;
-  std::vector<std::string> order;
-  for (size_t i = 0; i < t.rows.size(); ++i) {
-    if (keep && !keep(i)) continue;
-    const Cell* gc = t.at(i, group);
-    const std::string g = gc->is_num ? raw(*gc) : gc->text;
-    if (!by.count(g)) order.push_back(g), by[g].name = prefix + g;
-    by[g].pts.push_back({t.at(i, x)->num, t.at(i, y)->num});
-  }
-  std::vector<Series> out;
-  for (auto& g : order) out.push_back(by[g]);
-  return out;
-}
-
-std::vector<std::pair<std::string, Chart>> charts(const Report& r) {
-  std::vector<std::pair<std::string, Chart>> out;
-  if (const Table* sc = find(r, "scaling"); sc && !sc->rows.empty()) {
-    Chart c{"Scaling efficiency vs ranks", "ranks", "efficiency = thr(n) / (n x thr(1))", true, {}};
-    for (const char* mode : {"weak", "strong"}) {
-      auto s = series_by(*sc, "model", "ranks", "efficiency", [&](size_t i) { return sc->at(i, "mode")->text == mode; },
-                         std::string(mode) + " ");
-      c.series.insert(c.series.end(), s.begin(), s.end());
-    }
-    if (const Table* p = find(r, "predict"); p && !p->rows.empty()) {
-      auto s = series_by(*p, "model", "ranks", "predicted_eff", {}, "predicted weak ");
-      for (auto& x : s) x.dashed = true;
-      c.series.insert(c.series.end(), s.begin(), s.end());
-    }
-    out.push_back({"efficiency-vs-ranks.svg", c});
-    Chart t{"Throughput vs ranks", "ranks", "samples/s", true, {}};
-    for (const char* mode : {"weak", "strong"}) {
-      auto s = series_by(*sc, "model", "ranks", "samples_per_s",
-                         [&](size_t i) { return sc->at(i, "mode")->text == mode; }, std::string(mode) + " ");
-      t.series.insert(t.series.end(), s.begin(), s.end());
-    }
-    out.push_back({"throughput-vs-ranks.svg", t});
-  }
-  if (const Table* g = find(r, "grid"); g && !g->rows.empty()) {
-    auto group = [&](size_t i) { return g->at(i, "lr_scaling")->text + (g->at(i, "warmup")->text == "on" ? " + warm-up" : ""); };
-    Chart a{"Final test accuracy vs global batch, per LR rule", "global batch (samples)", "test accuracy", true, {}};
-    std::map<std::string, Series> by;
-    std::vector<std::string> order;
-    for (size_t i = 0; i < g->rows.size(); ++i) {
-      const std::string k = group(i);
-      if (!by.count(k)) order.push_back(k), by[k].name = k, by[k].dashed = g->at(i, "warmup")->text == "on";
-      by[k].pts.push_back({g->at(i, "global_batch")->num, g->at(i, "final_accuracy")->num});
-    }
-    for (auto& k : order) a.series.push_back(by[k]);
-    out.push_back({"accuracy-vs-batch.svg", a});
-    Chart t{"Training throughput vs global batch", "global batch (samples)", "samples/s", true, {}};
-    t.series = series_by(*g, "lr_scaling", "global_batch", "samples_per_s",
-                         [&](size_t i) { return g->at(i, "warmup")->text == "off"; }, "lr rule ");
-    out.push_back({"throughput-vs-batch.svg", t});
-  }
-  if (const Table* ar = find(r, "allreduce"); ar && !ar->rows.empty()) {
-    Chart c{"Allreduce bus bandwidth vs message size", "message size (bytes)", "busbw (GB/s)", true, {}};
-    c.series = series_by(*ar, "ranks", "bytes", "busbw_gbs", {}, "ranks ");
-    out.push_back({"busbw-vs-size.svg", c});
-  }
-  if (const Table* b = find(r, "buckets"); b && !b->rows.empty()) {
-    Chart c{"Step time vs gradient bucket size", "bucket size (MB)", "step (ms)", true, {}};
-    std::map<std::string, Series> by;
-    std::vector<std::string> order;
-    for (size_t i = 0; i < b->rows.size(); ++i) {
-      const std::string k = b->at(i, "model")->text + ", " + raw(*b->at(i, "ranks")) + " ranks";
-      if (!by.count(k)) order.push_back(k), by[k].name = k;
-      by[k].pts.push_back({b->at(i, "bucket_mb")->num, b->at(i, "step_ms")->num});
-    }
-    for (auto& k : order) c.series.push_back(by[k]);
-    out.push_back({"step-vs-bucket.svg", c});
-  }
-  return out;
-}
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream f(p);
-  f << text;
-  if (!f) throw Error("bench-scaling: cannot write " + p.string());
-}
-
-std::string csv_of(const Report& r) {
-  // One file for every table: the union of their columns, `table` first, empty where a column
-  // is not the row's table's.
-  std::vector<std::string> keys{"table"};
-  for (auto& t : r.tables)
-    for (auto& c : t.cols)
-      if (std::find(keys.begin(), keys.end(), c.key) == keys.end()) keys.push_back(c.key);
-  std::ostringstream o;
-  for (size_t k = 0; k < keys.size(); ++k) o << (k ? "," : "") << keys[k];
-  o << "\n";
-  for (auto& t : r.tables)
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      o << t.name;
-      for (size_t k = 1; k < keys.size(); ++k) {
-        bool has = false;
-        for (auto& c : t.cols) has = has || c.key == keys[k];
-        o << "," << (has ? csv_escape(raw(*t.at(i, keys[k]))) : "");
-      }
-      o << "\n";
-    }
-  return o.str();
-}
-
-std::string json_of(const Report& r, const Settings& s) {
-  std::ostringstream o;
-  o << "{\n  \"bench\": \"scaling\",\n  \"command\": " << json_escape(s.command) << ",\n  \"config\": " << json_escape(s.source)
-    << ",\n  \"seconds\": " << r.seconds << ",\n  \"machine\": {";
-  for (size_t i = 0; i < r.machine.facts.size(); ++i)
-    o << (i ? "," : "") << "\n    " << json_escape(r.machine.facts[i].first) << ": " << json_escape(r.machine.facts[i].second);
-  o << "\n  },\n  \"settings\": " << json_escape(r.settings) << ",\n  \"notes\": [";
-  for (size_t i = 0; i < r.notes.size(); ++i) o << (i ? ", " : "") << json_escape(r.notes[i]);
-  o << "],\n  \"findings\": [";
-  for (size_t i = 0; i < r.findings.size(); ++i) o << (i ? ", " : "") << json_escape(r.findings[i]);
-  o << "],\n  \"tables\": {";
-  for (size_t ti = 0; ti < r.tables.size(); ++ti) {
-    const Table& t = r.tables[ti];
-    o << (ti ? "," : "") << "\n    " << json_escape(t.name) << ": {\"title\": " << json_escape(t.title) << ", \"units\": {";
-    for (size_t j = 0; j < t.cols.size(); ++j) o << (j ? ", " : "") << json_escape(t.cols[j].key) << ": " << json_escape(t.cols[j].unit);
-    o << "}, \"rows\": [";
-    for (size_t i = 0; i < t.rows.size(); ++i) {
-      o << (i ? "," : "") << "\n      {";
-      for (size_t j = 0; j < t.cols.size(); ++j) {
-        const Cell& c = t.rows[i][j];
-        o << (j ? ", " : "") << json_escape(t.cols[j].key) << ": " << (c.empty ? "null" : c.is_num ? raw(c) : json_escape(c.text));
-      }
-      o << "}";
-    }
-    o << "]}";
-  }
-  o << "\n  }\n}\n";
-  return o.str();
-}
-
-std::string md_of(const Report& r, const Settings& s, const std::vector<std::pair<std::string, Chart>>& ch) {
-  std::ostringstream o;
-  std::string backend;
-  for (auto& [k, v] : r.machine.facts)
-    if (k == "backend") backend = v;
-  o << "# bench-scaling report\n\n";
-  if (backend == "cpu")
-    o << "> **CPU ranks**: these figures come from the CPU backend (OpenBLAS) over MPI, not from GPUs. "
-         "Ranks stand in for GPUs: each rank owns a share of the cores and ranks outside a subset sleep.\n\n";
-  // A busy machine: other processes took the cores the ranks were timed on.
-  double load = 0, cores = 0;
-  for (auto& [k, v] : r.machine.facts) {
-    if (k.rfind("load average", 0) == 0) load = std::max(load, std::atof(v.c_str()));
-    if (k == "cpu cores (online)") cores = std::atof(v.c_str());
-  }
-  if (cores > 0 && load > cores)
-    o << "> **Busy machine**: the 1-minute load average reached " << load << " on " << cores
-      << " cores while this ran, so other processes competed with the ranks; exposed communication "
-         "then includes waiting for a descheduled peer. Compare these figures only with runs on a quiet machine.\n\n";
-  o << "Command: `" << s.command << "` (config " << s.source << "), " << std::lround(r.seconds) << " s in all.\n\n";
-  if (!r.findings.empty()) {
-    o << "## Findings\n\n";
-    for (auto& f : r.findings) o << "- " << f << "\n";
-    o << "\n";
-  }
-  o << "## Machine\n\n| | |\n|---|---|\n";
-  for (auto& [k, v] : r.machine.facts) {
-    if (v.find('\n') != std::string::npos) continue;
-    o << "| " << k << " | " << v << " |\n";
-  }
-  for (auto& [k, v] : r.machine.facts)
-    if (v.find('\n') != std::string::npos) o << "\n" << k << ":\n\n```\n" << v << "\n```\n";
-  o << "\n## Plots\n\n";
-  for (auto& [file, c] : ch) o << "![" << c.title << "](" << file << ")\n\n";
-  for (auto& t : r.tables) o << "## " << t.title << "\n\n```\n" << format_table(t) << "```\n\n";
-  if (!r.notes.empty()) {
-    o << "## Notes\n\n";
-    for (auto& n : r.notes) o << "- " << n << "\n";
-    o << "\n";
-  }
-  o << "## Settings\n\n```ini\n" << r.settings << "```\n\nRecords: `records.csv` (one row per table row, column `table` says which), "
-       "`records.json` (the same, with units, machine and settings).\n";
-  return o.str();
-}
-
 }  // namespace
-
-std::vector<std::string> write_report(const Settings& s, const Report& r) {
-  const fs::path dir(s.out_dir);
-  fs::create_directories(dir);
-  std::vector<std::string> files;
-  const auto ch = charts(r);
-  for (auto& [file, c] : ch) {
-    write_file(dir / file, svg_chart(c));
-    files.push_back((dir / file).string());
-  }
-  write_file(dir / "records.csv", csv_of(r));
-  write_file(dir / "records.json", json_of(r, s));
-  write_file(dir / "report.md", md_of(r, s, ch));
-  for (const char* f : {"records.csv", "records.json", "report.md"}) files.push_back((dir / f).string());
-  return files;
-}
 
 }  // namespace dpt::bench

@@ -14,7 +14,7 @@
 namespace dpt::bench {
 namespace {
 
-const char* kOwnSections[] = {"scaling", "allreduce", "buckets", "grid", "predict", "report", "cpu"};
+const char* kOwnSections[] = {"scaling", "allreduce", "buckets", "grid", "predict", "ddp", "report", "cpu"};
 
 bool own_section(const std::string& s) {
   for (const char* o : kOwnSections)
@@ -144,6 +144,24 @@ std::vector<Key> key_table() {
       {"scaling.data_iters", "load_batch calls timed for the data share", I(&Settings::data_iters, 1)},
       {"scaling.latency_ms", "steps shorter than this are called launch/latency-bound", D(&Settings::latency_ms, 0)},
       {"scaling.max_ranks", "largest subset measured (0 = all ranks)", I(&Settings::max_ranks, 0)},
+      {"scaling.variants",
+       "gradient paths timed side by side: unsharded-fp32 unsharded-bf16 sharded-fp32 sharded-bf16 "
+       "(train.shard_optimizer, comm.grad_dtype); unset = the config's own",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.variants.clear();
+         for (auto& item : split(v, ", ")) {
+           const Variant x = parse_variant(item, w);
+           if (std::find(s.variants.begin(), s.variants.end(), x) == s.variants.end()) s.variants.push_back(x);
+         }
+       }},
+      {"allreduce.collectives", "collectives swept with the [allreduce] sizes: allreduce reduce_scatter all_gather",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.collectives = to_list<Collective>(v, [&](const std::string& x) {
+           for (Collective c : {Collective::allreduce, Collective::reduce_scatter, Collective::all_gather})
+             if (collective_name(c) == x) return c;
+           bad("allreduce.collectives", v, w, "collectives are allreduce, reduce_scatter, all_gather");
+         });
+       }},
       {"allreduce.min_bytes", "smallest message", D(&Settings::ar_min_bytes, 4)},
       {"allreduce.max_bytes", "largest message", D(&Settings::ar_max_bytes, 4)},
       {"allreduce.factor", "size step (×)", D(&Settings::ar_factor, 1.01)},
@@ -177,13 +195,76 @@ std::vector<Key> key_table() {
            return x == "on" ? 1 : 0;
          });
        }},
+      {"grid.config", "dptrain INI giving the grid's model, data and optimizer (default: this file's sections)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string&) { s.grid_config = v; }},
+      {"grid.optimizers", "optimizers of the grid with their base lr, e.g. 'nesterov:0.05 lars:2 lamb:0.01' "
+                          "(default: [train]'s optimizer and lr)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.grid_optimizers = to_list<std::string>(v, [&](const std::string& x) {
+           const auto c = x.find(':');
+           if (c == std::string::npos) bad("grid.optimizers", v, w, "each entry is optimizer:lr, e.g. lamb:0.01");
+           try {
+             parse_optimizer(x.substr(0, c));
+           } catch (const InputError& e) {
+             bad("grid.optimizers", v, w, e.what());
+           }
+           to_double("grid.optimizers", x.substr(c + 1), w, 1e-12);
+           return x;
+         });
+       }},
       {"grid.epochs", "training budget of every grid run, in epochs (fractions allowed)", D(&Settings::grid_epochs, 0.001)},
+      {"grid.min_steps", "every grid run takes at least this many steps (large batches)", I(&Settings::grid_min_steps, 0)},
+      {"grid.max_batch_per_rank", "largest batch a rank takes per micro-batch; beyond it train.accumulate",
+       I(&Settings::grid_max_batch_per_rank, 1)},
+      {"grid.check", "true/false: train the predicted fastest setting on every subset (measured time to target)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         if (v != "true" && v != "false") bad("grid.check", v, w, "expected true or false");
+         s.grid_check = v == "true";
+       }},
       {"grid.warmup_epochs", "length of the warm-up when on, in epochs", D(&Settings::warmup_epochs, 0)},
+      {"grid.warmup_min_steps", "the warm-up, when on, lasts at least this many steps", I(&Settings::grid_warmup_min_steps, 0)},
       {"grid.target_accuracy", "test accuracy whose time-to-reach is reported", D(&Settings::target_accuracy, 0)},
       {"grid.evals_per_run", "evaluations per grid run", I(&Settings::grid_evals, 1)},
       {"predict.max_ranks", "largest rank count the alpha-beta model predicts", I(&Settings::predict_max_ranks, 1)},
+      {"ddp.run", "PyTorch DDP peer: gpu (with the CUDA backend, where python imports torch), always (CPU ranks too, gloo), never",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         if (v != "gpu" && v != "always" && v != "never") bad("ddp.run", v, w, "expected gpu, always or never");
+         s.ddp_run = v;
+       }},
+      {"ddp.python", "python interpreter with torch (runs -m torch.distributed.run, i.e. torchrun)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string&) { s.ddp_python = v; }},
+      {"ddp.torchrun_args", "arguments of python -m torch.distributed.run (torchrun) before --nproc_per_node",
+       [](Settings& s, const std::string&, const std::string& v, const std::string&) { s.ddp_torchrun_args = v; }},
+      {"ddp.script", "the peer's script",
+       [](Settings& s, const std::string&, const std::string& v, const std::string&) { s.ddp_script = v; }},
+      {"ddp.buckets_mb", "DDP bucket_cap_mb values swept (the best is the DDP row)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.ddp_buckets_mb = to_list<double>(v, [&](const std::string& x) { return to_double("ddp.buckets_mb", x, w, 1e-3); });
+       }},
+      {"ddp.compile", "torch.compile rows: none, model (the DDP model), step (the whole step), both",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         if (v != "none" && v != "model" && v != "step" && v != "both") bad("ddp.compile", v, w, "expected none, model, step or both");
+         s.ddp_compile = v;
+       }},
+      {"ddp.warmup", "untimed steps before each peer timing (compilation happens there)", I(&Settings::ddp_warmup, 1)},
+      {"ddp.steps", "steps per timed window of the peer", I(&Settings::ddp_steps, 1)},
+      {"ddp.repeats", "timed windows per peer row (median)", I(&Settings::ddp_repeats, 1)},
+      {"ddp.timeout_s", "time limit of one torchrun launch", D(&Settings::ddp_timeout_s, 1)},
       {"report.out", "report folder (also --out)",
        [](Settings& s, const std::string&, const std::string& v, const std::string&) { s.out_dir = v; }},
+      {"report.sections", "what runs: any of scaling, allreduce, buckets, grid (e.g. --report.sections grid)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         s.sections = to_list<std::string>(v, [&](const std::string& x) {
+           if (x != "scaling" && x != "allreduce" && x != "buckets" && x != "grid")
+             bad("report.sections", v, w, "sections are scaling, allreduce, buckets, grid");
+           return x;
+         });
+       }},
+      {"report.plots", "true/false: draw the plots with bench/plot_scaling.py (python3 + matplotlib)",
+       [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
+         if (v != "true" && v != "false") bad("report.plots", v, w, "expected true or false");
+         s.plots = v == "true";
+       }},
   };
 }
 
@@ -266,7 +347,30 @@ Settings read_settings(MPI_Comm c, int argc, char** argv) {
   validate(s.base);
   apply(s, p.file, s.source);
   apply(s, p.cli, "command line");  // checked now; applied again after [cpu]
+  s.grid_base = s.base;
+  if (!s.grid_config.empty()) {
+    // The grid's own dptrain file (e.g. a CNN's), with the same command-line overrides.
+    std::string gtext, gerr;
+    if (rank == 0) {
+      std::ifstream in(s.grid_config);
+      if (!in) gerr = "bench-scaling: grid.config = '" + s.grid_config + "': cannot read the file";
+      std::ostringstream os;
+      os << in.rdbuf();
+      gtext = os.str();
+    }
+    bcast_string(c, gerr);
+    if (!gerr.empty()) throw InputError(gerr);
+    bcast_string(c, gtext);
+    s.grid_base = parse_invocation(int(rest.size()), rest.data(), s.grid_config, gtext, false).cfg;
+    if (s.grid_base.train_file.empty()) s.grid_base.train_file = s.base.train_file;
+    if (s.grid_base.test_file.empty()) s.grid_base.test_file = s.base.test_file;
+    validate(s.grid_base);
+  }
   return s;
+}
+
+bool Settings::section(const std::string& name) const {
+  return std::find(sections.begin(), sections.end(), name) != sections.end();
 }
 
 void finalize_settings(Settings& s, bool cpu_backend) {
@@ -276,6 +380,10 @@ void finalize_settings(Settings& s, bool cpu_backend) {
   if (s.out_dir.empty()) s.out_dir = default_out_dir();
   if (s.ar_max_bytes < s.ar_min_bytes)
     bad("allreduce.max_bytes", std::to_string(s.ar_max_bytes), s.source, "smaller than allreduce.min_bytes");
+}
+
+std::vector<Variant> variants_of(const Settings& s) {
+  return s.variants.empty() ? std::vector<Variant>{variant_of(s.base)} : s.variants;
 }
 
 std::string settings_text(const Settings& s) {
@@ -290,15 +398,28 @@ std::string settings_text(const Settings& s) {
   os << "\nweak_batch_per_rank = " << s.weak_batch_per_rank << "\nstrong_global_batch = " << s.strong_global_batch
      << "\nwarmup_steps = " << s.warmup_steps << "\ntimed_steps = " << s.timed_steps << "\nrepeats = " << s.repeats
      << "\ndata_iters = " << s.data_iters << "\nlatency_ms = " << s.latency_ms << "\nmax_ranks = " << s.max_ranks
-     << "\n[allreduce]\nmin_bytes = " << s.ar_min_bytes << "\nmax_bytes = " << s.ar_max_bytes
+     << "\nvariants =";
+  for (auto& v : variants_of(s)) os << " " << v.name();
+  os << "\n[allreduce]\ncollectives =";
+  for (Collective c : s.collectives) os << " " << collective_name(c);
+  os << "\nmin_bytes = " << s.ar_min_bytes << "\nmax_bytes = " << s.ar_max_bytes
      << "\nfactor = " << s.ar_factor << "\nwarmup = " << s.ar_warmup << "\niters = " << s.ar_iters
      << "\nrepeats = " << s.ar_repeats << "\n[buckets]\nsizes_mb = " << list(s.bucket_mb)
-     << "\n[grid]\nenabled = " << (s.grid ? "true" : "false") << "\nglobal_batches = " << list(s.grid_batches)
-     << "\nlr_rules = " << list(s.grid_rules) << "\nwarmup =";
+     << "\n[grid]\nenabled = " << (s.grid ? "true" : "false") << "\nconfig = " << s.grid_config
+     << "\noptimizers =";
+  for (auto& o : s.grid_optimizers) os << " " << o;
+  os << "\nglobal_batches = " << list(s.grid_batches) << "\nlr_rules = " << list(s.grid_rules) << "\nwarmup =";
   for (int w : s.grid_warmup) os << (w ? " on" : " off");
-  os << "\nepochs = " << s.grid_epochs << "\nwarmup_epochs = " << s.warmup_epochs
+  os << "\nepochs = " << s.grid_epochs << "\nmin_steps = " << s.grid_min_steps
+     << "\nmax_batch_per_rank = " << s.grid_max_batch_per_rank << "\nwarmup_epochs = " << s.warmup_epochs
+     << "\nwarmup_min_steps = " << s.grid_warmup_min_steps
      << "\ntarget_accuracy = " << s.target_accuracy << "\nevals_per_run = " << s.grid_evals
-     << "\n[predict]\nmax_ranks = " << s.predict_max_ranks << "\n[report]\nout = " << s.out_dir << "\n";
+     << "\ncheck = " << (s.grid_check ? "true" : "false")
+     << "\n[predict]\nmax_ranks = " << s.predict_max_ranks << "\n[ddp]\nrun = " << s.ddp_run
+     << "\npython = " << s.ddp_python << "\ntorchrun_args = " << s.ddp_torchrun_args << "\nscript = " << s.ddp_script << "\nbuckets_mb = " << list(s.ddp_buckets_mb)
+     << "\ncompile = " << s.ddp_compile << "\nwarmup = " << s.ddp_warmup << "\nsteps = " << s.ddp_steps
+     << "\nrepeats = " << s.ddp_repeats << "\ntimeout_s = " << s.ddp_timeout_s << "\n[report]\nout = " << s.out_dir
+     << "\nsections = " << list(s.sections) << "\nplots = " << (s.plots ? "true" : "false") << "\n";
   return os.str();
 }
 

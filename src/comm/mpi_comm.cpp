@@ -166,17 +166,19 @@ std::unique_ptr<Comm> make_mpi_comm(MPI_Comm c, Backend* staging) {
 }
 
 #ifndef DPT_HAVE_CUDA
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm, Backend&) {
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm, Backend&, const CommOptions&) {
   throw InputError("comm.backend = nccl, but this dptrain was built without CUDA and NCCL");
 }
 #endif
 
-std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& be) {
+std::unique_ptr<Comm> make_comm(const std::string& kind, MPI_Comm c, Backend& be, const CommOptions& opt) {
   const bool cuda = be.name() == "cuda";
   if (kind == "nccl" && !cuda)
     throw InputError("comm.backend = nccl needs the cuda backend (no GPU in use on this rank)");
 #ifdef DPT_HAVE_CUDA
-  if (cuda && (kind == "nccl" || kind == "auto")) return make_nccl_comm(c, be);
+  if (cuda && (kind == "nccl" || kind == "auto")) return make_nccl_comm(c, be, opt);
+#else
+  (void)opt;
 #endif
   return make_mpi_comm(c, be.host_addressable() ? nullptr : &be);
 }

@@ -87,6 +87,7 @@
 #include "dpt/log.hpp"
 #include "conv_kernels.cuh"
 #include "kernels.cuh"
+#include "layerwise.cuh"
 
 namespace dpt {
 namespace {
@@ -788,6 +789,27 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::optimizer_step(p, g, s1, s2, n, h, stream_.get(), nullptr, nullptr, p16);
   }
 
+  // LARS and LAMB: the two passes of layerwise.cu; LAMB's sums pass writes the moments.
+  void layer_sums(const float* p, const float* g, float* s1, float* s2, size_t lo, size_t n,
+                  const std::vector<TensorSeg>& segs, const OptimStep& h, const float* lr_table,
+                  const StepCtl* ctl, float* sums) override {
+    cudaStream_t s = stream_.get();
+    if (h.kind == OptKind::lamb) {
+      note_write(s1, n * sizeof(float));
+      note_write(s2, n * sizeof(float));
+    }
+    note_write(sums, 2 * segs.size() * sizeof(float));
+    auto* partial = static_cast<float*>(layer_partial_.get(cuda::layer_partial_floats(segs, lo, n) * sizeof(float), s));
+    cuda::layer_sums(p, g, s1, s2, lo, n, segs, h, lr_table, ctl, sums, partial, s);
+  }
+
+  void layer_apply(float* p, const float* g, float* s1, float* s2, size_t lo, size_t n,
+                   const std::vector<TensorSeg>& segs, const float* sums, const OptimStep& h,
+                   const float* lr_table, const StepCtl* ctl) override {
+    void* p16 = note_update(p, s1, nullptr, n);
+    cuda::layer_apply(p, g, s1, s2, lo, n, segs, sums, h, lr_table, ctl, p16, stream_.get());
+  }
+
   bool all_finite(const float* p, size_t n) override {
     cudaStream_t s = stream_.get();
     int* flag = static_cast<int*>(flag_.get(sizeof(int), s));
@@ -1365,6 +1387,7 @@ class CudaBackendImpl final : public CudaBackend {
   int last_fused_ = 0;                           // hidden layers fused in the last mlp_forward
   bool fusion_said_ = false;                     // the fused path's start-up line was logged
   std::map<const float*, Fusion> fusions_;       // per model, keyed by its logits buffer
+  Scratch layer_partial_;  // LARS/LAMB: per-block partial sums of squares
   Scratch tposed_x_, tposed_dz_;  // tf32: K-major copies of the weight gradient's operands
   int tf32_transpose_ = 1;        // DPT_TF32_TRANSPOSE: 0 none, 1 the smaller operand, 2 both
   static constexpr int kMaxTransposeRows = 65535 * 32;  // the transpose kernel's grid

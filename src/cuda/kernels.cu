@@ -714,6 +714,8 @@ void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n, co
     case OptKind::nesterov: optimizer_launch<OptKind::nesterov>(p, g, s1, nullptr, p16, n, a, s); return;
     case OptKind::adam: optimizer_launch<OptKind::adam>(p, g, s1, s2, p16, n, a, s); return;
     case OptKind::adamw: optimizer_launch<OptKind::adamw>(p, g, s1, s2, p16, n, a, s); return;
+    case OptKind::lars:
+    case OptKind::lamb: throw Error("optimizer_step: LARS and LAMB run through layer_sums / layer_apply");
   }
 }
 

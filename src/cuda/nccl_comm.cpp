@@ -12,6 +12,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -79,7 +80,7 @@ void refuse_shared_gpus(MPI_Comm c, int device) {
 
 class NcclComm final : public Comm {
  public:
-  NcclComm(MPI_Comm c, CudaBackend& be) : Comm(c), be_(be) {
+  NcclComm(MPI_Comm c, CudaBackend& be, const CommOptions& opt) : Comm(c), be_(be), max_ctas_(opt.nccl_max_ctas) {
     DPT_CHECK_CUDA(cudaSetDevice(be_.device()));
     // 0. Events ordering the compute and comm streams (RAII: freed if a step below throws).
     cudaEvent_t e = nullptr;
@@ -99,7 +100,13 @@ class NcclComm final : public Comm {
                        __FILE__, __LINE__);
     // 3. Every rank joins on its backend's device (collective: returns once all ranks joined).
     //    Last step, so that a constructed communicator is always owned by a constructed object.
-    DPT_CHECK_NCCL(ncclCommInitRank(&comm_, size_, boot.id, rank_));
+    //    comm.nccl_max_ctas caps the thread blocks (one SM each) a collective takes from the
+    //    GEMMs running beside it; 0 leaves NCCL's own choice.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (max_ctas_ > 0) {
+      config.maxCTAs = max_ctas_;
+    }
+    DPT_CHECK_NCCL(ncclCommInitRankConfig(&comm_, size_, boot.id, rank_, &config));
   }
 
   // Never throws. A communicator torn down by an exception (or after an error) is aborted:
@@ -130,8 +137,11 @@ class NcclComm final : public Comm {
     int v = 0;
     ncclGetVersion(&v);  // 22803 -> 2.28.3 (NCCL >= 2.9 encoding)
     return "nccl " + std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." +
-           std::to_string(v % 100);
+           std::to_string(v % 100) + (max_ctas_ > 0 ? " (at most " + std::to_string(max_ctas_) + " CTAs per collective)" : "");
   }
+
+  void group_begin() override { check(ncclGroupStart(), "ncclGroupStart", __LINE__); }
+  void group_end() override { check(ncclGroupEnd(), "ncclGroupEnd", __LINE__); }
 
   void allreduce(const void* send, void* recv, size_t count, DType t, RedOp op) override {
     cudaStream_t s = begin();
@@ -201,6 +211,7 @@ class NcclComm final : public Comm {
   }
 
   CudaBackend& be_;
+  int max_ctas_ = 0;
   ncclComm_t comm_ = nullptr;
   struct EventDel { void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); } };
   std::unique_ptr<CUevent_st, EventDel> ready_, done_;
@@ -210,10 +221,10 @@ class NcclComm final : public Comm {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm c, Backend& backend) {
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm c, Backend& backend, const CommOptions& opt) {
   CudaBackend* be = as_cuda(backend);
   if (!be) throw InputError("comm.backend = nccl needs the cuda backend (device.type = cuda)");
-  return std::make_unique<NcclComm>(c, *be);
+  return std::make_unique<NcclComm>(c, *be, opt);
 }
 
 }  // namespace dpt
