@@ -31,13 +31,15 @@ nccl_perf() { for f in $B/$1_perf .gpu/nccl-tests/build/$1_perf; do [ -x "$f" ] 
   nvidia-smi topo -m; command -v nsys ncu; ldd $B/dptrain | grep -E "not found|openblas|nccl|cublas" ; nproc
 } > "$OUT/machine.txt" 2>&1
 if want tests; then
-  { mpirun -np 1 $B/test_gpu; echo "rc=$?"; mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
-    mpirun -np 1 $B/test_gpu_train; echo "rc=$?"; mpirun -np 2 $B/test_gpu_train; echo "rc=$?";
-    mpirun -np 4 $B/test_gpu_train; echo "rc=$?";
-    mpirun -np 1 $B/test_core; echo "rc=$?"; mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?";
-    mpirun -np 1 $B/test_gpu_conv; echo "rc=$?"; mpirun -np 1 $B/test_gpu_train_cnn; echo "rc=$?";
-    mpirun -np 2 $B/test_gpu_train_cnn; echo "rc=$?"; mpirun -np 1 $B/test_layers; echo "rc=$?";
-    mpirun -np 4 --oversubscribe $B/test_parallel_cnn; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
+  # Each test at most TEST_LIMIT seconds (default 240): a hang costs one test, not the call.
+  t() { timeout "${TEST_LIMIT:-240}" "$@"; }
+  { t mpirun -np 1 $B/test_gpu; echo "rc=$?"; t mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
+    t mpirun -np 1 $B/test_gpu_train; echo "rc=$?"; t mpirun -np 2 $B/test_gpu_train; echo "rc=$?";
+    t mpirun -np 4 $B/test_gpu_train; echo "rc=$?";
+    t mpirun -np 1 $B/test_core; echo "rc=$?"; t mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?";
+    t mpirun -np 1 $B/test_gpu_conv; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_train_cnn; echo "rc=$?";
+    t mpirun -np 2 $B/test_gpu_train_cnn; echo "rc=$?"; t mpirun -np 1 $B/test_layers; echo "rc=$?";
+    t mpirun -np 4 --oversubscribe $B/test_parallel_cnn; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
 fi
 if want e2e; then
