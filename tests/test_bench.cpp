@@ -613,14 +613,22 @@ TEST(BenchMeasure, ScalingBucketsAndReportOnCpuRanks) {
     const int n = int(sc.at(i, "ranks")->num);
     const bool weak = sc.at(i, "mode")->text == "weak";
     EXPECT_EQ(sc.at(i, "global_batch")->num, weak ? 8.0 * n : 16.0);
-    EXPECT_GT(sc.at(i, "step_ms")->num, 0);
-    if (n == 1) EXPECT_DOUBLE_EQ(sc.at(i, "efficiency")->num, 1.0);
     std::istringstream per(sc.at(i, "compute_per_rank_ms")->text);
     EXPECT_EQ(std::distance(std::istream_iterator<std::string>(per), std::istream_iterator<std::string>()), n);
     EXPECT_FALSE(sc.at(i, "limit")->text.empty());
+    // A step time is a difference of two run lengths: on oversubscribed CPU ranks noise can
+    // drown it, and then the row must say so instead of giving a figure.
+    if (sc.at(i, "step_ms")->empty) {
+      EXPECT_EQ(sc.at(i, "limit")->text.rfind("unresolved", 0), 0u) << sc.at(i, "limit")->text;
+      EXPECT_TRUE(sc.at(i, "samples_per_s")->empty);
+      continue;
+    }
+    EXPECT_GT(sc.at(i, "step_ms")->num, 0);
+    if (n == 1) EXPECT_DOUBLE_EQ(sc.at(i, "efficiency")->num, 1.0);
   }
   // Efficiency is the ratio of the table's own throughputs.
-  EXPECT_NEAR(sc.at(4, "efficiency")->num, sc.at(4, "samples_per_s")->num / (4 * sc.at(0, "samples_per_s")->num), 1e-12);
+  if (!sc.at(4, "samples_per_s")->empty && !sc.at(0, "samples_per_s")->empty)
+    EXPECT_NEAR(sc.at(4, "efficiency")->num, sc.at(4, "samples_per_s")->num / (4 * sc.at(0, "samples_per_s")->num), 1e-12);
   // Two bucket sizes for n = 2 and n = 4, one marked best each.
   ASSERT_EQ(bk.rows.size(), 4u);
   EXPECT_EQ(bk.at(0, "buckets")->num, 3);  // 0.0001 MB: one bucket per layer
