@@ -4,16 +4,17 @@ network (parsed from dptrain's layer-list syntax: conv, maxpool, avgpool, relu, 
 gelu, flatten, linear, dropout) with SGD (Nesterov momentum 0.9), the same batch and precision
 (bf16 by torch.autocast; TF32 for cuBLAS and cuDNN), synthetic data already on the GPU; cuDNN
 with its autotuner (cudnn.benchmark) in every mode:
-  eager    plain PyTorch
-  graph    the whole step captured in a CUDA graph
-  compile  the whole step under torch.compile
+  eager          plain PyTorch, zero_grad(set_to_none=True)
+  graph          the whole step captured in a CUDA graph (PyTorch's whole-network recipe)
+  compile-step   forward, backward and opt.step() in one torch.compile'd function
+  compile-model  torch.compile(model), the optimizer eager (not run unless asked)
 each in PyTorch's default memory format (NCHW) and in channels_last (NHWC, which cuDNN's
 tensor-core convolutions prefer). Prints one JSON object per measurement; the best of them is
 the peer to beat. Model TFLOP/s is counted as bench-step counts it: 6 x the forward
 multiply-adds per sample.
 
     python3 bench/torch_cnn.py --layers "conv(32,3,pad=1) relu maxpool(2) flatten linear(10)" \\
-        --input 1,28,28 --batch 256 --precision bf16 --modes eager,graph,compile
+        --input 1,28,28 --batch 256 --precision bf16 --modes eager,graph,compile-step
 """
 import argparse
 import json
@@ -78,27 +79,32 @@ def time_ms(fn, steps, repeat):
     return statistics.median(out), min(out), max(out)
 
 
-def step_fn(model, opt, x, y, bf16):
+def step_fn(model, opt, x, y, bf16, zero=True, cache=True):
     def step():
-        opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        if zero:
+            opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=cache):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
     return step
 
 
-def graphed(step):
-    # Whole-step capture as in PyTorch's CUDA graphs notes: warm up on a side stream, capture, replay.
+def graphed(model, opt, x, y, bf16):
+    # PyTorch's CUDA graphs notes, whole-network capture: warm up on a side stream, set the
+    # gradients to None, capture one step (backward allocates them in the graph's pool and each
+    # replay overwrites them: no zeroing pass), replay; autocast's cast cache off in a capture.
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
+        warm = step_fn(model, opt, x, y, bf16, cache=False)
         for _ in range(5):
-            step()
+            warm()
     torch.cuda.current_stream().wait_stream(s)
+    opt.zero_grad(set_to_none=True)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        step()
+        step_fn(model, opt, x, y, bf16, zero=False, cache=False)()
     return g.replay
 
 
@@ -108,7 +114,8 @@ def main():
     p.add_argument("--input", default="1,28,28", help="C,H,W")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16"])
-    p.add_argument("--modes", default="eager,graph,compile")
+    p.add_argument("--modes", default="eager,graph,compile-step",
+                   help="comma-separated: eager, graph, compile-step, compile-model")
     p.add_argument("--formats", default="nchw,nhwc")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--repeat", type=int, default=3)
@@ -127,10 +134,14 @@ def main():
             x = torch.randn((a.batch,) + shape, device="cuda").to(memory_format=mf)
             y = torch.randint(0, classes, (a.batch,), device="cuda")
             try:
-                m = torch.compile(model) if mode == "compile" else model
-                fn = step_fn(m, opt, x, y, a.precision == "bf16")
+                bf16 = a.precision == "bf16"
                 if mode == "graph":
-                    fn = graphed(fn)
+                    fn = graphed(model, opt, x, y, bf16)
+                else:
+                    m = torch.compile(model) if mode == "compile-model" else model
+                    fn = step_fn(m, opt, x, y, bf16)
+                    if mode == "compile-step":
+                        fn = torch.compile(fn)
                 ms, lo, hi = time_ms(fn, a.steps, a.repeat)
             except Exception as e:  # a mode this torch cannot run is reported, not fatal
                 print(json.dumps({"bench": "torch-cnn", "mode": mode, "format": fmt, "error": str(e)[:300]}), flush=True)
