@@ -197,6 +197,54 @@ TEST(BenchArithmetic, BucketsFollowTheTrainersLayout) {
   EXPECT_EQ(bucket_elements({12, 16, 8, 4}, 1), (std::vector<size_t>{380}));
 }
 
+TEST(BenchModels, WidthsAndLayerListsParseAndWriteBack) {
+  // Widths only: whitespace (or ';') between models, as always.
+  auto ms = parse_models("default:784,256,10 wide:784,4096,10");
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms[1].name, "wide");
+  EXPECT_EQ(ms[1].layers, (std::vector<int>{784, 4096, 10}));
+  EXPECT_FALSE(ms[1].is_list());
+  // With a layer list: ';' between models, the list normalised, its image shape after '@'.
+  ms = parse_models("tiny:12,16,8,4; cnn@1,6,6:conv(4,3,pad=1) relu maxpool(2) flatten linear(4)");
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_EQ(ms[0].layers, (std::vector<int>{12, 16, 8, 4}));
+  const ModelSpec& c = ms[1];
+  EXPECT_TRUE(c.is_list());
+  EXPECT_EQ(c.input, (std::vector<int>{1, 6, 6}));
+  EXPECT_EQ(c.list, "conv(4,3,stride=1,pad=1) relu maxpool(2,stride=2) flatten linear(4)");
+  EXPECT_EQ(c.text(), "cnn@1,6,6:" + c.list);
+  EXPECT_EQ(parse_models(ms[0].text() + "; " + c.text())[1].list, c.list);
+  EXPECT_EQ(parse_models(c.text())[0].list, c.list);  // a layer list alone needs no ';'
+  EXPECT_EQ(parse_models(c.text() + ";").size(), 1u);
+  // conv0: 4·1·3·3 + 4 = 40; fc0: 4·3·3 → 4: 36·4 + 4 = 148; buckets from the last layer.
+  EXPECT_EQ(param_count(c), 188u);
+  EXPECT_EQ(bucket_elements(c, 1e-9), (std::vector<size_t>{148, 40}));
+  EXPECT_EQ(bucket_elements(c, 1), (std::vector<size_t>{188}));
+  const ModelPlan plan = model_plan(c);
+  EXPECT_EQ(plan.input.size(), 36);
+  EXPECT_EQ(plan.output().c, 4);
+}
+
+TEST(BenchModels, BadModelsNameTheModelAndWhatIsWrong) {
+  auto err = [](const std::string& v) {
+    try {
+      parse_models(v);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(err("a:12,4; cnn:conv(4,3) flatten linear(4)").find("needs the images' shape"), std::string::npos);
+  EXPECT_NE(err("a@1,6,6:12,4").find("belongs to layer lists"), std::string::npos);
+  const std::string big = err("cnn@1,4,4:conv(4,7) flatten linear(4)");
+  EXPECT_NE(big.find("model cnn"), std::string::npos) << big;
+  EXPECT_NE(big.find("conv"), std::string::npos) << big;
+  EXPECT_NE(err("a:12,4 a:12,8").find("named twice"), std::string::npos);
+  EXPECT_NE(err("12,4").find("each model is"), std::string::npos);
+  EXPECT_NE(err("cnn@1,6:conv(4,3) flatten linear(4)"), "accepted");
+  EXPECT_EQ(err(""), "at least one model");
+}
+
 TEST(BenchArithmetic, AlphaBetaRecoversAnExactLine) {
   const std::vector<double> m{1e3, 1e4, 1e5, 1e6, 1e7};
   std::vector<double> t;
@@ -594,6 +642,34 @@ TEST(BenchPeer, SkippedWithAReasonWhereItCannotRun) {
     ASSERT_EQ(notes.size(), 1u);
     EXPECT_NE(notes[0].find("/nonexistent/python3 cannot import torch"), std::string::npos) << notes[0];
   }
+}
+
+TEST(BenchMeasure, ALayerListIsMeasuredLikeAnMlp) {
+  Harness h(fs::temp_directory_path() / "dpt-bench-unused");
+  h.s.models = parse_models("cnn@1,6,6:conv(4,3,pad=1) relu maxpool(2) flatten linear(4)");
+  h.s.variants = {parse_variant("unsharded-fp32", "test"), parse_variant("sharded-fp32", "test")};
+  const Table sc = measure_scaling(h.cx);
+  const Table bk = measure_buckets(h.cx);
+  if (world_rank() != 0) return;
+  // n = 1, 2, 4 × weak, strong × 2 variants, every row the CNN's, with a step or "unresolved".
+  ASSERT_EQ(sc.rows.size(), 12u);
+  int resolved = 0;
+  for (size_t i = 0; i < sc.rows.size(); ++i) {
+    EXPECT_EQ(sc.at(i, "model")->text, "cnn");
+    if (sc.at(i, "step_ms")->empty) {
+      EXPECT_EQ(sc.at(i, "limit")->text.rfind("unresolved", 0), 0u);
+      continue;
+    }
+    ++resolved;
+    EXPECT_GT(sc.at(i, "step_ms")->num, 0);
+    EXPECT_GT(sc.at(i, "compute_ms")->num, 0);
+  }
+  EXPECT_GT(resolved, 0);
+  // Bucket sweep: n = 2 and 4, two sizes each; 1e-4 MB puts each layer in its own bucket.
+  ASSERT_EQ(bk.rows.size(), 4u);
+  EXPECT_EQ(bk.at(0, "model")->text, "cnn");
+  EXPECT_EQ(bk.at(0, "buckets")->num, 2);
+  EXPECT_EQ(bk.at(1, "buckets")->num, 1);
 }
 
 TEST(BenchMeasure, ScalingBucketsAndReportOnCpuRanks) {

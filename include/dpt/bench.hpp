@@ -23,6 +23,7 @@
 #include "dpt/comm.hpp"
 #include "dpt/config.hpp"
 #include "dpt/data.hpp"
+#include "dpt/layer_spec.hpp"
 
 namespace dpt::bench {
 
@@ -32,10 +33,22 @@ namespace dpt::bench {
 // [predict] [report]) read here. [cpu] holds `section.key = value` overrides applied when the
 // backend is the CPU one; the command line (--section.key value, --out DIR) wins over both.
 
+// A model of the sweep: the MLP shorthand (layers: widths, input first, on synthetic feature
+// vectors) or a layer list (list, normalised, on synthetic C×H×W images of `input`).
 struct ModelSpec {
   std::string name;
-  std::vector<int> layers;
+  std::vector<int> layers;  // the MLP shorthand's widths, else empty
+  std::string list = {};        // a layer list, else ""
+  std::vector<int> input = {};  // a layer list's image shape C,H,W
+  bool is_list() const { return !list.empty(); }
+  std::string text() const;  // as scaling.models writes it: name:widths or name@C,H,W:list
 };
+// scaling.models' value: models separated by whitespace (MLP widths) or, where any is a layer
+// list, by ';' — `default:784,256,10; cnn@1,28,28:conv(32,3,pad=1) relu maxpool(2) flatten linear(10)`.
+// Throws InputError naming the model and what is wrong.
+std::vector<ModelSpec> parse_models(const std::string& value);
+// A model's shapes: a layer list on its images, the MLP shorthand on its first width.
+ModelPlan model_plan(const ModelSpec& m);
 
 // One gradient path measured side by side with the others: optimizer state sharded over the
 // ranks or not (train.shard_optimizer), gradients on the wire in fp32 or bf16 (comm.grad_dtype).
@@ -163,7 +176,9 @@ double busbw(Collective c, double algbw, int n);
 // Gradient bucket sizes in elements, as the Trainer builds them (consecutive layers from the
 // last, each at least bucket_mb, the first layer's bucket possibly smaller).
 std::vector<size_t> bucket_elements(const std::vector<int>& layers, double bucket_mb);
+std::vector<size_t> bucket_elements(const ModelSpec& m, double bucket_mb);
 size_t param_count(const std::vector<int>& layers);
+size_t param_count(const ModelSpec& m);
 
 struct Stat {
   double med = 0, min = 0, max = 0;

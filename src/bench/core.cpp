@@ -10,6 +10,7 @@
 #include "dpt/bench.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/check.hpp"
+#include "dpt/nn.hpp"
 
 namespace dpt::bench {
 
@@ -120,6 +121,40 @@ double busbw_allreduce(double alg, int n) { return n > 0 ? alg * 2.0 * (n - 1) /
 double busbw(Collective c, double alg, int n) {
   if (c == Collective::allreduce) return busbw_allreduce(alg, n);
   return n > 0 ? alg * double(n - 1) / n : NAN;
+}
+
+ModelPlan model_plan(const ModelSpec& m) {
+  if (m.is_list()) {
+    if (m.input.size() != 3) throw InputError("model " + m.name + ": a layer list needs its image shape, name@C,H,W:list");
+    return plan_model(parse_layer_list(m.list), TensorShape::image(m.input[0], m.input[1], m.input[2]), 0);
+  }
+  if (m.layers.size() < 2) throw InputError("model " + m.name + ": need at least an input and an output width");
+  return plan_model(mlp_layer_list(m.layers, Act::relu), TensorShape::features(m.layers.front()), 0);
+}
+
+std::string ModelSpec::text() const {
+  std::string o = name;
+  if (is_list()) {
+    o += "@";
+    for (size_t i = 0; i < input.size(); ++i) o += (i ? "," : "") + std::to_string(input[i]);
+    return o + ":" + list;
+  }
+  o += ":";
+  for (size_t i = 0; i < layers.size(); ++i) o += (i ? "," : "") + std::to_string(layers[i]);
+  return o;
+}
+
+size_t param_count(const ModelSpec& m) {
+  if (!m.is_list()) return param_count(m.layers);
+  return size_t(model_plan(m).params);
+}
+
+std::vector<size_t> bucket_elements(const ModelSpec& m, double bucket_mb) {
+  if (!m.is_list()) return bucket_elements(m.layers, bucket_mb);
+  std::vector<size_t> sizes;
+  for (const Bucket& b : plan_buckets(param_shapes(model_plan(m)), bucket_mb, 1, 0, false, false).buckets)
+    sizes.push_back(b.elements);
+  return sizes;
 }
 
 size_t param_count(const std::vector<int>& layers) {

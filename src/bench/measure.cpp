@@ -28,9 +28,11 @@ std::string fmt(const char* f, double v) {
 }
 
 // A timing run's config: synthetic data in order, no files, no evaluation, no progress lines.
-Config timing_config(const Settings& s, const std::vector<int>& layers, int batch_per_rank) {
+Config timing_config(const Settings& s, const ModelSpec& m, int batch_per_rank) {
   Config c = s.base;
-  c.layers = layers;
+  c.layers = m.layers;
+  c.layer_list = m.list;  // the synthetic images carry the list's input shape
+  c.input_shape.clear();
   c.train_file = "(synthetic)";
   c.test_file.clear();
   c.init.clear();
@@ -129,8 +131,10 @@ RowTiming time_row(Context& cx, MPI_Comm sub, Comm& comm, const Config& c, const
   return t;
 }
 
-Dataset synthetic_for(const std::vector<int>& layers, int64_t rows) {
-  Dataset ds = synth_blobs(rows, layers.front(), layers.back(), 1.f, 7);
+Dataset synthetic_for(const ModelSpec& m, int64_t rows) {
+  const ModelPlan plan = model_plan(m);
+  Dataset ds = synth_blobs(rows, int(plan.input.size()), int(plan.output().c), 1.f, 7);
+  if (m.is_list()) ds.sample_shape = {m.input[0], m.input[1], m.input[2]};
   ds.path = "(synthetic " + std::to_string(rows) + " rows)";
   return ds;
 }
@@ -227,7 +231,7 @@ std::vector<Variant> runnable_variants(const Settings& s, const ModelSpec& m, st
   std::vector<Variant> out;
   for (const Variant& v : variants_of(s)) {
     try {
-      validate(v.apply(timing_config(s, m.layers, s.weak_batch_per_rank)));
+      validate(v.apply(timing_config(s, m, s.weak_batch_per_rank)));
       out.push_back(v);
     } catch (const InputError& e) {
       notes.push_back("variant " + v.name() + " not measured: " + e.what());
@@ -245,7 +249,7 @@ Table measure_scaling(Context& cx) {
   const int nmax = ns.back();
   for (const ModelSpec& m : s.models) {
     const int64_t rows = 4 * std::max<int64_t>(int64_t(s.weak_batch_per_rank) * nmax, s.strong_global_batch);
-    const Dataset ds = synthetic_for(m.layers, rows);
+    const Dataset ds = synthetic_for(m, rows);
     const std::vector<Variant> variants = runnable_variants(s, m, t.notes);
     for (int n : ns) {
       SubComm sub(cx.world, n);
@@ -259,7 +263,7 @@ Table measure_scaling(Context& cx) {
             if (!weak && s.strong_global_batch % n != 0) continue;
             const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / n;
             if (!by_batch.count(b))
-              by_batch[b] = time_row(cx, sub.get(), *comm, v.apply(timing_config(s, m.layers, b)), ds, true);
+              by_batch[b] = time_row(cx, sub.get(), *comm, v.apply(timing_config(s, m, b)), ds, true);
             const RowTiming& rt = by_batch[b];
             if (cx.rank == 0) {
               t.rows.push_back(scaling_row(s, m, mode, v, n, b, rt));
@@ -427,7 +431,7 @@ Table measure_buckets(Context& cx) {
           {},
           {}};
   for (const ModelSpec& m : s.models) {
-    const Dataset ds = synthetic_for(m.layers, 4 * int64_t(s.weak_batch_per_rank) * cx.size);
+    const Dataset ds = synthetic_for(m, 4 * int64_t(s.weak_batch_per_rank) * cx.size);
     for (int n : subset_sizes(cx.size, s.max_ranks)) {
       if (n < 2) continue;
       SubComm sub(cx.world, n);
@@ -435,10 +439,10 @@ Table measure_buckets(Context& cx) {
         auto comm = subset_comm(cx, sub.get());
         const size_t first = t.rows.size();
         for (double mb : s.bucket_mb) {
-          Config c = timing_config(s, m.layers, s.weak_batch_per_rank);
+          Config c = timing_config(s, m, s.weak_batch_per_rank);
           c.bucket_mb = mb;
           const RowTiming rt = time_row(cx, sub.get(), *comm, c, ds, false);
-          const auto bk = bucket_elements(m.layers, mb);
+          const auto bk = bucket_elements(m, mb);
           const double largest = double(*std::max_element(bk.begin(), bk.end())) * 4 / (1 << 20);
           const bool resolved = rt.step.med > 0;
           if (cx.rank == 0)

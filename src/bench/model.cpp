@@ -85,7 +85,7 @@ Table predict_scaling(const Settings& s, const Table& sc, const std::vector<Alph
       const int ntop = rows.rbegin()->first;
       const double thr1 = sc.at(rows[1], "samples_per_s")->num;
       const double compute = sc.at(top, "compute_max_ms")->num * 1e-3;
-      const auto buckets = bucket_elements(find_model(s, m.name)->layers, s.base.bucket_mb);
+      const auto buckets = bucket_elements(*find_model(s, m.name), s.base.bucket_mb);
       // A sharded step's reduce-scatter and all-gather move the bytes of one ring allreduce;
       // bf16 on the wire halves them.
       const double wire_bytes = v.wire == "bf16" ? 2 : 4;

@@ -252,7 +252,11 @@ std::vector<PeerRun> run_ddp_peer(Context& cx, std::vector<std::string>& notes,
         notes.push_back("PyTorch DDP peer: on rank 0's host only (" + std::to_string(top) + " GPU(s)); torchrun --standalone spans one host.");
       std::map<std::tuple<std::string, int, int>, bool> ran;
       // Weak first, then strong (at 1 GPU its own batch): what a time limit cuts is the least needed.
-      for (const ModelSpec& m : s.models)
+      for (const ModelSpec& m : s.models) {
+        if (m.is_list()) {  // bench/torch_ddp.py builds MLPs; the CNN peer is bench/torch_cnn.py
+          notes.push_back("PyTorch DDP peer: model " + m.name + " is a layer list; torch_ddp.py builds MLPs only, not run.");
+          continue;
+        }
         for (bool weak : {true, false})
           for (int k : procs) {
             if (!weak && s.strong_global_batch % k != 0) continue;
@@ -264,6 +268,7 @@ std::vector<PeerRun> run_ddp_peer(Context& cx, std::vector<std::string>& notes,
             runs.push_back(run);
             if (done) done(runs);
           }
+      }
       notes.push_back("PyTorch DDP peer: torch " + version + ", logs in " + logs.string() + ".");
     }
   }

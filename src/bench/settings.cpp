@@ -122,19 +122,14 @@ std::vector<Key> key_table() {
     return [m, lo](Settings& s, const std::string& k, const std::string& v, const std::string& w) { s.*m = to_double(k, v, w, lo); };
   };
   return {
-      {"scaling.models", "name:layers list, e.g. 'default:784,256,128,10 wide:784,4096,4096,4096,10'",
+      {"scaling.models", "name:widths, e.g. 'default:784,256,128,10 wide:784,4096,4096,4096,10', or with layer lists "
+                         "separated by ';': 'default:784,256,128,10; cnn@1,28,28:conv(32,3,pad=1) relu maxpool(2) flatten linear(10)'",
        [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
-         s.models.clear();
-         for (auto& item : split(v, " ;")) {
-           const auto c = item.find(':');
-           if (c == std::string::npos) bad("scaling.models", v, w, "each model is name:w0,w1,...");
-           try {
-             s.models.push_back({item.substr(0, c), parse_layers(item.substr(c + 1))});
-           } catch (const std::exception& e) {
-             bad("scaling.models", v, w, e.what());
-           }
+         try {
+           s.models = parse_models(v);
+         } catch (const std::exception& e) {
+           bad("scaling.models", v, w, e.what());
          }
-         if (s.models.empty()) bad("scaling.models", v, w, "at least one model");
        }},
       {"scaling.weak_batch_per_rank", "samples per rank in the weak-scaling and bucket rows", I(&Settings::weak_batch_per_rank, 1)},
       {"scaling.strong_global_batch", "global batch of the strong-scaling rows (split over the ranks)", I(&Settings::strong_global_batch, 1)},
@@ -298,6 +293,46 @@ Pending& pending() {
 
 }  // namespace
 
+std::vector<ModelSpec> parse_models(const std::string& value) {
+  // With a layer list among them (its layers are separated by spaces; every valid list has a
+  // '(', its linear(N) at least) models are separated by ';'; otherwise by whitespace or ';', as
+  // the widths-only form always was.
+  std::vector<ModelSpec> out;
+  const bool semis = value.find_first_of(";(") != std::string::npos;
+  for (const std::string& item : split(value, semis ? ";" : " \t;")) {
+    const auto c = item.find(':');
+    if (c == std::string::npos || c == 0) throw InputError("'" + item + "': each model is name:w0,w1,... or name@C,H,W:layer list");
+    ModelSpec m;
+    std::string head = trim(item.substr(0, c));
+    const std::string body = trim(item.substr(c + 1));
+    const auto at = head.find('@');
+    if (at != std::string::npos) {
+      m.input = parse_input_shape(head.substr(at + 1));
+      head = head.substr(0, at);
+    }
+    m.name = head;
+    if (m.name.empty() || m.name.find_first_of(" \t") != std::string::npos)
+      throw InputError("'" + item + "': a model's name is one word before ':'");
+    for (const ModelSpec& o : out)
+      if (o.name == m.name) throw InputError("model " + m.name + " named twice");
+    if (is_layer_list(body)) {
+      if (m.input.size() != 3) throw InputError("model " + m.name + ": a layer list needs the images' shape: " + m.name + "@C,H,W:" + body);
+      m.list = layer_list_text(parse_layer_list(body));
+    } else {
+      if (!m.input.empty()) throw InputError("model " + m.name + ": @C,H,W belongs to layer lists; widths give their own input");
+      m.layers = parse_layers(body);
+    }
+    try {
+      (void)model_plan(m);  // every shape checked now, before anything is measured
+    } catch (const std::exception& e) {
+      throw InputError("model " + m.name + ": " + e.what());
+    }
+    out.push_back(m);
+  }
+  if (out.empty()) throw InputError("at least one model");
+  return out;
+}
+
 Settings read_settings(MPI_Comm c, int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(c, &rank);
@@ -394,7 +429,9 @@ std::string settings_text(const Settings& s) {
     return o.str();
   };
   os << "[scaling]\nmodels =";
-  for (auto& m : s.models) os << " " << m.name << ":" << list(m.layers);
+  bool lists = false;
+  for (auto& m : s.models) lists = lists || m.is_list();
+  for (size_t i = 0; i < s.models.size(); ++i) os << (i && lists ? "; " : " ") << s.models[i].text();
   os << "\nweak_batch_per_rank = " << s.weak_batch_per_rank << "\nstrong_global_batch = " << s.strong_global_batch
      << "\nwarmup_steps = " << s.warmup_steps << "\ntimed_steps = " << s.timed_steps << "\nrepeats = " << s.repeats
      << "\ndata_iters = " << s.data_iters << "\nlatency_ms = " << s.latency_ms << "\nmax_ranks = " << s.max_ranks
