@@ -71,6 +71,24 @@ TEST(MpiTransport, ReduceScatterGivesEachRankItsSlice) {
   }
 }
 
+// In place, as the sharded optimizer calls it: recv is this rank's own block of send; and recv
+// inside send at another rank's block (through the transport's temporary).
+TEST(MpiTransport, ReduceScatterInPlaceAndAliased) {
+  auto c = world();
+  const int W = c->size(), r = c->rank();
+  const size_t per = 1031;
+  for (int at : {r, (r + 1) % W}) {
+    std::vector<float> send(per * size_t(W));
+    for (size_t i = 0; i < send.size(); ++i) send[i] = value<float>(r, i);
+    c->reduce_scatter(send.data(), send.data() + size_t(at) * per, per, DType::f32, RedOp::sum);
+    for (size_t j = 0; j < per; ++j) {
+      float want = 0;
+      for (int k = 0; k < W; ++k) want += value<float>(k, size_t(r) * per + j);
+      ASSERT_EQ(send[size_t(at) * per + j], want) << "block " << at << " element " << j;
+    }
+  }
+}
+
 TEST(MpiTransport, AllgatherInRankOrder) {
   auto c = world();
   const int W = c->size(), r = c->rank();

@@ -109,23 +109,35 @@ class MpiComm final : public Comm {
     watchdog::Phase phase("waiting in reduce_scatter");
     const size_t bytes = count * dtype_size(t);
     if (!staging_) {
-      // In place (recv inside send, as NCCL allows) through a temporary: MPI forbids aliasing.
-      const char* s0 = static_cast<const char*>(send);
-      char* r0 = static_cast<char*>(recv);
-      if (r0 >= s0 && r0 < s0 + bytes * size_t(size_)) {
-        auto& tmp = host(1, bytes);
-        DPT_CHECK_MPI(MPI_Reduce_scatter_block(send, tmp.data(), int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
-        std::memcpy(recv, tmp.data(), bytes);
-        return;
-      }
-      DPT_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
+      reduce_blocks(send, recv, count, t, op);
       return;
     }
     auto& hs = host(0, bytes * size_t(size_));
     auto& hr = host(1, bytes);
     staging_->download(hs.data(), send, hs.size());
-    DPT_CHECK_MPI(MPI_Reduce_scatter_block(hs.data(), hr.data(), int_count(count), mpi_type(t), mpi_op(op, t), mpi_));
+    reduce_blocks(hs.data(), hr.data(), count, t, op);
     staging_->upload(recv, hr.data(), bytes);
+  }
+
+  // A reduce-scatter as one MPI_Reduce per rank's block (root: that rank), not
+  // MPI_Reduce_scatter_block: Open MPI 4.1's takes 20x as long from a few MB on (2 ranks, 16 MB
+  // in all: 78 ms against 3.6 ms; 4 MB: 17.7 against 0.55 ms). recv may be this rank's own block
+  // of send (in place, as NCCL allows) or lie elsewhere in it (through a temporary).
+  void reduce_blocks(const void* send, void* recv, size_t count, DType t, RedOp op) {
+    const size_t bytes = count * dtype_size(t);
+    const char* s0 = static_cast<const char*>(send);
+    char* r0 = static_cast<char*>(recv);
+    const bool own = r0 == s0 + bytes * size_t(rank_);
+    const bool alias = !own && r0 >= s0 && r0 < s0 + bytes * size_t(size_);
+    void* out = alias ? static_cast<void*>(host(2, bytes).data()) : recv;
+    for (int k = 0; k < size_; ++k) {
+      const void* block = s0 + bytes * size_t(k);
+      if (k == rank_)
+        DPT_CHECK_MPI(MPI_Reduce(own ? MPI_IN_PLACE : block, out, int_count(count), mpi_type(t), mpi_op(op, t), k, mpi_));
+      else
+        DPT_CHECK_MPI(MPI_Reduce(block, nullptr, int_count(count), mpi_type(t), mpi_op(op, t), k, mpi_));
+    }
+    if (alias) std::memcpy(recv, out, bytes);
   }
 
   void allgather(const void* send, void* recv, size_t count, DType t) override {
@@ -147,7 +159,7 @@ class MpiComm final : public Comm {
 
  private:
   Backend* staging_;
-  std::vector<char> host_[2];
+  std::vector<char> host_[3];  // staging (send, receive), and the reduce-scatter's temporary
 
   std::vector<char>& host(int i, size_t bytes) {
     host_[i].resize(bytes);
