@@ -30,63 +30,29 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_vs_torch import BLAS_ENV, ROOT, env_without, loadavg, machine_info, sh, summarize, versions  # noqa: E402
+from cpu_vs_torch import (BLAS_ENV, ROOT, env_without, load_fashion, loadavg, machine_info, sh, summarize,  # noqa: E402
+                          time_training, versions)
 
 B = 128  # inputs/cnn.ini: 64 per rank x 2 ranks
 
 
 def torch_worker(threads, steps, warm, time_cap, data, channels_last):
     """Runs in a child process: prints one JSON line with the steady-state samples/s."""
-    import h5py
-    import numpy as np
     import torch
     import torch.nn as nn
-    import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     torch.manual_seed(1)
-    with h5py.File(data, "r") as f:
-        feats = f["features"]
-        raw = feats[...]
-        scale = float(feats.attrs.get("scale", 1.0))
-        offset = float(feats.attrs.get("offset", 0.0))
-        y = torch.from_numpy(f["labels"][...].astype(np.int64))
-    x = torch.from_numpy(raw.reshape(raw.shape[0], 1, 28, 28).astype(np.float32) * np.float32(scale)
-                         + np.float32(offset))
+    x, y = load_fashion(data, (1, 28, 28))
     model = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                           nn.Linear(3136, 256), nn.ReLU(), nn.Dropout(0.25), nn.Linear(256, 10))
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=fmt)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    per_epoch = x.shape[0] // B
-    gen = torch.Generator().manual_seed(1)
-    perm = torch.randperm(x.shape[0], generator=gen)
-    t_start = t0 = time.perf_counter()
-    c0 = time.process_time()
-    done = timed = 0
-    for s in range(steps):
-        k = s % per_epoch
-        if k == 0 and s > 0:
-            perm = torch.randperm(x.shape[0], generator=gen)
-        idx = perm[k * B:(k + 1) * B]
-        xb, yb = x[idx].contiguous(memory_format=fmt), y[idx]
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
-        loss.backward()
-        opt.step()
-        done += 1
-        if done == warm:
-            t0, c0 = time.perf_counter(), time.process_time()
-        elif done > warm:
-            timed += 1
-            if time.perf_counter() - t0 > time_cap:
-                break
-    dt = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    print(json.dumps({"samples_per_s": timed * B / dt, "cores_busy": cpu / dt, "timed_steps": timed,
-                      "seconds": dt, "total_s": time.perf_counter() - t_start, "final_loss": float(loss),
-                      "torch_threads": torch.get_num_threads(), "mkldnn": torch.backends.mkldnn.is_available()}))
+    r = time_training(model, opt, x, y, B, steps, warm, time_cap, batch=lambda xb: xb.contiguous(memory_format=fmt))
+    r["mkldnn"] = torch.backends.mkldnn.is_available()
+    print(json.dumps(r))
 
 
 def dptrain_rate(a, tmp, n, extra, env):

@@ -50,28 +50,31 @@ BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 # ------------------------------------------------------------------------------ torch worker
-def torch_worker(threads, steps, warm, time_cap, data):
-    """Runs in a child process: prints one JSON line with the steady-state samples/s."""
+def load_fashion(data, shape):
+    """The training set of an HDF5 dataset as float tensors (features reshaped to (N,) + shape,
+    scale and offset applied as dptrain applies them) and int64 labels."""
     import h5py
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(1)
     with h5py.File(data, "r") as f:
         feats = f["features"]
         raw = feats[...]
         scale = float(feats.attrs.get("scale", 1.0))
         offset = float(feats.attrs.get("offset", 0.0))
         y = torch.from_numpy(f["labels"][...].astype(np.int64))
-    x = torch.from_numpy((raw.reshape(raw.shape[0], -1).astype(np.float32) * np.float32(scale)
-                          + np.float32(offset)))
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
-    B = 64
+    x = torch.from_numpy(raw.reshape((raw.shape[0],) + tuple(shape)).astype(np.float32) * np.float32(scale)
+                         + np.float32(offset))
+    return x, y
+
+
+def time_training(model, opt, x, y, B, steps, warm, time_cap, batch=lambda xb: xb):
+    """Trains like dptrain's loop (an epoch permutation, an index gather per step; batch() shapes
+    the gathered rows) and returns the steady state after `warm` steps, stopping after time_cap s:
+    samples/s, cores busy (all threads of this process: CPU seconds / wall seconds), and so on."""
+    import torch
+    import torch.nn.functional as F
+
     per_epoch = x.shape[0] // B
     gen = torch.Generator().manual_seed(1)
     perm = torch.randperm(x.shape[0], generator=gen)
@@ -83,7 +86,7 @@ def torch_worker(threads, steps, warm, time_cap, data):
         if k == 0 and s > 0:
             perm = torch.randperm(x.shape[0], generator=gen)
         idx = perm[k * B:(k + 1) * B]
-        xb, yb = x[idx], y[idx]
+        xb, yb = batch(x[idx]), y[idx]
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(xb), yb)
         loss.backward()
@@ -97,10 +100,26 @@ def torch_worker(threads, steps, warm, time_cap, data):
             if time.perf_counter() - t0 > time_cap:
                 break
     dt = time.perf_counter() - t0
-    cpu = time.process_time() - c0  # all threads of this process: cores busy = cpu / dt
-    print(json.dumps({"samples_per_s": timed * B / dt, "cores_busy": cpu / dt, "timed_steps": timed, "seconds": dt,
-                      "warm_steps": warm, "total_s": time.perf_counter() - t_start,
-                      "final_loss": float(loss), "torch_threads": torch.get_num_threads()}))
+    cpu = time.process_time() - c0
+    return {"samples_per_s": timed * B / dt, "cores_busy": cpu / dt, "timed_steps": timed, "seconds": dt,
+            "total_s": time.perf_counter() - t_start, "final_loss": float(loss),
+            "torch_threads": torch.get_num_threads()}
+
+
+def torch_worker(threads, steps, warm, time_cap, data):
+    """Runs in a child process: prints one JSON line with the steady-state samples/s."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(1)
+    x, y = load_fashion(data, (784,))
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    r = time_training(model, opt, x, y, 64, steps, warm, time_cap)
+    r["warm_steps"] = warm
+    print(json.dumps(r))
 
 
 # ------------------------------------------------------------------------------ helpers
