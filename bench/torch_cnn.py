@@ -19,11 +19,12 @@ multiply-adds per sample.
 import argparse
 import json
 import re
-import statistics
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+# The step, its CUDA-graph capture and the timing are torch_step.py's (the MLP peer): one recipe.
+from torch_step import graphed, step_fn, time_ms
 
 
 def build(layers, shape):
@@ -62,52 +63,6 @@ def build(layers, shape):
     return nn.Sequential(*mods), shape[0], macs
 
 
-def time_ms(fn, steps, repeat):
-    """Median over `repeat` runs of `steps` calls, timed with CUDA events after a warm-up."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeat):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(steps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / steps)
-    return statistics.median(out), min(out), max(out)
-
-
-def step_fn(model, opt, x, y, bf16, zero=True, cache=True):
-    def step():
-        if zero:
-            opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=cache):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-    return step
-
-
-def graphed(model, opt, x, y, bf16):
-    # PyTorch's CUDA graphs notes, whole-network capture: warm up on a side stream, set the
-    # gradients to None, capture one step (backward allocates them in the graph's pool and each
-    # replay overwrites them: no zeroing pass), replay; autocast's cast cache off in a capture.
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        warm = step_fn(model, opt, x, y, bf16, cache=False)
-        for _ in range(5):
-            warm()
-    torch.cuda.current_stream().wait_stream(s)
-    opt.zero_grad(set_to_none=True)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step_fn(model, opt, x, y, bf16, zero=False, cache=False)()
-    return g.replay
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", required=True)
@@ -139,10 +94,10 @@ def main():
                     fn = graphed(model, opt, x, y, bf16)
                 else:
                     m = torch.compile(model) if mode == "compile-model" else model
-                    fn = step_fn(m, opt, x, y, bf16)
+                    fn = step_fn(m, opt, x, y, bf16, "cuda")
                     if mode == "compile-step":
                         fn = torch.compile(fn)
-                ms, lo, hi = time_ms(fn, a.steps, a.repeat)
+                ms, lo, hi = time_ms(fn, a.steps, a.repeat, 20, True)
             except Exception as e:  # a mode this torch cannot run is reported, not fatal
                 print(json.dumps({"bench": "torch-cnn", "mode": mode, "format": fmt, "error": str(e)[:300]}), flush=True)
                 continue
