@@ -25,69 +25,20 @@
 #include "dpt/augment.hpp"
 #include "dpt/backend.hpp"
 #include "dpt/data.hpp"
+#include "gpu_util.hpp"
 
 namespace {
 using namespace dpt;
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
-
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-const Precision kPrecisions[] = {Precision::fp32, Precision::tf32, Precision::bf16};
+using namespace dpt::gpu_test;
 
 const char* pname(Precision p) {
   return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
 }
-double tolerance(Precision p) {
-  return p == Precision::fp32 ? 1e-5 : p == Precision::tf32 ? 5e-3 : 2e-2;
-}
-
-std::vector<float> uniform(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  SplitMix64 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = lo + float(g.uniform()) * (hi - lo);
-  return v;
-}
-
 // Round to nearest even bf16, kept in a float: the CUDA kernels' conversion, bit for bit.
 float bf16_round(float f) { return bf16_value(bf16_bits(f)); }
 std::vector<float> bf16_round(std::vector<float> v) {
   for (auto& x : v) x = bf16_round(x);
   return v;
-}
-
-template <class T> Buffer<T> put(Backend& be, const std::vector<T>& v) {
-  Buffer<T> b(be, v.size());
-  if (!v.empty()) be.upload(b.data(), v.data(), v.size() * sizeof(T));
-  return b;
-}
-template <class T> std::vector<T> get(Backend& be, const Buffer<T>& b) {
-  std::vector<T> v(b.size());
-  if (!v.empty()) be.download(v.data(), b.data(), v.size() * sizeof(T));
-  return v;
-}
-Buffer<float> poisoned(Backend& be, size_t n) {
-  Buffer<float> b(be, n);
-  be.fill(b.data(), n, kNaN);
-  return b;
-}
-
-double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
-  double d = 0, w = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
-    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    w += double(want[i]) * want[i];
-  }
-  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
-}
-
-std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
-  BackendOptions o;
-  o.type = "cuda";
-  o.precision = p;
-  return make_cuda_backend(o);
 }
 
 ConvGeom geom(int batch, int c, int h, int w, int out, int k, int stride, int pad) {

@@ -1,0 +1,73 @@
+// Helpers of the tests that hold the CUDA backend against the CPU backend (test_gpu,
+// test_gpu_conv): random inputs, device buffers filled from and read back to host vectors,
+// NaN-poisoned outputs (a kernel that skips an element shows), the relative error, a CUDA
+// backend of a precision and that precision's tolerance. A build or machine without a GPU skips.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "dpt/backend.hpp"
+#include "dpt/data.hpp"
+
+#define SKIP_WITHOUT_GPU() \
+  if (dpt::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"
+
+namespace dpt::gpu_test {
+
+inline const float kNaN = std::numeric_limits<float>::quiet_NaN();
+inline const Precision kPrecisions[] = {Precision::fp32, Precision::tf32, Precision::bf16};
+
+inline double tolerance(Precision p) {
+  return p == Precision::fp32 ? 1e-5 : p == Precision::tf32 ? 5e-3 : 2e-2;
+}
+
+inline std::vector<float> uniform(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  SplitMix64 g(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = lo + float(g.uniform()) * (hi - lo);
+  return v;
+}
+
+template <class T> Buffer<T> put(Backend& be, const std::vector<T>& v) {
+  Buffer<T> b(be, v.size());
+  if (!v.empty()) be.upload(b.data(), v.data(), v.size() * sizeof(T));
+  return b;
+}
+
+template <class T> std::vector<T> get(Backend& be, const Buffer<T>& b) {
+  std::vector<T> v(b.size());
+  if (!v.empty()) be.download(v.data(), b.data(), v.size() * sizeof(T));
+  return v;
+}
+
+inline Buffer<float> poisoned(Backend& be, size_t n) {
+  Buffer<float> b(be, n);
+  be.fill(b.data(), n, kNaN);
+  return b;
+}
+
+// ‖got − want‖ / ‖want‖ (absolute when want is 0); infinity if got holds a NaN or Inf.
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double d = 0, w = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += double(want[i]) * want[i];
+  }
+  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
+}
+
+inline std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
+  BackendOptions o;
+  o.type = "cuda";
+  o.precision = p;
+  return make_cuda_backend(o);
+}
+
+}  // namespace dpt::gpu_test
