@@ -63,7 +63,7 @@ def dptrain_rate(a, tmp, n, extra, env):
     r = sh(cmd, cwd=ROOT, env=env)
     if r.returncode != 0:
         raise SystemExit(f"dptrain failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}")
-    rows = [json.loads(l) for l in open(metrics) if l.strip() and "eval" not in l]
+    rows = [json.loads(l) for l in open(metrics) if l.strip() and "eval" not in l and "\"step\"" in l]
     first, last = rows[0], rows[-1]
     rate = (last["step"] - first["step"]) * B / (last["time_s"] - first["time_s"])
     describe = next((l.split("rank 0:", 1)[1].strip() for l in r.stdout.splitlines()

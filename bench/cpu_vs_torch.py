@@ -216,7 +216,7 @@ class Bench:
                 if "rank 0:" in line and "OpenBLAS" in line:
                     self.describe = line.split("rank 0:", 1)[1].strip()
         rows = [json.loads(l) for l in open(metrics) if l.strip()]
-        rows = [m for m in rows if "eval" not in m]
+        rows = [m for m in rows if "eval" not in m and "step" in m]  # not the start records
         first, last = rows[0], rows[-1]
         G = self.global_batch(ranks, extra)
         rate = (last["step"] - first["step"]) * G / (last["time_s"] - first["time_s"])

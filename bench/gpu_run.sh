@@ -14,8 +14,8 @@ if ! ldconfig -p | grep -q libopenblas.so.0 && [ -f .gpu/gpulibs.tar.xz ]; then
   mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
 fi
 what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sections below (tests, e2e, mps,
-# layouts, bench, epilogues, profile, scaling, multi, cnn, grid, startup, scale12, one12)
-want() { [[ ($what == all && $1 != scale12 && $1 != one12) || ,$what, == *,$1,* ]]; }
+# layouts, bench, epilogues, profile, scaling, multi, cnn, grid, startup, scale12, one12, samebits)
+want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits) || ,$what, == *,$1,* ]]; }
 # EXTRA_ENV="NAME=VALUE ...": variables for dptrain's runs in scale12 (all of them) and one12
 # (bench-step a second time with them, A/B in one call); forwarded to every rank with mpirun -x.
 xenv=()
@@ -60,6 +60,28 @@ if want e2e; then
   # Two ranks sharing the one GPU over the MPI transport (MPS-style layout), 2 epochs.
   mpirun -np 2 $B/dptrain --config inputs/run.ini --train.epochs 2 --checkpoint.dir "" --comm.backend mpi > "$OUT/e2e-shared.log" 2>&1
   grep -E "final|done|error|transport" "$OUT/e2e-shared.log"
+fi
+if want samebits; then
+  # A refactor's check: the same runs with the executable built before it (.gpu/before/dptrain)
+  # and after it ($B/dptrain) must end in bitwise-equal parameters (fp32, TF32, bf16; MLP, CNN).
+  mkdir -p data && [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  for case in "mlp-fp32:inputs/run.ini:fp32" "mlp-tf32:inputs/run.ini:tf32" "mlp-bf16:inputs/run.ini:bf16" \
+              "cnn-bf16:inputs/cnn.ini:bf16" "cnn-tf32:inputs/cnn.ini:tf32"; do
+    IFS=: read -r name cfg prec <<< "$case"
+    for who in before after; do
+      exe=$B/dptrain; [ $who = before ] && exe=.gpu/before/dptrain
+      mpirun -np 1 $exe --config $cfg --train.precision $prec --train.steps 300 --checkpoint.dir /tmp/sb-$name-$who \
+        --checkpoint.resume none --log.metrics "" > "$OUT/samebits-$name-$who.log" 2>&1 || echo "$name $who: rc=$?"
+    done
+    python3 - /tmp/sb-$name-before/ckpt-000000300.h5 /tmp/sb-$name-after/ckpt-000000300.h5 "$name" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+names = []
+a["model"].visit(lambda n: names.append(n) if isinstance(a["model"][n], h5py.Dataset) else None)
+same = all(np.array_equal(a["model"][n][()], b["model"][n][()]) for n in names)
+print(f"samebits {sys.argv[3]}: {len(names)} tensors, {'bitwise equal' if same else 'DIFFERENT'}")
+PY
+  done 2>&1 | tee "$OUT/samebits.txt"
 fi
 if want startup; then
   # Time to first result: the 20-epoch default run with log.timing, the start-up cuts on and off.

@@ -1,8 +1,10 @@
 #include "dpt/app.hpp"
 
 #include <hdf5.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "dpt/check.hpp"
+#include "dpt/cpu_threads.hpp"
 #include "dpt/log.hpp"
 #include "dpt/timing.hpp"
 #include "dpt/watchdog.hpp"
@@ -148,15 +151,43 @@ Invocation read_invocation(MPI_Comm c, int argc, char** argv) {
   return parse_invocation(argc, argv, path, text, !has_flag(argc, argv, "--eval"));
 }
 
+namespace {
+// Ranks on this node whose CPU affinity mask is this rank's (itself included): ranks bound to
+// cores of their own count 1; unbound ranks share the whole machine's mask.
+int ranks_sharing_my_cpus(MPI_Comm c) {
+  watchdog::Phase phase("waiting in allgather of CPU masks");
+  MPI_Comm local;
+  DPT_CHECK_MPI(MPI_Comm_split_type(c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+  int n = 1;
+  MPI_Comm_size(local, &n);
+  std::vector<unsigned char> mine = affinity_mask_bytes();
+  mine.resize(sizeof(cpu_set_t));  // an unknown mask compares as empty, alike on every rank
+  std::vector<unsigned char> all(mine.size() * size_t(n));
+  const int rc = MPI_Allgather(mine.data(), int(mine.size()), MPI_BYTE, all.data(), int(mine.size()),
+                               MPI_BYTE, local);
+  MPI_Comm_free(&local);
+  DPT_CHECK_MPI(rc);
+  int same = 0;
+  for (int r = 0; r < n; ++r) same += std::equal(mine.begin(), mine.end(), all.begin() + long(r) * long(mine.size()));
+  return std::max(1, same);
+}
+}  // namespace
+
 void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
   rt.node = node_info(c);
   BackendOptions opt;
   opt.type = cfg.device_type;
   opt.precision = parse_precision(cfg.precision);
-  opt.threads = cfg.threads;
   opt.local_rank = rt.node.local_rank;
   opt.local_size = rt.node.local_size;
   const int gpus = cfg.device_type == "cpu" ? 0 : cuda_device_count();
+  if (gpus == 0) {  // the cpu backend: threads from the allocation
+    ThreadSources ts = read_thread_sources(cfg.threads);
+    ts.sharing_mask = ranks_sharing_my_cpus(c);
+    const ThreadChoice tc = choose_cpu_threads(ts);
+    opt.threads = tc.threads;
+    opt.threads_source = tc.source;
+  }
   // More ranks on the node than GPUs visible to each: ranks take GPU local_rank % gpus. That is
   // one GPU each when every rank sees only its own (--gpus-per-task), and ranks sharing GPUs
   // (the MPS layout) otherwise; make_comm_for tells the two apart.

@@ -1,6 +1,6 @@
 // Checkpoints in HDF5 (C API): layout checks shared by writer and reader, the atomic writer
-// (temporary file, fsync, rename, folder fsync), the validating reader, and the folder helpers
-// (list, find the newest valid one, prune).
+// (temporary file, fsync, rename, folder fsync) and the validating reader. The folder they live
+// in (listing, ownership, pruning) is ckpt_folder.cpp's.
 #include "dpt/ckpt.hpp"
 #include "dpt/h5.hpp"
 
@@ -285,6 +285,7 @@ void write_root_attrs(hid_t file, const Checkpoint& ck) {
   write_attr(file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &ck.seed);
   write_string_attr(file, "optimizer", ck.optimizer);
   write_string_attr(file, "config", ck.config);
+  if (!ck.run_id.empty()) write_string_attr(file, "run_id", ck.run_id);
   if (ck.model.empty()) {
     write_ints_attr(file, "layers", ck.layers);
   } else {
@@ -515,6 +516,7 @@ uint32_t read_header(const Reader& r, hid_t file, Checkpoint& ck) {
   ck.seed = read_scalar<uint64_t>(r, file, "seed", H5T_NATIVE_UINT64);
   ck.optimizer = read_string(r, file, "optimizer");
   ck.config = read_string(r, file, "config");
+  if (H5Aexists(file, "run_id") > 0) ck.run_id = read_string(r, file, "run_id");
   // The MLP widths form, or a layer list with its input shape (checked with the tensors).
   const htri_t list = H5Aexists(file, "model");
   if (list < 0) r.ok(-1, "cannot look up attribute 'model'");
@@ -684,86 +686,16 @@ Checkpoint read_checkpoint(const std::string& path) {
   return ck;
 }
 
-// =============================== folder helpers ===============================
-
-std::string checkpoint_path(const std::string& dir, int64_t step) {
-  char name[64];
-  std::snprintf(name, sizeof name, "ckpt-%09lld.h5", static_cast<long long>(step));
-  return join_dir(dir, name);
-}
-
-std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec) return {};  // a missing folder simply holds no checkpoints
-  for (const auto& entry : it) {
-    std::string name = entry.path().filename().string();
-    // ckpt-<digits>.h5 exactly: temporary files (".ckpt-...tmp.<pid>") never match.
-    if (name.size() < 9 || name.compare(0, 5, "ckpt-") != 0 ||
-        name.compare(name.size() - 3, 3, ".h5") != 0)
-      continue;
-    std::string digits = name.substr(5, name.size() - 8);
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    std::error_code fec;
-    if (!entry.is_regular_file(fec)) continue;
-    found.emplace_back(std::stoll(digits), join_dir(dir, name));
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second > b.second;
-  });
-  std::vector<std::string> out;
-  for (auto& f : found) out.push_back(std::move(f.second));
-  return out;
-}
-
-std::string find_latest_valid(const std::string& dir, Checkpoint* read) {
-  for (const std::string& p : list_checkpoints(dir)) {
-    try {
-      Checkpoint ck = read_checkpoint(p);
-      if (read) *read = std::move(ck);
-      return p;
-    } catch (const InputError& e) {
-      std::string reason = e.what();
-      const std::string prefix = "checkpoint " + p + ": ";
-      if (reason.compare(0, prefix.size(), prefix) == 0) reason = reason.substr(prefix.size());
-      log::warn("skipping damaged checkpoint " + p + ": " + reason);
-    }
-  }
-  return "";
-}
-
-namespace {
-// A save killed by SIGKILL/OOM/preemption leaves ".ckpt-*.h5.tmp.<pid>" behind, as large as a
-// checkpoint. A save in progress rewrites its file continuously and fsyncs within minutes, so a
-// temporary file untouched for an hour belongs to a dead writer (possibly on another node,
-// which is why the pid is not trusted).
-void remove_stale_temporaries(const std::string& dir) {
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec) return;
-  const auto cutoff = fs::file_time_type::clock::now() - std::chrono::hours(1);
-  for (const auto& entry : it) {
-    std::string name = entry.path().filename().string();
-    if (name.compare(0, 6, ".ckpt-") != 0 || name.find(".h5.tmp.") == std::string::npos) continue;
-    std::error_code fec;
-    auto mtime = entry.last_write_time(fec);
-    if (!fec && mtime < cutoff) fs::remove(entry.path(), fec);
-  }
-}
-}  // namespace
-
-void prune_checkpoints(const std::string& dir, int keep) {
-  remove_stale_temporaries(dir);
-  if (keep <= 0) return;
-  std::vector<std::string> all = list_checkpoints(dir);
-  for (size_t i = size_t(keep); i < all.size(); ++i) {
-    std::error_code ec;
-    // Failing to delete an old checkpoint costs disk, not correctness: warn and go on.
-    if (!fs::remove(all[i], ec) && ec)
-      log::warn("cannot delete old checkpoint " + all[i] + ": " + ec.message());
+std::string read_checkpoint_run_id(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  Reader r{path};
+  try {
+    H5Id fapl = file_access_plist();
+    H5Id file = r.open(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "cannot open");
+    if (H5Aexists(file.get(), "run_id") <= 0) return "";
+    return read_string(r, file.get(), "run_id");
+  } catch (const Error&) {
+    return "";  // unreadable: nobody's, so never this run's to delete or overwrite
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <set>
@@ -99,21 +100,33 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("comm.grad_dtype", &c.grad_dtype, "fp32 | bf16: gradients on the wire (bf16 changes numerics)");
   t.add("comm.nccl_max_ctas", &c.nccl_max_ctas, "NCCL: most CTAs (SMs) per collective (0 = NCCL's choice)");
   t.add("device.type", &c.device_type, "auto | cuda | cpu");
-  t.add("device.threads", &c.threads, "cpu: BLAS threads per rank (0 = cores / ranks)");
+  t.add("device.threads", &c.threads,
+        "cpu: BLAS threads per rank (0 = from the CPU affinity mask, SLURM_CPUS_PER_TASK, "
+        "OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, in that order, else cores / ranks)");
   t.add("checkpoint.dir", &c.ckpt_dir, "folder for checkpoints (empty = none)");
   t.add("checkpoint.every_steps", &c.ckpt_every, "steps between checkpoints (0 = end only)");
   t.add("checkpoint.keep", &c.ckpt_keep, "newest checkpoints kept (0 = all)");
   t.add("checkpoint.at_start", &c.ckpt_at_start, "write one before the first step");
   t.add("checkpoint.resume", &c.resume, "auto | none | <file>");
+  t.add("checkpoint.start_over", &c.start_over,
+        "a fresh run moves another run's checkpoints in checkpoint.dir into a set-aside-<UTC "
+        "time>/ subfolder (else it stops at start-up)");
   t.add("log.metrics", &c.metrics_file, "metrics JSON Lines file (rank 0)");
   t.add("log.every_steps", &c.log_every, "steps between progress lines and metrics");
   t.add("log.progress", &c.progress, "print progress lines");
   t.add("log.timing", &c.timing, "print where the time went, phase by phase, at the end (rank 0)");
 }
 
+// Where a key's value came from: the command line overrides the file.
+std::string origin(const std::string& key, const Config& c) {
+  for (const std::string& k : c.cli_keys)
+    if (k == key) return "the command line (--" + key + ")";
+  return c.source;
+}
+
 [[noreturn]] void bad(const std::string& key, const std::string& value, const Config& c,
                       const std::string& why) {
-  throw InputError("config error in " + c.source + ": " + key + " = '" + value + "': " + why);
+  throw InputError("config error in " + origin(key, c) + ": " + key + " = '" + value + "': " + why);
 }
 
 void one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok,
@@ -142,6 +155,20 @@ void refuse_placeholders(const std::string& text, const std::string& where) {
       throw InputError(where + ": '" + text.substr(a, b - a + 1) +
                        "' is not allowed (no key or value may hold text between two % signs)");
   }
+}
+
+// Words on the command line that are no option's (`dptrain inputs/run.ini`, stray words after
+// a value) would otherwise be dropped without a word: an error naming them.
+void refuse_positionals(const std::vector<std::string>& words) {
+  if (words.empty()) return;
+  std::string list;
+  for (const std::string& w : words) list += (list.empty() ? "'" : ", '") + w + "'";
+  std::string hint = " (every option is --name value; see --help)";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(words.front(), ec))
+    hint = " ('" + words.front() + "' is a file: did you mean --config " + words.front() + "?)";
+  throw InputError("command line error: unexpected argument" + std::string(words.size() > 1 ? "s " : " ") +
+                   list + hint);
 }
 
 // model.layers (either form) and model.input_shape from their text.
@@ -198,7 +225,7 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   build_table(t, c, keys);
   po::options_description generic("Usage: dptrain --config FILE [--section.key value ...]");
   std::string cfg_path;
-  generic.add_options()("help,h", "print this help")("config", po::value<std::string>(&cfg_path),
+  generic.add_options()("help,h", "print this help")("version", "print the version and exit")("config", po::value<std::string>(&cfg_path),
                                                      "INI file with the keys below")(
       "eval", "evaluate --checkpoint on data.test and exit")(
       "checkpoint", po::value<std::string>(&inv.eval_checkpoint), "checkpoint for --eval");
@@ -212,7 +239,11 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   refuse_placeholders(ini_text, "config error in " + c.source);
   po::variables_map vm;
   try {  // command line first: po::store keeps the first value stored, so the CLI wins
-    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    const po::parsed_options parsed = po::command_line_parser(argc, argv).options(all).run();
+    refuse_positionals(po::collect_unrecognized(parsed.options, po::include_positional));
+    po::store(parsed, vm);
+    for (const auto& o : parsed.options)
+      if (!o.string_key.empty()) c.cli_keys.push_back(o.string_key);
   } catch (const po::error& e) {
     throw InputError(std::string("command line error: ") + e.what() + " (see --help)");
   }
@@ -226,6 +257,8 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   }
   po::notify(vm);
   inv.help = vm.count("help") > 0;
+  inv.version = vm.count("version") > 0;
+  if (inv.version) return inv;
   inv.eval_only = vm.count("eval") > 0;
   if (inv.help) return inv;
   parse_model_keys(c, keys, vm);
@@ -296,6 +329,9 @@ void validate(const Config& c) {
             show(c.average_every) + ") so every rank holds the same model when it is saved");
   if (c.precision != "fp32" && c.device_type == "cpu")
     bad("train.precision", c.precision, c, "tf32 and bf16 need device.type = cuda (or auto on a GPU)");
+  if (c.start_over && c.resume != "auto" && c.resume != "none")
+    bad("checkpoint.start_over", "true", c,
+        "starting over and resuming from " + c.resume + " (checkpoint.resume) contradict each other");
   if (c.train_file.empty()) bad("data.train", "", c, "a training set is required");
 }
 

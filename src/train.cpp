@@ -11,13 +11,14 @@
 #include <sstream>
 
 #include "dpt/check.hpp"
-#include "dpt/ckpt.hpp"
 #include "dpt/log.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/timing.hpp"
 #include "dpt/watchdog.hpp"
+#include "train_internal.hpp"
 
 namespace dpt {
+using namespace train_detail;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -45,25 +46,6 @@ std::string hms(double s) {
 void host_sum(MPI_Comm c, double* v, int n) {
   watchdog::Phase phase("waiting in allreduce of metrics");
   DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, c));
-}
-
-// Rank 0 runs f; every rank learns whether it worked and throws the same error if not, so
-// no rank is left waiting in a collective.
-// `what` names rank 0's work for the watchdog ("writing a checkpoint"); the others wait for it.
-template <class F> void on_rank0(MPI_Comm c, int rank, const char* what, F&& f) {
-  std::string msg;
-  int code = 0;
-  if (rank == 0) {
-    watchdog::Phase phase(what);
-    code = run_captured(f, msg);
-  }
-  {
-    watchdog::Phase phase("waiting for rank 0's verdict");
-    DPT_CHECK_MPI(MPI_Bcast(&code, 1, MPI_INT, 0, c));
-  }
-  if (code == 0) return;
-  bcast_string(c, msg);
-  throw Error(msg, code, /*collective=*/true);
 }
 
 }  // namespace
@@ -118,12 +100,6 @@ void check_shape(const Config& cfg, const std::string& path, int64_t dim, int cl
   if (classes > cfg.layers.back())
     throw InputError("model.layers ends with " + std::to_string(cfg.layers.back()) +
                      " outputs but " + path + " has " + std::to_string(classes) + " classes");
-}
-
-std::string layers_text(const std::vector<int>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
 }
 
 // The model cfg describes, on data whose samples have this shape (path names the data): the
@@ -261,170 +237,6 @@ void Trainer::report_memory() {
               (plan_->sharded ? " (sharded over " + std::to_string(W) + " ranks)" : "") +
               ", communication buffers " + mib(v[3]) + " MiB");
   }
-}
-
-namespace {
-
-// The flat arena <-> per-layer tensors named as in DESIGN.md (conv weights in PyTorch's order).
-void arena_to_tensors(const Model& m, const std::string& prefix, const std::vector<float>& flat,
-                      std::vector<Tensor>& out) {
-  for (int i = 0; i < m.num_layers(); ++i) {
-    const LayerSlice& s = m.layer(i);
-    Tensor w{prefix + "/" + s.name + "/weight", s.weight_shape(), std::vector<float>(s.weights())};
-    weight_to_checkpoint(s, flat.data() + s.w_off, w.data.data());
-    Tensor b{prefix + "/" + s.name + "/bias", {s.out},
-             std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.b_off + size_t(s.out)))};
-    out.push_back(std::move(w));
-    out.push_back(std::move(b));
-  }
-}
-
-std::vector<float> tensors_to_arena(const Model& m, const Checkpoint& ck, const std::string& prefix,
-                                    const std::string& file) {
-  std::vector<float> flat(m.num_params());
-  for (int i = 0; i < m.num_layers(); ++i) {
-    const LayerSlice& s = m.layer(i);
-    for (const char* part : {"weight", "bias"}) {
-      const std::string name = prefix + "/" + s.name + "/" + part;
-      const Tensor* t = ck.find(name);
-      const size_t want = part[0] == 'w' ? s.weights() : size_t(s.out);
-      if (!t || t->data.size() != want)
-        throw InputError(file + ": tensor /" + name + " is missing or has the wrong size for model.layers");
-      if (part[0] == 'w') weight_from_checkpoint(s, t->data.data(), flat.data() + s.w_off);
-      else std::copy(t->data.begin(), t->data.end(), flat.begin() + long(s.b_off));
-    }
-  }
-  return flat;
-}
-
-// The checkpoint's model attributes for this model: widths, or the layer list and its input.
-void describe_model(const Config& cfg, const Model& m, Checkpoint& ck) {
-  if (cfg.layer_list.empty()) {
-    ck.layers = cfg.layers;
-    return;
-  }
-  std::vector<LayerSpec> list;
-  for (const PlannedLayer& p : m.plan().layers) list.push_back(p.spec);
-  ck.model = layer_list_text(list);  // normalised, however the config wrote it
-  const TensorShape& in = m.plan().input;
-  ck.input_shape = in.flat ? std::vector<int>{int(in.c)} : std::vector<int>{int(in.c), int(in.h), int(in.w)};
-}
-
-}  // namespace
-
-void Trainer::load_initial_state() {
-  MPI_Comm c = comm_.mpi();
-  std::string path;
-  // resume = auto validates the newest checkpoints by reading them; the one found is kept, not
-  // read a second time below.
-  Checkpoint found;
-  bool have_found = false;
-  if (cfg_.resume == "auto") {
-    on_rank0(c, comm_.rank(), "finding the checkpoint to resume", [&] {
-      if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir, &found);
-      have_found = !path.empty();
-    });
-  } else if (cfg_.resume != "none") {
-    path = cfg_.resume;
-  }
-  bcast_string(c, path);
-  const bool resuming = !path.empty();
-  if (!resuming && cfg_.init.empty()) {
-    model_->init_params(cfg_.seed);
-  } else {
-    const std::string file = resuming ? path : cfg_.init;
-    std::vector<float> params;
-    std::vector<std::vector<float>> state;
-    int64_t counters[5] = {0, 0, 0, 0, 0};
-    on_rank0(c, comm_.rank(), "reading a checkpoint", [&] {
-      Checkpoint ck = have_found ? std::move(found) : read_checkpoint(file);
-      Checkpoint want;
-      describe_model(cfg_, *model_, want);
-      if (ck.layers != want.layers || ck.model != want.model || ck.input_shape != want.input_shape)
-        throw InputError(file + ": its model (" +
-                         (ck.model.empty() ? "widths " + layers_text(ck.layers) : "'" + ck.model + "'") +
-                         ") is not model.layers (" +
-                         (want.model.empty() ? "widths " + layers_text(want.layers) : "'" + want.model + "'") +
-                         ") on this data");
-      params = tensors_to_arena(*model_, ck, "model", file);
-      if (!resuming) return;
-      if (ck.optimizer != cfg_.optimizer)
-        throw InputError(file + ": saved with optimizer " + ck.optimizer + ", config says " + cfg_.optimizer);
-      for (auto& s : opt_->state()) state.push_back(tensors_to_arena(*model_, ck, "optimizer/" + s.name, file));
-      const int64_t G = int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
-      // The data position is kept in samples, so a run resumed with another global batch
-      // continues from the same place in the same epoch order.
-      counters[0] = ck.step;
-      counters[1] = ck.epoch;
-      counters[2] = ck.step_in_epoch * ck.global_batch / G;
-      counters[3] = ck.samples_seen;
-      counters[4] = ck.optimizer_updates;
-      if (ck.step_in_epoch * ck.global_batch % G != 0)
-        log::warn("resuming with global batch " + std::to_string(G) + " (saved with " +
-                  std::to_string(ck.global_batch) + "): the epoch position is rounded down");
-      log::info("resuming from " + file + " at step " + std::to_string(ck.step));
-    });
-    params.resize(model_->num_params());
-    be_.upload(model_->params(), params.data(), params.size() * sizeof(float));
-    watchdog::Phase phase("waiting in broadcast of the resume state");
-    DPT_CHECK_MPI(MPI_Bcast(counters, 5, MPI_INT64_T, 0, c));
-    step_ = counters[0], epoch_ = counters[1], step_in_epoch_ = counters[2], samples_seen_ = counters[3];
-    updates_ = counters[4];
-    auto st = opt_->state();
-    state.resize(st.size());  // rank 0 read them; the others receive them
-    for (size_t i = 0; resuming && i < st.size(); ++i) {
-      if (sharded()) {
-        // Every rank takes its shard of rank 0's whole array.
-        state[i].resize(model_->num_params());
-        DPT_CHECK_MPI(MPI_Bcast(state[i].data(), int(state[i].size()), MPI_FLOAT, 0, c));
-        sync_->scatter_state(state[i], st[i].data);
-        continue;
-      }
-      if (comm_.rank() == 0) be_.upload(st[i].data, state[i].data(), state[i].size() * sizeof(float));
-      comm_.broadcast(st[i].data, opt_->size(), DType::f32, 0);
-    }
-    opt_->set_steps_taken(updates_);
-    if (resuming) last_saved_ = step_;
-  }
-  // Ranks agree on the initial parameters whatever their seeds: rank 0's win.
-  comm_.broadcast(model_->params(), model_->num_params(), DType::f32, 0);
-  comm_.synchronize();
-}
-
-void Trainer::save_checkpoint() {
-  if (cfg_.ckpt_dir.empty()) return;
-  Checkpoint ck;
-  const bool root = comm_.rank() == 0;
-  // A sharded run's parameters and state are made whole first (collective); then rank 0 alone
-  // writes them, in the unsharded layout.
-  std::vector<float> params;
-  std::vector<std::vector<float>> states;
-  if (sharded() || root) {
-    watchdog::Phase phase("copying the model off the device for a checkpoint");
-    params = params_host();
-    for (auto& s : opt_->state()) states.push_back(state_host(s.data));
-  }
-  if (root) {
-    ck.step = step_;
-    ck.epoch = epoch_;
-    ck.step_in_epoch = step_in_epoch_;
-    ck.samples_seen = samples_seen_;
-    ck.world_size = comm_.size();
-    ck.global_batch = int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
-    ck.optimizer_updates = updates_;
-    ck.seed = cfg_.seed;
-    ck.optimizer = cfg_.optimizer;
-    ck.config = cfg_.resolved;
-    describe_model(cfg_, *model_, ck);
-    arena_to_tensors(*model_, "model", params, ck.tensors);
-    const auto st = opt_->state();
-    for (size_t i = 0; i < st.size(); ++i) arena_to_tensors(*model_, "optimizer/" + st[i].name, states[i], ck.tensors);
-  }
-  on_rank0(comm_.mpi(), comm_.rank(), "writing a checkpoint", [&] {
-    write_checkpoint(checkpoint_path(cfg_.ckpt_dir, step_), ck);
-    prune_checkpoints(cfg_.ckpt_dir, cfg_.ckpt_keep);
-  });
-  last_saved_ = step_;
 }
 
 void Trainer::average_parameters() {
@@ -634,7 +446,7 @@ void Trainer::log_step(TrainResult& res) {
   std::ostringstream js;
   js << "{\"step\": " << step_ << ", \"epoch\": " << epoch_ + 1 << ", \"loss\": " << fmt("%.6g", loss)
      << ", \"lr\": " << fmt("%.6g", lr) << ", \"samples_per_s\": " << fmt("%.1f", sps)
-     << ", \"time_s\": " << fmt("%.3f", now) << "}";
+     << ", \"time_s\": " << fmt("%.3f", now) << ", \"run\": \"" << run_id_ << "\"}";
   metrics_->write(js.str());
   if (cfg_.progress) {
     const double left = double(total_steps_ - step_) * double(global_batch()) / std::max(sps, 1e-9);
@@ -646,12 +458,13 @@ void Trainer::log_step(TrainResult& res) {
 }
 
 void Trainer::log_eval(const EvalResult& e) {
+  last_eval_step_ = step_;
   if (comm_.rank() != 0) return;
   std::ostringstream js;
   // time_s: when the evaluation ended (the step's record has when it began).
   js << "{\"eval\": \"test\", \"step\": " << step_ << ", \"epoch\": " << epoch_ + 1
      << ", \"loss\": " << fmt("%.6g", e.loss) << ", \"accuracy\": " << fmt("%.6g", e.accuracy)
-     << ", \"time_s\": " << fmt("%.3f", seconds_since(t0_)) << "}";
+     << ", \"time_s\": " << fmt("%.3f", seconds_since(t0_)) << ", \"run\": \"" << run_id_ << "\"}";
   metrics_->write(js.str());
   log::info("eval  step " + std::to_string(step_) + "  test loss " + fmt("%.4f", e.loss) +
             "  accuracy " + fmt("%.4f", e.accuracy) + "  (" + std::to_string(e.n) + " samples)");
@@ -678,6 +491,7 @@ TrainResult Trainer::run() {
   GradSync* reduce = sync_.get();
   // The first epoch's rows are in place before the backend decides whether it can capture.
   const bool training = epoch_ < cfg_.epochs && step_ < total_steps_;
+  res.already_complete = !training;
   if (training) start_epoch();
   const bool capture = be_.can_capture(rows_->data()) && (comm_.size() == 1 || !reduce || comm_.capturable()) &&
                        !fault::any();
@@ -727,6 +541,12 @@ TrainResult Trainer::run() {
       log_eval(res.last_eval = evaluate(*test_));
     }
   }
+  // Training that ends off an evaluation point (a train.steps cap mid-epoch, eval_every not
+  // dividing the last step) still ends with the final model's test figures.
+  if (test_ && !res.stopped_by_signal && step_ > first_step && last_eval_step_ != step_) {
+    check_health();
+    log_eval(res.last_eval = evaluate(*test_));
+  }
   {
     watchdog::Phase phase("waiting for the device", step_);
     be_.synchronize();
@@ -741,7 +561,9 @@ TrainResult Trainer::run() {
     save_checkpoint();
   }
   res.steps = step_;
+  res.first_step = first_step;
   res.epoch = epoch_;
+  res.checkpoint = last_checkpoint_.empty() ? resumed_from_ : last_checkpoint_;
   return res;
 }
 

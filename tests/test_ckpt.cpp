@@ -20,6 +20,7 @@
 
 #include "dpt/check.hpp"
 #include "dpt/ckpt.hpp"
+#include "dpt/ckpt_folder.hpp"
 
 namespace fs = std::filesystem;
 using dpt::Checkpoint;
@@ -385,7 +386,11 @@ TEST(Ckpt, ListPruneAndFallBackPastDamage) {
   std::string dir = test_dir();
   EXPECT_EQ(dpt::find_latest_valid(dir + "/missing"), "");
   EXPECT_TRUE(dpt::list_checkpoints(dir + "/missing").empty());
-  for (int64_t s : {10, 20, 30, 1000000000}) dpt::write_checkpoint(dpt::checkpoint_path(dir, s), make_ckpt({5, 4, 3}, s));
+  for (int64_t s : {10, 20, 30, 1000000000}) {
+    Checkpoint ck = make_ckpt({5, 4, 3}, s);
+    ck.run_id = "r1";
+    dpt::write_checkpoint(dpt::checkpoint_path(dir, s), ck);
+  }
   write_bytes(dir + "/.ckpt-000000040.h5.tmp.123", "partial");
   write_bytes(dir + "/ckpt-latest.h5", "not ours");
   write_bytes(dir + "/notes.txt", "x");
@@ -409,11 +414,12 @@ TEST(Ckpt, ListPruneAndFallBackPastDamage) {
   write_bytes(dir + "/.ckpt-000000050.h5.tmp.99", "old partial");
   fs::last_write_time(dir + "/.ckpt-000000050.h5.tmp.99",
                       fs::file_time_type::clock::now() - std::chrono::hours(2));
-  dpt::prune_checkpoints(dir, 3);
+  // keep = 1 of run r1: step 10 goes; the two damaged files name no owner and stay.
+  dpt::prune_checkpoints(dir, 1, "r1");
   EXPECT_FALSE(fs::exists(dir + "/.ckpt-000000050.h5.tmp.99"));
   EXPECT_TRUE(fs::exists(dir + "/.ckpt-000000040.h5.tmp.123"));
   EXPECT_EQ(dpt::list_checkpoints(dir), std::vector<std::string>(want.begin(), want.begin() + 3));
-  dpt::prune_checkpoints(dir, 0);  // keep all
+  dpt::prune_checkpoints(dir, 0, "r1");  // keep all
   EXPECT_EQ(dpt::list_checkpoints(dir).size(), 3u);
 
   write_bytes(want[2], "");
@@ -538,4 +544,83 @@ TEST(Ckpt, LayerListRoundTripAndShapeChecks) {
   dpt::seal_checkpoint(q);
   const std::string msg = input_error([&] { dpt::read_checkpoint(q); });
   EXPECT_TRUE(contains(msg, "model/conv0/weight has shape (4, 2, 3, 3) but the model requires (4, 2, 5, 5)")) << msg;
+}
+
+// A run prunes and overwrites only its own checkpoints, and a fresh run does not start in a
+// folder holding another run's: the folder of two runs that share a checkpoint.dir.
+TEST(CkptFolder, PruneAndOverwriteOnlyOwn) {
+  std::string dir = test_dir();
+  auto put = [&](int64_t step, const std::string& run) {
+    Checkpoint ck = make_ckpt({5, 4, 3}, step);
+    ck.run_id = run;
+    dpt::write_checkpoint(dpt::checkpoint_path(dir, step), ck);
+  };
+  for (int64_t s : {100, 200, 300}) put(s, "first");
+  for (int64_t s : {10, 20, 30, 40}) put(s, "second");
+  put(5, "");  // a checkpoint of an older version: no owner
+  EXPECT_EQ(dpt::read_checkpoint_run_id(dpt::checkpoint_path(dir, 10)), "second");
+  EXPECT_EQ(dpt::read_checkpoint(dpt::checkpoint_path(dir, 10)).run_id, "second");
+  EXPECT_EQ(dpt::read_checkpoint_run_id(dpt::checkpoint_path(dir, 5)), "");
+  dpt::prune_checkpoints(dir, 3, "second");
+  std::vector<std::string> want;
+  for (int64_t s : {300, 200, 100, 40, 30, 20, 5}) want.push_back(dpt::checkpoint_path(dir, s));
+  EXPECT_EQ(dpt::list_checkpoints(dir), want) << "the second run pruned only its own step 10";
+  dpt::prune_checkpoints(dir, 1, "first");
+  EXPECT_FALSE(fs::exists(dpt::checkpoint_path(dir, 100)));
+  EXPECT_FALSE(fs::exists(dpt::checkpoint_path(dir, 200)));
+  EXPECT_TRUE(fs::exists(dpt::checkpoint_path(dir, 300)));
+  EXPECT_TRUE(fs::exists(dpt::checkpoint_path(dir, 20)));
+  EXPECT_TRUE(fs::exists(dpt::checkpoint_path(dir, 5)));
+
+  EXPECT_NO_THROW(dpt::check_may_write(dpt::checkpoint_path(dir, 40), "second"));  // its own
+  EXPECT_NO_THROW(dpt::check_may_write(dpt::checkpoint_path(dir, 50), "second"));  // new
+  try {
+    dpt::check_may_write(dpt::checkpoint_path(dir, 300), "second");
+    ADD_FAILURE() << "overwrite of another run's checkpoint allowed";
+  } catch (const dpt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run first"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(dpt::check_may_write(dpt::checkpoint_path(dir, 5), "second"), dpt::Error);
+}
+
+TEST(CkptFolder, FreshRunStopsOrSetsAside) {
+  std::string dir = test_dir();
+  // An empty or missing folder: a fresh run claims it with a new id.
+  const dpt::FolderClaim empty = dpt::claim_checkpoint_folder(dir + "/none", "", "", false);
+  EXPECT_EQ(empty.run_id.size(), 16u);
+  EXPECT_NE(empty.run_id, dpt::claim_checkpoint_folder(dir + "/none", "", "", false).run_id);
+  for (int64_t s : {100, 200, 300}) {
+    Checkpoint ck = make_ckpt({5, 4, 3}, s);
+    ck.run_id = "first";
+    dpt::write_checkpoint(dpt::checkpoint_path(dir, s), ck);
+  }
+  const auto before = dpt::list_checkpoints(dir);
+  try {
+    dpt::claim_checkpoint_folder(dir, "", "", false);
+    ADD_FAILURE() << "a fresh run claimed a folder holding another run's checkpoints";
+  } catch (const dpt::InputError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.code(), dpt::kExitUsage);
+    for (const char* w : {"--checkpoint.dir", "--checkpoint.resume auto", "--checkpoint.start_over true",
+                          "ckpt-000000100.h5 .. ckpt-000000300.h5 (3 files)"})
+      EXPECT_NE(m.find(w), std::string::npos) << w << " not in: " << m;
+    EXPECT_NE(m.find(dir), std::string::npos) << m;
+  }
+  EXPECT_EQ(dpt::list_checkpoints(dir), before) << "a refused start touched the folder";
+
+  // Resuming one of them continues its run and leaves the others be.
+  const dpt::FolderClaim resumed = dpt::claim_checkpoint_folder(dir, before[0], "first", false);
+  EXPECT_EQ(resumed.run_id, "first");
+  EXPECT_EQ(resumed.others, 0u);
+
+  // start_over: moved, not deleted, bit for bit.
+  const std::string bytes = read_bytes(before[0]);
+  const dpt::FolderClaim over = dpt::claim_checkpoint_folder(dir, "", "", true);
+  EXPECT_TRUE(dpt::list_checkpoints(dir).empty());
+  ASSERT_FALSE(over.set_aside.empty());
+  EXPECT_EQ(fs::path(over.set_aside).parent_path(), fs::path(dir));
+  EXPECT_EQ(fs::path(over.set_aside).filename().string().rfind("set-aside-", 0), 0u) << over.set_aside;
+  EXPECT_EQ(dpt::list_checkpoints(over.set_aside).size(), 3u);
+  EXPECT_EQ(read_bytes(over.set_aside + "/ckpt-000000300.h5"), bytes);
+  EXPECT_NE(over.run_id, "first");
 }

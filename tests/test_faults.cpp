@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dpt/ckpt.hpp"
+#include "dpt/ckpt_folder.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -280,6 +281,9 @@ TEST_F(Faults, Sigusr1ToMpirunCheckpointsExits6AndResumesBitwise) {
   ASSERT_FALSE(stop.empty());
   const int64_t at = dpt::read_checkpoint(stop.front()).step;
   EXPECT_LT(at, 100) << "the signal came after the end";
+  // The stop line names the checkpoint and how to go on.
+  EXPECT_NE(r.out.find("its checkpoint is " + stop.front() + "; run the same command again"), std::string::npos)
+      << r.out;
   Outcome resumed = sh(mpirun(2, "--config " + ini("usr1") + ck_args("usr1")));
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("resuming from"), std::string::npos) << resumed.out;

@@ -15,6 +15,7 @@
 #include "dpt/backend.hpp"
 #include "dpt/check.hpp"
 #include "dpt/ckpt.hpp"
+#include "dpt/ckpt_folder.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/data.hpp"
 #include "dpt/log.hpp"

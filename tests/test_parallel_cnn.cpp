@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "dpt/ckpt.hpp"
+#include "dpt/ckpt_folder.hpp"
 #include "dpt/data.hpp"
 #include "dpt/train.hpp"
 #include "parallel_util.hpp"

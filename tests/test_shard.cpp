@@ -13,6 +13,7 @@
 
 #include "dpt/check.hpp"
 #include "dpt/ckpt.hpp"
+#include "dpt/ckpt_folder.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/watchdog.hpp"
 #include "parallel_util.hpp"

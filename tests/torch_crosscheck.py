@@ -539,7 +539,7 @@ def run_case(c, tmp, tools, datasets, mpirun, perturb):
     S = c["steps"]
     G = c["b"] * c["ranks"] * c["acc"]
     logged = [json.loads(l) for l in open(metrics) if l.strip()]
-    logged = [m for m in logged if "eval" not in m]
+    logged = [m for m in logged if "eval" not in m and "step" in m]  # not the start records
     if [m["step"] for m in logged] != list(range(1, S + 1)):
         raise Mismatch(f"[{name}] metrics: expected steps 1..{S}, got {[m['step'] for m in logged]}")
     ck0 = os.path.join(ckdir, "ckpt-000000000.h5")

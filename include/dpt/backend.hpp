@@ -374,6 +374,7 @@ struct BackendOptions {
   std::string type = "auto";  // auto|cuda|cpu
   Precision precision = Precision::fp32;
   int threads = 0;       // cpu: BLAS threads (0 = hardware threads / local ranks)
+  std::string threads_source;  // cpu: what decided `threads` (printed at start-up)
   int local_rank = 0;    // which GPU (cuda) / share of cores (cpu)
   int local_size = 1;
   // cuda: ranks beyond the number of visible GPUs share them (device = local_rank % GPUs).

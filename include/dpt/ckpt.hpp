@@ -28,6 +28,8 @@ struct Checkpoint {
   uint64_t seed = 0;
   std::string optimizer;     // e.g. "adam"
   std::string config;        // the resolved INI text
+  std::string run_id;        // the run that wrote it (root attribute `run_id`; "" in files of
+                             // older versions): a run prunes and overwrites only its own
   // The model: the MLP widths form in `layers` (root attribute `layers`), or a layer list in
   // `model` (root attribute `model`, the normalised list) with the input shape it was planned
   // for (root attribute `input_shape`: {C, H, W} or {D}); `layers` is empty then.
@@ -56,15 +58,8 @@ void seal_checkpoint(const std::string& path);
 // Validated read; throws InputError naming the file and what is wrong.
 Checkpoint read_checkpoint(const std::string& path);
 
-// <dir>/ckpt-<step, 9 digits>.h5
-std::string checkpoint_path(const std::string& dir, int64_t step);
-// Checkpoint files in dir, newest (highest step) first.
-std::vector<std::string> list_checkpoints(const std::string& dir);
-// Newest file in dir that reads back valid; damaged ones are skipped with a warning.
-// Returns "" when there is none.
-std::string find_latest_valid(const std::string& dir, Checkpoint* read = nullptr);
-// Deletes all but the newest `keep` checkpoints (keep <= 0: keep all), and temporary files of
-// killed saves that have not been touched for an hour.
-void prune_checkpoints(const std::string& dir, int keep);
+// The `run_id` root attribute alone, without validating the rest of the file: "" when the
+// file has none (older versions) or cannot be read as HDF5.
+std::string read_checkpoint_run_id(const std::string& path);
 
 }  // namespace dpt

@@ -66,6 +66,7 @@ struct Config {
   int ckpt_keep = 3;
   bool ckpt_at_start = false;
   std::string resume = "auto";  // auto|none|<file>
+  bool start_over = false;      // a fresh run sets the folder's old checkpoints aside
   // [log]
   std::string metrics_file;
   int64_t log_every = 50;
@@ -74,6 +75,7 @@ struct Config {
 
   // Where it came from, for messages and the checkpoint's `config` attribute.
   std::string source;    // the INI path, or "(command line)"
+  std::vector<std::string> cli_keys;  // keys given on the command line (they override the file)
   std::string resolved;  // the resolved configuration as INI text
 };
 
@@ -82,6 +84,7 @@ struct Invocation {
   Config cfg;
   bool help = false;
   bool eval_only = false;        // --eval --checkpoint FILE [--data.test FILE]
+  bool version = false;          // --version
   std::string eval_checkpoint;
   std::string help_text;
 };

@@ -34,6 +34,9 @@ struct TrainResult {
   std::vector<double> losses;  // global mean loss of every logged step (log.every_steps)
   bool stopped_by_signal = false;
   bool graph = false;          // the step was captured and replayed as one graph
+  int64_t first_step = 0;      // where this run started (after a resume: the checkpoint's step)
+  bool already_complete = false;  // resumed at or past the last step: nothing was trained
+  std::string checkpoint;      // rank 0: the newest checkpoint written, else the one resumed
 };
 
 class Trainer {
@@ -61,6 +64,8 @@ class Trainer {
   int64_t global_batch() const;
   // Where training starts (after a resume): optimizer steps already taken.
   int64_t start_step() const { return step_; }
+  // This run's id (every rank; "" for an evaluation-only Trainer).
+  const std::string& run_id() const { return run_id_; }
 
  private:
   // Both public constructors: rows is own (a whole Dataset wrapped) or the caller's.
@@ -92,6 +97,10 @@ class Trainer {
   int64_t updates_ = 0;      // optimizer updates applied (differs from step_ after skipped steps)
   int64_t skipped_reported_ = 0;
   int64_t last_saved_ = -1;
+  int64_t last_eval_step_ = -1;
+  std::string run_id_;          // this run's (every rank): checkpoints and metrics records carry it
+  std::string resumed_from_;    // the checkpoint this run continues ("" = a fresh run)
+  std::string last_checkpoint_; // rank 0: the newest one this run wrote
   int64_t total_steps_ = 0;
   int64_t per_epoch_ = 1;     // optimizer steps per epoch
   std::chrono::steady_clock::time_point t0_;
@@ -102,6 +111,7 @@ class Trainer {
   void load_initial_state();
   void report_memory();
   void save_checkpoint();
+  void claim_run(const std::string& resumed, const std::string& resumed_id);
   void average_parameters();
   void prepare_run(int64_t per_epoch);
   void start_epoch();

@@ -2,6 +2,7 @@
 // GPU (or CPU share).
 //   mpirun -np 2 ./dptrain --config inputs/run.ini [--section.key value ...]
 //   mpirun -np 2 ./dptrain --eval --checkpoint runs/x/ckpt-000001000.h5 [--data.test FILE]
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -12,6 +13,7 @@
 #include "dpt/log.hpp"
 #include "dpt/timing.hpp"
 #include "dpt/train.hpp"
+#include "dpt/version.hpp"
 #include "dpt/watchdog.hpp"
 
 using namespace dpt;
@@ -43,12 +45,33 @@ struct CommWatch {
   ~CommWatch() { watchdog::set_comm(nullptr); }
 };
 
-void print_summary(const TrainResult& r) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "done: %lld steps in %.2f s, %.0f samples/s%s",
-                static_cast<long long>(r.steps), r.seconds, r.samples_per_s,
-                r.stopped_by_signal ? " (stopped by signal after a checkpoint)" : "");
+constexpr const char* kUsage =
+    "usage: dptrain --config FILE [--section.key value ...]   train (mpirun -np N ./dptrain ...)\n"
+    "       dptrain --eval --checkpoint FILE [--data.test FILE]\n"
+    "       dptrain --help | --version";
+
+void print_summary(const TrainResult& r, const Config& cfg) {
+  const long long first = r.first_step, last = r.steps;
+  if (r.already_complete) {
+    log::info("already complete at step " + std::to_string(last) + " (train.epochs = " +
+              std::to_string(cfg.epochs) + (cfg.steps ? ", train.steps = " + std::to_string(cfg.steps) : "") +
+              "): nothing to train; evaluate it with --eval --checkpoint " + r.checkpoint +
+              ", or train further with a larger train.epochs / train.steps");
+    return;
+  }
+  char buf[512];
+  const std::string steps = first == 0 ? std::to_string(last) + " steps"
+                                       : "steps " + std::to_string(first) + " -> " + std::to_string(last) +
+                                             " (" + std::to_string(last - first) + " in this run)";
+  std::snprintf(buf, sizeof buf, "done: %s in %.2f s, %.0f samples/s%s", steps.c_str(), r.seconds,
+                r.samples_per_s, r.stopped_by_signal ? " (stopped by signal after a checkpoint)" : "");
   log::info(buf);
+  if (r.stopped_by_signal)
+    log::info(r.checkpoint.empty()
+                  ? "stopped by signal at step " + std::to_string(last) +
+                        " with no checkpoint.dir: nothing was saved"
+                  : "stopped by signal at step " + std::to_string(last) + ": its checkpoint is " +
+                        r.checkpoint + "; run the same command again to resume from it (checkpoint.resume = auto)");
   if (r.last_eval.n) {
     std::snprintf(buf, sizeof buf, "final test accuracy %.4f, loss %.4f", r.last_eval.accuracy, r.last_eval.loss);
     log::info(buf);
@@ -82,6 +105,10 @@ int main(int argc, char** argv) {
   // stops at its first step with a checkpoint (exit 6).
   install_stop_signals();
   const MPI_Comm world = MPI_COMM_WORLD;
+  if (argc <= 1) {  // every rank sees the same argv: all return together
+    if (mpi.rank() == 0) std::fprintf(stderr, "%s\n", kUsage);
+    return kExitUsage;
+  }
   watchdog::start(Config{}.timeout_s);  // every blocking phase from here on has a deadline
   Invocation inv;
   if (int rc = stage(world, [&] {
@@ -94,6 +121,10 @@ int main(int argc, char** argv) {
     return rc;
   if (inv.help) {
     log::info(inv.help_text);
+    return 0;
+  }
+  if (inv.version) {
+    log::info(version_line("dptrain"));
     return 0;
   }
   if (inv.eval_only && stage(world, [&] {
@@ -126,7 +157,16 @@ int main(int argc, char** argv) {
   RunData data;
   if (int rc = stage(world, [&] {
         watchdog::Phase phase("loading the datasets", 0);
-        data = loader.get();
+        try {
+          data = loader.get();
+        } catch (const InputError& e) {
+          const auto& cli = cfg.cli_keys;
+          if (!inv.eval_only || std::find(cli.begin(), cli.end(), "data.test") != cli.end()) throw;
+          throw InputError(std::string(e.what()) + "\n  data.test = '" + cfg.test_file +
+                           "' comes from the checkpoint's stored configuration: it is the training "
+                           "run's path, relative to the folder that run started in. Run from that "
+                           "folder, or name the test set: --data.test FILE");
+        }
         if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
       }))
     return rc;
@@ -154,7 +194,7 @@ int main(int argc, char** argv) {
       TrainResult r = trainer->run();
       timing::add(timing::Phase::loop, r.seconds);
       timing::add(timing::Phase::around, timing::now() - t0 - r.seconds);
-      print_summary(r);
+      print_summary(r, cfg);
       rc = r.stopped_by_signal ? kExitSignal : kExitOk;
     }
     timing::report(world, cfg.timing);

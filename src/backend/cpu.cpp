@@ -126,9 +126,11 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& opt) {
     threads_ = opt.threads;
+    source_ = opt.threads_source;
     if (threads_ <= 0) {
       int hw = int(std::max(1u, std::thread::hardware_concurrency()));
       threads_ = std::max(1, hw / std::max(1, opt.local_size));
+      source_ = std::to_string(hw) + " cores / " + std::to_string(std::max(1, opt.local_size)) + " local ranks";
     }
     openblas_set_num_threads(threads_);
   }
@@ -136,7 +138,8 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   std::string describe() const override {
     return "cpu, OpenBLAS " + std::string(openblas_get_config()) + ", " +
-           std::to_string(threads_) + " BLAS thread(s) per rank, fp32";
+           std::to_string(threads_) + " BLAS thread(s) per rank" +
+           (source_.empty() ? "" : " (" + source_ + ")") + ", fp32";
   }
   bool host_addressable() const override { return true; }
 
@@ -290,6 +293,7 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_ = 1;
+  std::string source_;  // what decided threads_
 
 };
 

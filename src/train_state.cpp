@@ -1,0 +1,220 @@
+// The Trainer's state across processes: initial parameters (seeded, model.init or a resumed
+// checkpoint, broadcast from rank 0), the run's id and its claim on the checkpoint folder, and
+// checkpoint writes (gathered whole when sharded, written by rank 0, pruned to this run's own).
+#include <sstream>
+
+#include "dpt/ckpt.hpp"
+#include "dpt/ckpt_folder.hpp"
+#include "dpt/log.hpp"
+#include "dpt/sync.hpp"
+#include "dpt/train.hpp"
+#include "dpt/watchdog.hpp"
+#include "train_internal.hpp"
+
+namespace dpt {
+using namespace train_detail;
+
+namespace {
+
+// The flat arena <-> per-layer tensors named as in DESIGN.md (conv weights in PyTorch's order).
+void arena_to_tensors(const Model& m, const std::string& prefix, const std::vector<float>& flat,
+                      std::vector<Tensor>& out) {
+  for (int i = 0; i < m.num_layers(); ++i) {
+    const LayerSlice& s = m.layer(i);
+    Tensor w{prefix + "/" + s.name + "/weight", s.weight_shape(), std::vector<float>(s.weights())};
+    weight_to_checkpoint(s, flat.data() + s.w_off, w.data.data());
+    Tensor b{prefix + "/" + s.name + "/bias", {s.out},
+             std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.b_off + size_t(s.out)))};
+    out.push_back(std::move(w));
+    out.push_back(std::move(b));
+  }
+}
+
+std::vector<float> tensors_to_arena(const Model& m, const Checkpoint& ck, const std::string& prefix,
+                                    const std::string& file) {
+  std::vector<float> flat(m.num_params());
+  for (int i = 0; i < m.num_layers(); ++i) {
+    const LayerSlice& s = m.layer(i);
+    for (const char* part : {"weight", "bias"}) {
+      const std::string name = prefix + "/" + s.name + "/" + part;
+      const Tensor* t = ck.find(name);
+      const size_t want = part[0] == 'w' ? s.weights() : size_t(s.out);
+      if (!t || t->data.size() != want)
+        throw InputError(file + ": tensor /" + name + " is missing or has the wrong size for model.layers");
+      if (part[0] == 'w') weight_from_checkpoint(s, t->data.data(), flat.data() + s.w_off);
+      else std::copy(t->data.begin(), t->data.end(), flat.begin() + long(s.b_off));
+    }
+  }
+  return flat;
+}
+
+// The checkpoint's model attributes for this model: widths, or the layer list and its input.
+void describe_model(const Config& cfg, const Model& m, Checkpoint& ck) {
+  if (cfg.layer_list.empty()) {
+    ck.layers = cfg.layers;
+    return;
+  }
+  std::vector<LayerSpec> list;
+  for (const PlannedLayer& p : m.plan().layers) list.push_back(p.spec);
+  ck.model = layer_list_text(list);  // normalised, however the config wrote it
+  const TensorShape& in = m.plan().input;
+  ck.input_shape = in.flat ? std::vector<int>{int(in.c)} : std::vector<int>{int(in.c), int(in.h), int(in.w)};
+}
+
+}  // namespace
+
+void Trainer::load_initial_state() {
+  MPI_Comm c = comm_.mpi();
+  std::string path;
+  // resume = auto validates the newest checkpoints by reading them; the one found is kept, not
+  // read a second time below.
+  Checkpoint found;
+  bool have_found = false;
+  if (cfg_.resume == "auto" && !cfg_.start_over) {
+    on_rank0(c, comm_.rank(), "finding the checkpoint to resume", [&] {
+      if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir, &found);
+      have_found = !path.empty();
+    });
+  } else if (cfg_.resume != "none" && cfg_.resume != "auto") {
+    path = cfg_.resume;
+  }
+  bcast_string(c, path);
+  const bool resuming = !path.empty();
+  std::string resumed_id;  // rank 0: the run that wrote the checkpoint resumed
+  if (!resuming && cfg_.init.empty()) {
+    model_->init_params(cfg_.seed);
+  } else {
+    const std::string file = resuming ? path : cfg_.init;
+    std::vector<float> params;
+    std::vector<std::vector<float>> state;
+    int64_t counters[5] = {0, 0, 0, 0, 0};
+    on_rank0(c, comm_.rank(), "reading a checkpoint", [&] {
+      Checkpoint ck = have_found ? std::move(found) : read_checkpoint(file);
+      Checkpoint want;
+      describe_model(cfg_, *model_, want);
+      if (ck.layers == want.layers && ck.model == want.model && ck.input_shape != want.input_shape)
+        throw InputError(file + ": its model was planned for samples of shape " +
+                         shape_text(ck.input_shape) + ", but the data here has samples of shape " +
+                         shape_text(want.input_shape) + " (" +
+                         (rows_ ? "data.train " + cfg_.train_file : "data.test " + cfg_.test_file) + ")");
+      if (ck.layers != want.layers || ck.model != want.model)
+        throw InputError(file + ": its model (" +
+                         (ck.model.empty() ? "widths " + layers_text(ck.layers) : "'" + ck.model + "'") +
+                         ") is not model.layers (" +
+                         (want.model.empty() ? "widths " + layers_text(want.layers) : "'" + want.model + "'") +
+                         ") on this data");
+      params = tensors_to_arena(*model_, ck, "model", file);
+      if (!resuming) return;
+      resumed_id = ck.run_id;
+      if (ck.optimizer != cfg_.optimizer)
+        throw InputError(file + ": saved with optimizer " + ck.optimizer + ", config says " + cfg_.optimizer);
+      for (auto& s : opt_->state()) state.push_back(tensors_to_arena(*model_, ck, "optimizer/" + s.name, file));
+      const int64_t G = int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
+      // The data position is kept in samples, so a run resumed with another global batch
+      // continues from the same place in the same epoch order.
+      counters[0] = ck.step;
+      counters[1] = ck.epoch;
+      counters[2] = ck.step_in_epoch * ck.global_batch / G;
+      counters[3] = ck.samples_seen;
+      counters[4] = ck.optimizer_updates;
+      if (ck.step_in_epoch * ck.global_batch % G != 0)
+        log::warn("resuming with global batch " + std::to_string(G) + " (saved with " +
+                  std::to_string(ck.global_batch) + "): the epoch position is rounded down");
+      log::info("resuming from " + file + " at step " + std::to_string(ck.step));
+    });
+    params.resize(model_->num_params());
+    be_.upload(model_->params(), params.data(), params.size() * sizeof(float));
+    watchdog::Phase phase("waiting in broadcast of the resume state");
+    DPT_CHECK_MPI(MPI_Bcast(counters, 5, MPI_INT64_T, 0, c));
+    step_ = counters[0], epoch_ = counters[1], step_in_epoch_ = counters[2], samples_seen_ = counters[3];
+    updates_ = counters[4];
+    auto st = opt_->state();
+    state.resize(st.size());  // rank 0 read them; the others receive them
+    for (size_t i = 0; resuming && i < st.size(); ++i) {
+      if (sharded()) {
+        // Every rank takes its shard of rank 0's whole array.
+        state[i].resize(model_->num_params());
+        DPT_CHECK_MPI(MPI_Bcast(state[i].data(), int(state[i].size()), MPI_FLOAT, 0, c));
+        sync_->scatter_state(state[i], st[i].data);
+        continue;
+      }
+      if (comm_.rank() == 0) be_.upload(st[i].data, state[i].data(), state[i].size() * sizeof(float));
+      comm_.broadcast(st[i].data, opt_->size(), DType::f32, 0);
+    }
+    opt_->set_steps_taken(updates_);
+    if (resuming) last_saved_ = step_;
+  }
+  if (resuming) resumed_from_ = path;
+  if (rows_) claim_run(resuming ? path : "", resumed_id);
+  // Ranks agree on the initial parameters whatever their seeds: rank 0's win.
+  comm_.broadcast(model_->params(), model_->num_params(), DType::f32, 0);
+  comm_.synchronize();
+}
+
+// A training run's id and its checkpoint folder (rank 0 decides, every rank learns the id), and
+// the run's start record in the metrics.
+void Trainer::claim_run(const std::string& resumed, const std::string& resumed_id) {
+  on_rank0(comm_.mpi(), comm_.rank(), "claiming the checkpoint folder", [&] {
+    if (cfg_.ckpt_dir.empty()) {
+      run_id_ = resumed.empty() || resumed_id.empty() ? new_run_id() : resumed_id;
+      return;
+    }
+    const FolderClaim claim = claim_checkpoint_folder(cfg_.ckpt_dir, resumed, resumed_id, cfg_.start_over);
+    run_id_ = claim.run_id;
+    if (!claim.set_aside.empty())
+      log::info("checkpoint.start_over: the checkpoints that were in " + cfg_.ckpt_dir + " are now in " +
+                claim.set_aside);
+    if (claim.others)
+      log::info(cfg_.ckpt_dir + " also holds " + std::to_string(claim.others) +
+                " checkpoint(s) of other runs: left alone (this run prunes only its own)");
+  });
+  bcast_string(comm_.mpi(), run_id_);
+  if (comm_.rank() != 0) return;
+  std::ostringstream js;
+  js << "{\"run\": \"" << run_id_ << "\", \"start\": \"" << utc_now() << "\", \"resumed_from_step\": " << step_
+     << ", \"world_size\": " << comm_.size() << ", \"global_batch\": " << global_batch() << "}";
+  metrics_->write(js.str());
+  if (cfg_.progress) log::info("run " + run_id_ + (resumed.empty() ? std::string(" starts at step 0") : " continues at step " + std::to_string(step_)));
+}
+
+void Trainer::save_checkpoint() {
+  if (cfg_.ckpt_dir.empty()) return;
+  Checkpoint ck;
+  const bool root = comm_.rank() == 0;
+  // A sharded run's parameters and state are made whole first (collective); then rank 0 alone
+  // writes them, in the unsharded layout.
+  std::vector<float> params;
+  std::vector<std::vector<float>> states;
+  if (sharded() || root) {
+    watchdog::Phase phase("copying the model off the device for a checkpoint");
+    params = params_host();
+    for (auto& s : opt_->state()) states.push_back(state_host(s.data));
+  }
+  if (root) {
+    ck.step = step_;
+    ck.epoch = epoch_;
+    ck.step_in_epoch = step_in_epoch_;
+    ck.samples_seen = samples_seen_;
+    ck.world_size = comm_.size();
+    ck.global_batch = int64_t(cfg_.batch_per_rank) * comm_.size() * cfg_.accumulate;
+    ck.optimizer_updates = updates_;
+    ck.seed = cfg_.seed;
+    ck.optimizer = cfg_.optimizer;
+    ck.config = cfg_.resolved;
+    ck.run_id = run_id_;
+    describe_model(cfg_, *model_, ck);
+    arena_to_tensors(*model_, "model", params, ck.tensors);
+    const auto st = opt_->state();
+    for (size_t i = 0; i < st.size(); ++i) arena_to_tensors(*model_, "optimizer/" + st[i].name, states[i], ck.tensors);
+  }
+  on_rank0(comm_.mpi(), comm_.rank(), "writing a checkpoint", [&] {
+    const std::string path = checkpoint_path(cfg_.ckpt_dir, step_);
+    check_may_write(path, run_id_);
+    write_checkpoint(path, ck);
+    prune_checkpoints(cfg_.ckpt_dir, cfg_.ckpt_keep, run_id_);
+    last_checkpoint_ = path;
+  });
+  last_saved_ = step_;
+}
+
+}  // namespace dpt
