@@ -16,7 +16,8 @@ OPENBLAS_NUM_THREADS=t (OpenBLAS keeps its own pool otherwise), in NCHW and in c
 the best torch variant is the baseline. Every configuration runs --reps times, interleaved, and
 the steady state excludes the first --warm steps (torch) or the first logged interval (dptrain).
 
-Writes bench/results/cpu_cnn_vs_torch-<date -u +%F>.{json,md} and prints a fixed-width table.
+Writes bench/results/<date -u +%F>-<N>core-cnn-vs-pytorch.{json,md} (N = the machine's CPUs) and
+prints a fixed-width table.
 Usage: /usr/bin/python3 bench/cpu_cnn_vs_torch.py [--reps 3] [--steps 600] [--quick]
 """
 import argparse
@@ -186,11 +187,11 @@ def main():
                         "optimizer": "nesterov lr 0.05 momentum 0.9 weight_decay 5e-4"},
            "records": records, "verdict": verdict}
     os.makedirs(a.out_dir, exist_ok=True)
-    stem = os.path.join(a.out_dir, f"cpu_cnn_vs_torch-{date}")
+    stem = os.path.join(a.out_dir, f"{date}-{os.cpu_count()}core-cnn-vs-pytorch")
     with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
-    md = [f"# cpu_cnn_vs_torch — {date}", "",
+    md = [f"# {os.cpu_count()}-core CPU, {date}: inputs/cnn.ini on 2 CPU ranks against PyTorch (bench/cpu_cnn_vs_torch.py)", "",
           f"- machine: {info.get('Model name', '?')}, {info.get('CPU(s)', '?')} CPUs, "
           f"{info.get('Hypervisor vendor', 'bare metal')} guest",
           f"- command: `{cmdline}`",

@@ -30,7 +30,8 @@ so that a change in machine load hits every configuration alike:
              bound for 2 ranks), 1 rank x batch 64 x 1 thread (the single-core speed), and the
              headline run with the OPENBLAS_* variables removed (informational only).
 
-Writes bench/results/cpu_vs_torch-<date -u +%F>.{json,md} and prints a fixed-width table.
+Writes bench/results/<date -u +%F>-<N>core-mlp-vs-pytorch.{json,md} (N = the machine's CPUs) and
+prints a fixed-width table.
 Usage: /usr/bin/python3 bench/cpu_vs_torch.py [--reps 3] [--steps 3000] [--quick]
 """
 import argparse
@@ -450,11 +451,11 @@ def main():
 
     if not a.no_write:
         os.makedirs(a.out_dir, exist_ok=True)
-        stem = os.path.join(a.out_dir, f"cpu_vs_torch-{date}")
+        stem = os.path.join(a.out_dir, f"{date}-{os.cpu_count()}core-mlp-vs-pytorch")
         with open(stem + ".json", "w") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")
-        md = [f"# cpu_vs_torch — {date}", "",
+        md = [f"# {os.cpu_count()}-core CPU, {date}: the default MLP on 2 CPU ranks against PyTorch (bench/cpu_vs_torch.py)", "",
               f"- machine: {info.get('Model name', '?')}, {info.get('CPU(s)', '?')} CPUs "
               f"({info.get('Core(s) per socket', '?')} cores/socket × {info.get('Socket(s)', '?')} socket, "
               f"{info.get('Thread(s) per core', '?')} thread/core), {info.get('Hypervisor vendor', 'bare metal')} guest"

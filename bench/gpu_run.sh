@@ -3,7 +3,7 @@
 # start-up and shut-down phase by phase, bench-step beside the PyTorch peer, the batch-size / lr
 # grid with time to target, logs under $OUT. Expects the executables built here in
 # .gpu/bin, the OpenBLAS runtime in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
-# .gpu/fashion (see bench/README.md, "GPU"). scale12 (2 GPUs) and one12 (1 GPU) are each one
+# .gpu/fashion (see docs/benchmarks.md, "GPU"). scale12 (2 GPUs) and one12 (1 GPU) are each one
 # call of their own (run them alone: `bash bench/gpu_run.sh scale12`).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -288,7 +288,7 @@ if want scale12; then
   # and the compiled step); then a comm.nccl_max_ctas sweep (CTAS) of the fastest variant with
   # bench-step on G GPUs; a summary at the end. Other knobs: GPUS (default nvidia-smi's count),
   # MODEL, PREC, WEAK_B, DDP_COMPILE (none|model|step|both), SCALING_EXTRA (more bench-scaling
-  # arguments, shell-quoted), EXTRA_ENV (above). nccl-tests: see bench/README.md, "GPU".
+  # arguments, shell-quoted), EXTRA_ENV (above). nccl-tests: see docs/benchmarks.md, "GPU".
   deadline=$((SECONDS + ${BUDGET:-500}))
   G=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
   W=${MODEL:-784,4096,4096,4096,4096,10}; PREC=${PREC:-bf16}; WB=${WEAK_B:-4096}; q=${QUICK:-0}
