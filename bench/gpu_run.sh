@@ -33,7 +33,8 @@ nccl_perf() { for f in $B/$1_perf .gpu/nccl-tests/build/$1_perf; do [ -x "$f" ] 
 if want tests; then
   # Each test at most TEST_LIMIT seconds (default 240): a hang costs one test, not the call.
   t() { timeout "${TEST_LIMIT:-240}" "$@"; }
-  { t mpirun -np 1 $B/test_gpu; echo "rc=$?"; t mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
+  { t mpirun -np 1 $B/test_gpu; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_bf16; echo "rc=$?";
+    t mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
     t mpirun -np 1 $B/test_gpu_train; echo "rc=$?"; t mpirun -np 2 $B/test_gpu_train; echo "rc=$?";
     t mpirun -np 4 $B/test_gpu_train; echo "rc=$?";
     t mpirun -np 1 $B/test_core; echo "rc=$?"; t mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?";
@@ -145,7 +146,7 @@ if want epilogues; then
   done
   $B/bench-lt-epilogues --precision bf16 --m 4096 --n 4096 --k 10 > "$OUT/lt-epilogues-bf16-k10.jsonl" 2>&1
   $B/bench-lt-epilogues --precision bf16 --m 4096 --n 4096 --k 784 > "$OUT/lt-epilogues-bf16-k784.jsonl" 2>&1
-  mpirun -np 1 $B/test_gpu --gtest_filter='*Fused*' > "$OUT/fused-test.log" 2>&1; echo "fused test rc=$?"
+  mpirun -np 1 $B/test_gpu_bf16 --gtest_filter='*Fused*' > "$OUT/fused-test.log" 2>&1; echo "fused test rc=$?"
   grep "fused  " "$OUT/fused-test.log"
   grep -h check "$OUT"/lt-epilogues-*.jsonl
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer half of the test suite (called by scripts/test.sh after the main ctest):
-#  1. the fast unit tests (core, layers, data, ckpt, parallel) built with AddressSanitizer and
-#     UndefinedBehaviorSanitizer (DPT_SANITIZE, CPU only) into build-asan/ and run by ctest;
+#  1. the fast unit tests (core, layers, data, data_order, ckpt, parallel) built with
+#     AddressSanitizer and UndefinedBehaviorSanitizer (DPT_SANITIZE, CPU only) into build-asan/
+#     and run by ctest;
 #  2. the libFuzzer targets of fuzz/ built with clang into build-fuzz/ and run for
 #     DPT_FUZZ_SECONDS (default 60) each. DPT_FUZZ_SECONDS=0 skips both.
 set -euo pipefail
@@ -16,8 +17,8 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 
 t0=$SECONDS
 cmake -S . -B build-asan -DDPT_SANITIZE=ON -DDPT_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
-cmake --build build-asan -j"$jobs" --target test_core test_layers test_data test_ckpt test_parallel
-(cd build-asan && ctest --output-on-failure --timeout 900 -R '^test_(core|layers|data|ckpt|parallel)$')
+cmake --build build-asan -j"$jobs" --target test_core test_layers test_data test_data_order test_ckpt test_parallel
+(cd build-asan && ctest --output-on-failure --timeout 900 -R '^test_(core|layers|data|data_order|ckpt|parallel)$')
 echo "fuzz/ci.sh: sanitizer build and tests took $((SECONDS - t0)) s"
 
 t0=$SECONDS

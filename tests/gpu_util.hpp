@@ -1,7 +1,8 @@
 // Helpers of the tests that hold the CUDA backend against the CPU backend (test_gpu,
-// test_gpu_conv): random inputs, device buffers filled from and read back to host vectors,
-// NaN-poisoned outputs (a kernel that skips an element shows), the relative error, a CUDA
-// backend of a precision and that precision's tolerance. A build or machine without a GPU skips.
+// test_gpu_bf16, test_gpu_conv): random inputs, device buffers filled from and read back to host
+// vectors, NaN-poisoned outputs (a kernel that skips an element shows), the relative error, a CUDA
+// backend of a precision and that precision's tolerance, one Linear layer's shape and inputs.
+// A build or machine without a GPU skips.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dpt/backend.hpp"
@@ -69,5 +71,24 @@ inline std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
   o.precision = p;
   return make_cuda_backend(o);
 }
+
+struct Shape { int batch, in, out; };
+
+inline std::string label(Precision p, Act a, const Shape& s) {
+  const char* pn = p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
+  return std::string(pn) + " " + act_name(a) + " batch " + std::to_string(s.batch) + " in " +
+         std::to_string(s.in) + " out " + std::to_string(s.out);
+}
+
+// Inputs of one Linear layer; weights scaled by 1/√in like nn.Linear's init, so z stays O(1)
+// and tanh/sigmoid are not saturated.
+struct LayerData {
+  std::vector<float> x, w, b;
+  LayerData(const Shape& s, uint64_t seed)
+      : x(uniform(size_t(s.batch) * s.in, seed)),
+        w(uniform(size_t(s.out) * s.in, seed + 1, -1.f / std::sqrt(float(s.in)),
+                  1.f / std::sqrt(float(s.in)))),
+        b(uniform(size_t(s.out), seed + 2, -0.5f, 0.5f)) {}
+};
 
 }  // namespace dpt::gpu_test

@@ -18,11 +18,11 @@
 #include <sstream>
 
 #include "dpt/app.hpp"
-#include "dpt/bench.hpp"
 #include "dpt/check.hpp"
+#include "dpt/scaling.hpp"
 
 using namespace dpt;
-using namespace dpt::bench;
+using namespace dpt::scaling;
 namespace fs = std::filesystem;
 
 namespace {

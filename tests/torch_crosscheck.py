@@ -324,7 +324,7 @@ class SplitMix64:
         self.s = (self.s + 0x9E3779B97F4A7C15) & M64
         return mix64(self.s)
 
-    def below(self, n):  # Lemire's multiply-and-reject, as data.cpp
+    def below(self, n):  # Lemire's multiply-and-reject, as src/data/order.cpp
         m = self.next() * n
         if (m & M64) < n:
             t = ((1 << 64) - n) % n

@@ -10,12 +10,12 @@
 #include <cstdio>
 
 #include "dpt/app.hpp"
-#include "dpt/bench.hpp"
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
+#include "dpt/scaling.hpp"
 
 using namespace dpt;
-using namespace dpt::bench;
+using namespace dpt::scaling;
 
 int main(int argc, char** argv) {
   MpiSession mpi(argc, argv);

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <map>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 
 std::vector<AlphaBeta> fit_allreduce(const Table& ar) {
   std::map<int, std::pair<std::vector<double>, std::vector<double>>> by_n;
@@ -122,4 +122,4 @@ Table predict_scaling(const Settings& s, const Table& sc, const std::vector<Alph
   return t;
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

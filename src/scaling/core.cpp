@@ -7,12 +7,12 @@
 #include <cmath>
 #include <cstdio>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/check.hpp"
 #include "dpt/nn.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 
 std::vector<int> subset_sizes(int world, int max_ranks) {
   const int top = max_ranks > 0 ? std::min(world, max_ranks) : world;
@@ -251,4 +251,4 @@ Breakdown breakdown(double step, const std::vector<double>& compute, const std::
   return b;
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

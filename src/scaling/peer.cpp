@@ -15,11 +15,11 @@
 #include <sstream>
 #include <tuple>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 namespace {
 
 namespace fs = std::filesystem;
@@ -358,4 +358,4 @@ Table peer_table(const Settings& s, const Table& sc, const std::vector<PeerRun>&
   return t;
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

@@ -10,9 +10,9 @@
 #include <set>
 #include <sstream>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 
 Crossing first_crossing(const std::vector<EvalPoint>& evals, double target) {
   Crossing c;
@@ -269,4 +269,4 @@ Table time_to_target_table(const Settings& s, const GridResult& g, const std::ve
   return t;
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;  // keeps the tables' and the machine's order
 
@@ -263,4 +263,4 @@ std::vector<std::string> write_report(const Settings& s, const Report& r) {
   return files;
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

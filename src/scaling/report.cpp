@@ -16,10 +16,10 @@
 #include <set>
 #include <sstream>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 #include "dpt/check.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 namespace fs = std::filesystem;
 
 Cell num(double v) {
@@ -296,4 +296,4 @@ const Table* find(const Report& r, const std::string& name) {
 
 }  // namespace
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

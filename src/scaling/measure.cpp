@@ -10,12 +10,12 @@
 #include <numeric>
 
 #include "dpt/app.hpp"
-#include "dpt/bench.hpp"
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
+#include "dpt/scaling.hpp"
 #include "dpt/train.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -470,4 +470,4 @@ Table measure_buckets(Context& cx) {
   return t;
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

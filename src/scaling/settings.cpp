@@ -7,11 +7,11 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 #include "dpt/check.hpp"
 #include "dpt/nn.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 namespace {
 
 const char* kOwnSections[] = {"scaling", "allreduce", "buckets", "grid", "predict", "ddp", "report", "cpu"};
@@ -468,4 +468,4 @@ std::string settings_help() {
   return os.str();
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

@@ -15,12 +15,12 @@
 #include <map>
 #include <sstream>
 
-#include "dpt/bench.hpp"
+#include "dpt/scaling.hpp"
 #include "dpt/check.hpp"
 #include "dpt/log.hpp"
 #include "dpt/train.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 namespace {
 
 namespace fs = std::filesystem;
@@ -433,4 +433,4 @@ GridResult measure_grid(Context& cx, std::vector<std::string>& notes) {
   return g;
 }
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

@@ -25,7 +25,7 @@
 #include "dpt/data.hpp"
 #include "dpt/layer_spec.hpp"
 
-namespace dpt::bench {
+namespace dpt::scaling {
 
 // ---------------------------------------------------------------------------------------------
 // Settings: dptrain's own sections ([model] [data] [train] [comm] [device]) read by dptrain's
@@ -405,4 +405,4 @@ Report report_from_json(const std::string& text, std::string& command, std::stri
 // draws exactly these.
 std::vector<std::pair<std::string, std::string>> plot_list(const Report& r);
 
-}  // namespace dpt::bench
+}  // namespace dpt::scaling

@@ -1,0 +1,368 @@
+// CudaBackendImpl and what its source files share (RAII for the runtime's handles, scratch, the
+// upload ring, streamed batches, cuBLASLt plans); private to src/cuda/. Its members are defined by
+// concern in src/cuda/*.cpp; the overview of the backend heads cuda_backend.cpp.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dpt/cuda_backend.hpp"
+#include "dpt/data.hpp"
+
+namespace dpt::cuda_impl {
+
+// ---- RAII for the runtime's handles ----
+struct StreamDel { void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); } };
+struct EventDel { void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); } };
+struct BlasDel { void operator()(cublasHandle_t h) const noexcept { cublasDestroy(h); } };
+struct LtDel { void operator()(cublasLtHandle_t h) const noexcept { cublasLtDestroy(h); } };
+struct DevDel { void operator()(void* p) const noexcept { cudaFree(p); } };
+struct PinnedDel { void operator()(void* p) const noexcept { cudaFreeHost(p); } };
+using Stream = std::unique_ptr<CUstream_st, StreamDel>;
+using Event = std::unique_ptr<CUevent_st, EventDel>;
+using Blas = std::unique_ptr<cublasContext, BlasDel>;
+using LtHandle = std::unique_ptr<cublasLtContext, LtDel>;
+
+// One cuBLASLt matmul configuration (shape, transposes, alignments, epilogue), planned once: the
+// descriptors and the algorithm chosen by cublasLtMatmulAlgoGetHeuristic. ok == false: cuBLASLt
+// offered nothing for it, and the caller takes the cublasGemmEx path instead.
+struct LtPlan {
+  bool ok = false;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  LtPlan() = default;
+  LtPlan(const LtPlan&) = delete;
+  LtPlan& operator=(const LtPlan&) = delete;
+  ~LtPlan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+using DevPtr = std::unique_ptr<void, DevDel>;
+using PinnedPtr = std::unique_ptr<void, PinnedDel>;
+
+// memory.cpp
+DevPtr dev_alloc(size_t bytes);
+Event make_event();
+
+// A device buffer that grows on demand. The old buffer is retired, not freed: work already queued
+// may still read it, and so may a captured step graph (evaluation runs a larger batch between
+// replays of a step whose graph holds the old address). Retired buffers go with the backend.
+class Scratch {
+ public:
+  void* get(size_t bytes, cudaStream_t s);
+
+ private:
+  DevPtr p_;
+  size_t cap_ = 0;
+  std::vector<DevPtr> retired_;
+};
+
+// Host -> device copies through two pinned slots, so upload() returns as soon as the caller's
+// bytes are in a slot (the caller may then reuse its buffer) without waiting for the GPU. A slot
+// is refilled only after the event recorded behind its previous copy has completed (memory.cpp).
+class UploadRing {
+ public:
+  static constexpr size_t kSlotBytes = size_t(4) << 20;
+  static constexpr int kSlots = 2;
+
+  UploadRing();
+  void upload(void* dst, const void* src, size_t bytes, cudaStream_t s);
+
+ private:
+  PinnedPtr host_[kSlots];
+  Event done_[kSlots];
+  int next_ = 0;
+};
+
+// Micro-batches of a dataset that stays in host memory, streamed through two slots (gather.cpp).
+class BatchStream {
+ public:
+  static constexpr int kSlots = 2;
+
+  BatchStream();
+  ~BatchStream();
+
+  void load(const Dataset& ds, const int64_t* rows, int count, float* x, int32_t* y,
+            cudaStream_t compute);
+
+ private:
+  struct Slot {
+    PinnedPtr host;
+    DevPtr dev;
+    size_t cap = 0;
+    Event copied, consumed;
+  };
+  void grow_iota(size_t n);
+  Stream copy_;
+  Slot slots_[kSlots];
+  DevPtr iota_;  // 0, 1, 2, ...: the rows of a slot
+  size_t iota_n_ = 0;
+  int next_ = 0;
+};
+
+// A dataset kept in device memory, features in their stored type.
+struct Resident {
+  const void* host = nullptr;  // the host array it was copied from (detects a reused address)
+  uint64_t version = 0;        // the Dataset's version it holds (contents replaced in place)
+  int64_t n = 0, dim = 0;
+  bool u8 = true;
+  bool checked = false;        // the decision below has been taken for this dataset
+  bool fits = false;           // false: too large, batches are gathered on the host
+  DevPtr feat, labels;         // (n, dim) uint8 or float32; (n) int32
+};
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  explicit CudaBackendImpl(const BackendOptions& opt);
+  ~CudaBackendImpl() override;
+
+  std::string name() const override { return "cuda"; }
+  std::string describe() const override { return describe_; }
+  bool host_addressable() const override { return false; }
+  int device() const override { return dev_; }
+  cudaStream_t compute_stream() const override { return stream_.get(); }
+  cudaStream_t comm_stream() const override { return comm_.get(); }
+  int fused_layers() const override { return last_fused_; }
+
+  // ---- memory (memory.cpp) ----
+  void* alloc_bytes(size_t bytes) override;
+  void free_bytes(void* p) noexcept override;
+  void upload(void* dst, const void* src, size_t bytes) override;
+  void download(void* dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void fill(float* p, size_t n, float v) override;
+  void scale(float* p, size_t n, float a) override;
+
+  // ---- the bf16 copies of fp32 data (bf16_copies.cpp) ----
+  void register_parameters(float* p, size_t n) override;
+  void note_device_write(const void* p, size_t bytes) override;
+  uint16_t* param_shadow(const float* p, size_t n) override;
+  void note_shadow_write(const float* p, size_t n) override;
+
+  // ---- the side lane, bf16 on the wire, synchronisation (cuda_backend.cpp) ----
+  void set_side(bool on) override;
+  void side_wait() override;
+  void main_wait() override;
+  void to_bf16(const float* src, uint16_t* dst, size_t n) override;
+  void from_bf16(const uint16_t* src, float* dst, size_t n, StepCtl* ctl) override;
+  void synchronize() override;
+
+  // ---- Linear layers one at a time, and the loss (linear.cpp) ----
+  void linear_forward(const float* x, const float* w, const float* b, float* z, float* a,
+                      int batch, int in, int out, Act act) override;
+  void linear_fwd(const float* x, const float* w, const float* b, float* z, float* a, int batch,
+                  int in, int out, Act act, bool a16_twin);
+  void linear_backward(const float* x, const float* w, const float* z, const float* a, float* da,
+                       int batch, int in, int out, Act act, float* dw, float* db, float* dx,
+                       bool accumulate) override;
+  float* bgrad_partial(int batch, int out);
+  // The weight gradient dw (out,in) = dzᵀ·x as one GEMM's operands (C = dwᶜ, in×out), made once
+  // per layer so that row pieces of dw can be computed one by one (wgrad_rows).
+  struct Wgrad {
+    bool ta = false, tb = true;
+    const void* A = nullptr;
+    const void* B = nullptr;
+    int lda = 0, ldb = 0;
+    size_t esz = 4;  // bytes per element of B
+  };
+  Wgrad wgrad_ops(const float* x, const void* x16, const float* dz, const void* dz16, int batch,
+                  int in, int out);
+  void wgrad_rows(const Wgrad& w, int batch, int in, int r0, int r1, float* dw, float beta);
+  void weight_grad(const float* x, const void* x16, const float* dz, const void* dz16, int batch,
+                   int in, int out, float* dw, float beta);
+  void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
+                    float grad_scale, float* dlogits, float* stats) override;
+
+  // ---- the whole MLP: bf16 hidden ReLU activations that never exist in fp32 (mlp_fused.cpp) ----
+  void mlp_forward(const float* x, int batch, const std::vector<LinearArgs>& L) override;
+  void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& L, float* d0, float* d1,
+                    bool accumulate, const PassHooks& hooks, float* dx0) override;
+
+  // ---- convolutional networks (conv_path.cpp) ----
+  void im2col(const float* x, const ConvGeom& g, float* cols) override;
+  void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z, float* a,
+                    const ConvGeom& g, Act act) override;
+  void col2im(const float* dcols, const ConvGeom& g, float* dx) override;
+  void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) override;
+  void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+                     bool max) override;
+  void act_forward(const float* z, float* a, size_t n, Act act) override;
+  void act_backward(float* da, const float* z, const float* a, size_t n, Act act) override;
+  void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) override;
+  void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) override;
+  void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl) override;
+  void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
+               const int32_t* draws, const StepCtl* ctl, int64_t offset) override;
+
+  // ---- the optimizers' launches (optim_launch.cpp) ----
+  void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n,
+                      const OptimStep& h) override;
+  void layer_sums(const float* p, const float* g, float* s1, float* s2, size_t lo, size_t n,
+                  const std::vector<TensorSeg>& segs, const OptimStep& h, const float* lr_table,
+                  const StepCtl* ctl, float* sums) override;
+  void layer_apply(float* p, const float* g, float* s1, float* s2, size_t lo, size_t n,
+                   const std::vector<TensorSeg>& segs, const float* sums, const OptimStep& h,
+                   const float* lr_table, const StepCtl* ctl) override;
+  bool all_finite(const float* p, size_t n) override;
+  void check_finite(const float* g, size_t n, StepCtl* ctl) override;
+  void optimizer_step_at(float* p, const float* g, float* s1, float* s2, size_t n,
+                         const OptimStep& h, const float* lr_table, StepCtl* ctl, bool flag) override;
+  void end_step(StepCtl* ctl, int64_t global_batch, bool sticky) override;
+
+  // ---- data (gather.cpp) ----
+  void load_batch(const Dataset& ds, const int64_t* rows, int count, float* x,
+                  int32_t* y) override;
+  void load_batch_at(const Dataset& ds, const int64_t* order, const StepCtl* ctl, int64_t offset,
+                     int count, float* x, int32_t* y, const int64_t* host_rows) override;
+  bool can_capture(const Dataset& ds) override;
+  void refresh_dataset(const Dataset& ds) override;
+
+  // ---- the step graph and its hooks (graph.cpp) ----
+  std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture) override;
+  void refresh_shadows();
+  void capture_begin();
+  bool capture_leaves_stale() const;
+  void mark_shadows_stale();
+
+ private:
+  // A bf16 copy of the fp32 parameter arena, kept equal to bf16_rn(arena) whenever !dirty.
+  struct Shadow {
+    float* p = nullptr;
+    size_t n = 0;
+    DevPtr w16;
+    bool dirty = true;
+  };
+  // A bf16 copy of fp32 data at a fixed address (an activation, a batch): its first `valid`
+  // elements equal bf16_rn of the fp32 ones. Sized once to the end of the allocation holding the
+  // address, so it never moves (a captured graph may hold its address).
+  struct Twin {
+    DevPtr buf;
+    size_t cap = 0;    // elements
+    size_t valid = 0;  // elements
+  };
+
+  bool bf16() const { return precision_ == Precision::bf16; }
+  // Where the lane-aware ops enqueue (Backend::set_side).
+  cudaStream_t lane() const { return side_ ? comm_.get() : stream_.get(); }
+
+  static bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+    const auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+    return an && bn && a0 < b0 + bn && b0 < a0 + an;
+  }
+
+  // bf16_copies.cpp
+  void note_write(const void* p, size_t bytes);
+  void* note_update(float* p, float* s1, float* s2, size_t n);
+  void forget(void* p) noexcept;
+  void* twin_slot(const float* p, size_t n);
+  const void* as_bf16(const float* p, size_t n, Scratch& fallback);
+  // graph.cpp
+  bool capturing() const;
+
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
+  static constexpr int kLtCandidates = 8;  // heuristic results asked for (DPT_LT_ALGO < this)
+
+  // cuda_backend.cpp
+  static int pick_device(const BackendOptions& opt);
+  std::string make_description() const;
+
+  // gemm.cpp
+  bool gemm(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B,
+            int ldb, float* C, int ldc, float beta, const float* bias = nullptr);
+  // One cuBLASLt GEMM configuration: everything its plan depends on, the pointers' alignments
+  // included (the heuristic otherwise assumes 256 bytes). D is C (same type and layout).
+  struct LtSpec {
+    int ta = 0, tb = 0, m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+    int beta_nonzero = 0;
+    int epi = CUBLASLT_EPILOGUE_DEFAULT;  // DEFAULT, BIAS or RELU_BIAS
+    int d_type = CUDA_R_32F;              // fp32, or bf16 (the fused path's activations)
+    int bias_type = CUDA_R_32F;           // the bias's type (fp32, or bf16 where cuBLASLt wants it)
+    int alA = 256, alB = 256, alC = 256, alBias = 0;
+    auto key() const {
+      return std::make_tuple(ta, tb, m, n, k, lda, ldb, ldc, beta_nonzero, epi, d_type, bias_type,
+                             alA, alB, alC, alBias);
+    }
+    bool operator<(const LtSpec& o) const { return key() < o.key(); }
+  };
+  LtSpec spec(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb,
+              const void* C, int ldc, float beta, int d_type = CUDA_R_32F) const;
+  bool lt_matmul(const LtSpec& sp, const void* A, const void* B, void* D, float beta,
+                 const void* bias);
+  const LtPlan& lt_plan(LtSpec sp, const void* bias);
+  void make_lt_plan(LtPlan& pl, const LtSpec& sp, const void* bias);
+
+  // ---- the fused path's state and GEMMs (see mlp_forward) ----
+  struct Decision {
+    std::vector<char> on, bias16;  // per layer: fused; its bias taken in bf16
+  };
+  struct Fusion {
+    std::vector<LinearArgs> layers;    // the model it was made for
+    std::map<int, Decision> by_batch;  // decided on the first (eager) call with a batch size
+    const Decision* d = nullptr;       // the current batch's
+    Scratch dz16[2];                   // bf16 dz of the current layer and of the one below
+    size_t widest = 0;
+    int fwd_batch = -1;                // batch of the last mlp_forward (the twins hold it)
+  };
+  struct FusedGemm {
+    LtSpec sp;
+    const void* A = nullptr;
+    const void* B = nullptr;
+    void* D = nullptr;
+    const void* bias = nullptr;
+  };
+  // mlp_fused.cpp
+  FusedGemm fused_forward_gemm(const std::vector<LinearArgs>& L, size_t i, const void* B, int batch,
+                               bool bias16);
+  FusedGemm fused_backward_gemm(const std::vector<LinearArgs>& L, size_t i, const void* w16,
+                                const void* dz16, void* D, int batch);
+  const void* twin_of(const float* a) const;
+  Fusion& fusion_for(const float* x, int batch, const std::vector<LinearArgs>& L);
+
+  // gather.cpp
+  const Resident& resident(const Dataset& ds);
+
+  Precision precision_;
+  int dev_ = 0;
+  std::string describe_;
+  // Declaration order is destruction order reversed: streams outlive everything that uses them.
+  Stream stream_, comm_;
+  Event to_side_, to_main_;  // side_wait / main_wait
+  bool side_ = false;        // lane-aware ops go to the comm stream
+  DevPtr workspace_;
+  Blas blas_;
+  LtHandle lt_;  // null when DPT_CUBLASLT=0
+  bool use_lt_ = false;
+  int lt_algo_index_ = 0;
+  std::map<LtSpec, std::unique_ptr<LtPlan>> lt_plans_;  // destroyed before lt_ (declared after)
+  std::unique_ptr<UploadRing> ring_;
+  std::unique_ptr<BatchStream> stream_batches_;  // made on first use
+  bool stream_data_ = false;                     // DPT_STREAM_DATA=1: never keep data resident
+  BatchStream& batch_stream();                    // made on first use (gather.cpp)
+  Scratch bf16_a_, bf16_b_, bf16_c_, bf16_dz_, partial_, row_loss_, row_ok_, flag_, rows_;
+  bool fuse_ = true;                             // DPT_LT_FUSE (default 1): ReLU epilogues
+  int last_fused_ = 0;                           // hidden layers fused in the last mlp_forward
+  bool fusion_said_ = false;                     // the fused path's start-up line was logged
+  std::map<const float*, Fusion> fusions_;       // per model, keyed by its logits buffer
+  Scratch layer_partial_;  // LARS/LAMB: per-block partial sums of squares
+  Scratch tposed_x_, tposed_dz_;  // tf32: K-major copies of the weight gradient's operands
+  int tf32_transpose_ = 1;        // DPT_TF32_TRANSPOSE: 0 none, 1 the smaller operand, 2 both
+  static constexpr int kMaxTransposeRows = 65535 * 32;  // the transpose kernel's grid
+  std::map<const Dataset*, Resident> resident_;
+  std::map<uintptr_t, size_t> allocs_;  // alloc_bytes: address -> bytes
+  std::vector<Shadow> shadows_;          // bf16 only
+  std::map<const float*, Twin> twins_;   // bf16 only
+};
+
+}  // namespace dpt::cuda_impl

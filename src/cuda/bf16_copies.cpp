@@ -1,0 +1,127 @@
+// bf16 precision's derived copies of fp32 data: the weight shadow of a registered parameter
+// arena and the activations' twins, and the bookkeeping that drops or marks them stale when
+// their fp32 source is written (the scheme is described at the top of cuda_backend.cpp).
+#include <cuda_runtime.h>
+
+#include <iterator>
+
+#include "backend_impl.hpp"
+#include "kernels.cuh"
+
+namespace dpt::cuda_impl {
+
+void CudaBackendImpl::register_parameters(float* p, size_t n) {
+  if (precision_ != Precision::bf16 || !p || n == 0) return;
+  for (auto it = shadows_.begin(); it != shadows_.end();)
+    it = overlaps(it->p, it->n * sizeof(float), p, n * sizeof(float)) ? shadows_.erase(it) : it + 1;
+  Shadow sh;
+  sh.p = p;
+  sh.n = n;
+  sh.w16 = dev_alloc(n * 2);
+  sh.dirty = true;  // filled from the fp32 arena before its first use
+  shadows_.push_back(std::move(sh));
+}
+
+void CudaBackendImpl::note_device_write(const void* p, size_t bytes) { note_write(p, bytes); }
+
+uint16_t* CudaBackendImpl::param_shadow(const float* p, size_t n) {
+  for (Shadow& sh : shadows_)
+    if (p >= sh.p && p + n <= sh.p + sh.n) return static_cast<uint16_t*>(sh.w16.get()) + (p - sh.p);
+  return nullptr;
+}
+
+// Written by an all-gather of the shadow itself: nothing derived from it to drop, and it must
+// not be refreshed from the fp32 arena (stale there outside this rank's shards).
+void CudaBackendImpl::note_shadow_write(const float* p, size_t n) { (void)p; (void)n; }
+
+// Host-side bookkeeping of a write to [p, p + bytes): copies derived from it are dropped
+// (twins) or marked stale (weight shadows). Every op that writes backend memory calls it for
+// its outputs before it enqueues; the NCCL transport calls note_device_write.
+void CudaBackendImpl::note_write(const void* p, size_t bytes) {
+  if (!p || bytes == 0) return;
+  for (Shadow& sh : shadows_)
+    if (overlaps(sh.p, sh.n * sizeof(float), p, bytes)) sh.dirty = true;
+  for (auto& t : twins_)
+    if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, bytes))
+      t.second.valid = 0;
+}
+
+// The optimizer writes p, s1, s2. When [p, p + n) lies in a registered arena it also writes the
+// shadow's slice (returned), which then stays as fresh as it was; otherwise the arena is noted.
+void* CudaBackendImpl::note_update(float* p, float* s1, float* s2, size_t n) {
+  void* p16 = nullptr;
+  for (Shadow& sh : shadows_)
+    if (p >= sh.p && p + n <= sh.p + sh.n && n)
+      p16 = static_cast<uint16_t*>(sh.w16.get()) + (p - sh.p);
+  if (p16) {
+    for (auto& t : twins_)
+      if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, n * sizeof(float)))
+        t.second.valid = 0;
+  } else {
+    note_write(p, n * sizeof(float));
+  }
+  if (s1) note_write(s1, n * sizeof(float));
+  if (s2) note_write(s2, n * sizeof(float));
+  return p16;
+}
+
+// free_bytes(p): drop what the backend derived from the allocation at p.
+void CudaBackendImpl::forget(void* p) noexcept {
+  auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == allocs_.end()) return;
+  const size_t bytes = it->second;
+  allocs_.erase(it);
+  for (auto t = twins_.begin(); t != twins_.end();)
+    t = overlaps(t->first, 1, p, bytes) ? twins_.erase(t) : std::next(t);
+  for (auto sh = shadows_.begin(); sh != shadows_.end();)
+    sh = overlaps(sh->p, 1, p, bytes) ? shadows_.erase(sh) : sh + 1;
+  for (auto f = fusions_.begin(); f != fusions_.end();)
+    f = overlaps(f->first, 1, p, bytes) ? fusions_.erase(f) : std::next(f);
+}
+
+// The twin buffer of p for n elements, created on first use (never while a graph is being
+// captured: then nullptr); nullptr where p is not in an allocation of this backend.
+void* CudaBackendImpl::twin_slot(const float* p, size_t n) {
+  if (n == 0) return nullptr;
+  auto it = twins_.find(p);
+  if (it == twins_.end()) {
+    const auto key = reinterpret_cast<uintptr_t>(p);
+    auto al = allocs_.upper_bound(key);
+    if (al == allocs_.begin()) return nullptr;
+    --al;
+    if (key >= al->first + al->second || capturing()) return nullptr;
+    Twin t;
+    t.cap = (al->first + al->second - key) / sizeof(float);
+    t.buf = dev_alloc(t.cap * 2);
+    it = twins_.emplace(p, std::move(t)).first;
+  }
+  return it->second.cap >= n ? it->second.buf.get() : nullptr;
+}
+
+// The bf16 operand for fp32 data [p, p + n): the weight shadow's slice when p lies in a
+// registered arena (refreshed first if stale); else p's twin when it is valid; else p is
+// converted into its twin (kept for later uses until p is written) or, failing that, into
+// `fallback`.
+const void* CudaBackendImpl::as_bf16(const float* p, size_t n, Scratch& fallback) {
+  cudaStream_t s = stream_.get();
+  for (Shadow& sh : shadows_)
+    if (p >= sh.p && p + n <= sh.p + sh.n) {
+      if (sh.dirty) {
+        cuda::to_bf16(sh.p, sh.w16.get(), sh.n, s);
+        sh.dirty = false;
+      }
+      return static_cast<const uint16_t*>(sh.w16.get()) + (p - sh.p);
+    }
+  auto it = twins_.find(p);
+  if (it != twins_.end() && it->second.valid >= n) return it->second.buf.get();
+  if (void* t = twin_slot(p, n)) {
+    cuda::to_bf16(p, t, n, s);
+    twins_[p].valid = n;
+    return t;
+  }
+  void* f = fallback.get(n * 2, s);
+  cuda::to_bf16(p, f, n, s);
+  return f;
+}
+
+}  // namespace dpt::cuda_impl

@@ -1,0 +1,80 @@
+// Convolutional networks on the CUDA backend: conv.cu's kernels (im2col / col2im, pooling,
+// activations, NHWC <-> NCHW, dropout, augmentation); the GEMMs are linear.cpp's.
+#include "backend_impl.hpp"
+#include "conv_kernels.cuh"
+#include "kernels.cuh"
+
+namespace dpt::cuda_impl {
+
+// ---- convolutional networks: conv.cu's kernels; the GEMMs are linear_forward/backward's ----
+void CudaBackendImpl::im2col(const float* x, const ConvGeom& g, float* cols) {
+  note_write(cols, size_t(g.rows()) * size_t(g.cols()) * sizeof(float));
+  cuda::im2col(x, g, cols, false, stream_.get());
+}
+
+// bf16: the columns go straight into the bf16 twin of cols (never written in fp32), which
+// linear_forward and then conv_backward's linear_backward take as their input operand.
+void CudaBackendImpl::conv_forward(const float* x, const float* w, const float* b, float* cols, float* z, float* a,
+                                   const ConvGeom& g, Act act) {
+  const size_t n = size_t(g.rows()) * size_t(g.cols());
+  void* c16 = bf16() ? twin_slot(cols, n) : nullptr;
+  if (!c16) {
+    Backend::conv_forward(x, w, b, cols, z, a, g, act);
+    return;
+  }
+  note_write(cols, n * sizeof(float));
+  cuda::im2col(x, g, c16, true, stream_.get());
+  twins_[cols].valid = n;
+  linear_fwd(cols, w, b, z, a, g.rows(), g.cols(), g.out, act, false);
+}
+
+void CudaBackendImpl::col2im(const float* dcols, const ConvGeom& g, float* dx) {
+  note_write(dx, size_t(g.batch) * g.h * g.w * g.c * sizeof(float));
+  cuda::col2im(dcols, g, dx, stream_.get());
+}
+
+void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
+  const size_t n = size_t(g.batch) * g.oh() * g.ow() * g.c;
+  note_write(y, n * sizeof(float));
+  if (max) note_write(argmax, n * sizeof(int32_t));
+  cuda::pool_forward(x, y, argmax, g, max, stream_.get());
+}
+
+void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+                                    bool max) {
+  note_write(dx, size_t(g.batch) * g.h * g.w * g.c * sizeof(float));
+  cuda::pool_backward(dy, argmax, dx, g, max, stream_.get());
+}
+
+void CudaBackendImpl::act_forward(const float* z, float* a, size_t n, Act act) {
+  note_write(a, n * sizeof(float));
+  cuda::act_forward(z, a, n, act, stream_.get());
+}
+
+void CudaBackendImpl::act_backward(float* da, const float* z, const float* a, size_t n, Act act) {
+  note_write(da, n * sizeof(float));
+  cuda::act_backward(da, z, a, n, act, stream_.get());
+}
+
+void CudaBackendImpl::nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) {
+  note_write(dst, size_t(batch) * c * hw * sizeof(float));
+  cuda::batched_transpose(src, dst, batch, hw, c, stream_.get());
+}
+
+void CudaBackendImpl::nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) {
+  note_write(dst, size_t(batch) * c * hw * sizeof(float));
+  cuda::batched_transpose(src, dst, batch, c, hw, stream_.get());
+}
+
+void CudaBackendImpl::dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl) {
+  note_write(y, size_t(batch) * d.c * d.h * d.w * sizeof(float));
+  cuda::dropout(x, y, batch, d, ctl, stream_.get());
+}
+
+void CudaBackendImpl::augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
+                              const int32_t* draws, const StepCtl* ctl, int64_t offset) {
+  note_write(y, size_t(batch) * c * h * w * sizeof(float));
+  cuda::augment(x, y, batch, c, h, w, pad, draws, ctl, offset, stream_.get());
+}
+
+}  // namespace dpt::cuda_impl

@@ -1,0 +1,109 @@
+// The CUDA backend's memory: device allocations and events, growing scratch, host -> device
+// copies through the pinned upload ring, and the backend's allocate / free / upload / download /
+// copy / fill / scale.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backend_impl.hpp"
+#include "dpt/cuda_check.hpp"
+#include "dpt/log.hpp"
+#include "kernels.cuh"
+
+namespace dpt::cuda_impl {
+
+DevPtr dev_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
+  return DevPtr(p);
+}
+
+Event make_event() {
+  cudaEvent_t e = nullptr;
+  DPT_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return Event(e);
+}
+
+void* Scratch::get(size_t bytes, cudaStream_t s) {
+  (void)s;
+  if (bytes > cap_) {
+    if (p_) retired_.push_back(std::move(p_));
+    cap_ = 0;
+    p_ = dev_alloc(bytes);
+    cap_ = bytes;
+  }
+  return p_.get();
+}
+
+UploadRing::UploadRing() {
+  for (int k = 0; k < kSlots; ++k) {
+    void* p = nullptr;
+    DPT_CHECK_CUDA(cudaMallocHost(&p, kSlotBytes));
+    host_[k].reset(p);
+    done_[k] = make_event();
+  }
+}
+
+void UploadRing::upload(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  for (size_t off = 0; off < bytes; off += kSlotBytes) {
+    const size_t len = std::min(kSlotBytes, bytes - off);
+    const int k = next_;
+    next_ = (next_ + 1) % kSlots;
+    DPT_CHECK_CUDA(cudaEventSynchronize(done_[k].get()));  // never-recorded: returns at once
+    std::memcpy(host_[k].get(), static_cast<const char*>(src) + off, len);
+    DPT_CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + off, host_[k].get(), len,
+                                   cudaMemcpyHostToDevice, s));
+    DPT_CHECK_CUDA(cudaEventRecord(done_[k].get(), s));
+  }
+}
+
+void* CudaBackendImpl::alloc_bytes(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
+  if (p) allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  return p;
+}
+
+// cudaFree waits for the device, so no stream can still be using p afterwards.
+void CudaBackendImpl::free_bytes(void* p) noexcept {
+  if (!p) return;
+  forget(p);
+  const cudaError_t rc = cudaFree(p);
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    try { log::warn(std::string("cudaFree failed: ") + cudaGetErrorString(rc)); } catch (...) {}
+  }
+}
+
+void CudaBackendImpl::upload(void* dst, const void* src, size_t bytes) {
+  note_write(dst, bytes);
+  ring_->upload(dst, src, bytes, stream_.get());
+}
+
+// Ordered after everything on the compute stream. A collective's result is covered once
+// Comm::synchronize() has made the compute stream wait for the comm stream.
+void CudaBackendImpl::download(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  DPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_.get()));
+  DPT_CHECK_CUDA(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaBackendImpl::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  note_write(dst, bytes);
+  DPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+}
+
+void CudaBackendImpl::fill(float* p, size_t n, float v) {
+  note_write(p, n * sizeof(float));
+  cuda::fill(p, n, v, lane());
+}
+
+void CudaBackendImpl::scale(float* p, size_t n, float a) {
+  note_write(p, n * sizeof(float));
+  cuda::scale(p, n, a, stream_.get());
+}
+
+}  // namespace dpt::cuda_impl

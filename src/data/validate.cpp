@@ -1,0 +1,337 @@
+// Opening a dataset file and checking it against the layout of DESIGN.md: every way a file can
+// break it ends in InputError naming the file, the dataset or attribute and the problem; sizes are
+// checked against the file's storage and the machine's memory before anything large is allocated.
+#include "internal.hpp"
+
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "dpt/check.hpp"
+
+namespace dpt {
+using namespace data_internal;
+namespace {
+
+std::string type_name(hid_t t) {
+  const H5T_class_t c = H5Tget_class(t);
+  const size_t bits = H5Tget_size(t) * 8;
+  switch (c) {
+    case H5T_INTEGER:
+      return (H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+    case H5T_FLOAT: {
+      const bool ieee = H5Tequal(t, H5T_IEEE_F32LE) > 0 || H5Tequal(t, H5T_IEEE_F32BE) > 0 ||
+                        H5Tequal(t, H5T_IEEE_F64LE) > 0 || H5Tequal(t, H5T_IEEE_F64BE) > 0;
+      return "float" + std::to_string(bits) + (ieee ? "" : " (non-IEEE layout)");
+    }
+    case H5T_STRING: return "string";
+    case H5T_COMPOUND: return "compound";
+    case H5T_ENUM: return "enum";
+    case H5T_ARRAY: return "array";
+    default: return "HDF5 type class " + std::to_string(int(c));
+  }
+}
+
+bool is_u8(hid_t t) {
+  return H5Tget_class(t) == H5T_INTEGER && H5Tget_size(t) == 1 && H5Tget_sign(t) == H5T_SGN_NONE;
+}
+bool is_f32(hid_t t) {
+  return H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 4 &&
+         (H5Tequal(t, H5T_IEEE_F32LE) > 0 || H5Tequal(t, H5T_IEEE_F32BE) > 0);
+}
+bool is_label_int(hid_t t) {
+  const size_t s = H5Tget_size(t);
+  return H5Tget_class(t) == H5T_INTEGER && H5Tget_sign(t) == H5T_SGN_2 && (s == 4 || s == 8);
+}
+
+// ---------------------------------------------------------------- opening and checking
+
+// sparse: the caller reads scattered rows (data.read = shard). HDF5 reads a contiguous dataset
+// through a 64 KiB sieve buffer by default, which pulls in the rows around each one asked for
+// (2 ranks of Fashion-MNIST: each read the whole file); without it only the rows asked for are read.
+Hid open_file(const std::string& path, bool sparse = false) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) bad(path, std::string("cannot open: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) bad(path, "not a regular file");
+  quiet_hdf5();
+  if (H5Fis_hdf5(path.c_str()) <= 0) bad(path, "not an HDF5 file");
+  Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!fapl.ok() || (sparse && H5Pset_sieve_buf_size(fapl.get(), 0) < 0))
+    bad(path, "cannot set up file access: " + hdf5_error_string());
+  Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+  if (!f.ok()) bad(path, "cannot open as HDF5 (truncated or corrupt?): " + hdf5_error_string());
+  return f;
+}
+
+Hid open_dataset(const std::string& path, hid_t file, const char* name) {
+  const std::string n = std::string("/") + name;
+  if (H5Lexists(file, name, H5P_DEFAULT) <= 0) bad(path, n + ": missing (required dataset)");
+  Hid d(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+  if (!d.ok()) bad(path, n + ": not a readable dataset: " + hdf5_error_string());
+  return d;
+}
+
+std::vector<hsize_t> dims_of(const std::string& path, hid_t dset, const std::string& name) {
+  Hid space(H5Dget_space(dset), H5Sclose);
+  if (!space.ok() || H5Sget_simple_extent_type(space.get()) != H5S_SIMPLE)
+    bad(path, name + ": has no simple dataspace (scalar or null)");
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0) bad(path, name + ": unreadable dataspace");
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  if (rank > 0 && H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr) < 0)
+    bad(path, name + ": unreadable dataspace");
+  return dims;
+}
+
+std::string shape_str(const std::vector<hsize_t>& d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + ")";
+}
+
+// Chunk shapes come from the file, and HDF5 1.10 sizes its buffers from them while trusting
+// what the filter returns: a chunk larger than the dataset (a flipped bit) or a chunk that
+// inflates to fewer bytes than the chunk holds makes H5Dread read past a heap buffer.
+uint64_t check_chunk_shape(const std::string& path, hid_t dset, hid_t dcpl,
+                           const std::string& name, const std::vector<hsize_t>& dims, size_t elem) {
+  const int rank = int(dims.size());
+  std::vector<hsize_t> chunk(dims.size()), maxdims(dims.size());
+  Hid space(H5Dget_space(dset), H5Sclose);
+  if (H5Pget_chunk(dcpl, rank, chunk.data()) != rank || !space.ok() ||
+      H5Sget_simple_extent_dims(space.get(), nullptr, maxdims.data()) != rank)
+    bad(path, name + ": chunk rank differs from the dataset rank (corrupt file)");
+  uint64_t bytes = elem, grid = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (chunk[size_t(i)] > 0) grid *= (dims[size_t(i)] + chunk[size_t(i)] - 1) / chunk[size_t(i)];
+    if (grid > (uint64_t(1) << 24))
+      bad(path, name + ": chunk shape " + shape_str(chunk) + " splits dataset shape " +
+                    shape_str(dims) + " into more than 16M chunks");
+    const bool fixed = maxdims[size_t(i)] != H5S_UNLIMITED;
+    if (chunk[size_t(i)] == 0 || (fixed && chunk[size_t(i)] > std::max<hsize_t>(maxdims[size_t(i)], 1)) ||
+        !mul_ok(bytes, chunk[size_t(i)], bytes) || bytes > (uint64_t(1) << 32))
+      bad(path, name + ": chunk shape " + shape_str(chunk) + " does not fit dataset shape " +
+                    shape_str(dims) + " (corrupt file)");
+  }
+  return bytes;
+}
+
+// True when the filter pipeline is deflate, optionally with shuffle (what h5py's gzip writes):
+// the pipelines whose output size we can check ourselves.
+bool deflate_pipeline(hid_t dcpl, unsigned* deflate_bit) {
+  const int n = H5Pget_nfilters(dcpl);
+  bool deflate = false;
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0;
+    size_t nelmts = 0;
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, unsigned(i), &flags, &nelmts, nullptr, 0,
+                                           nullptr, nullptr);
+    if (id == H5Z_FILTER_DEFLATE) { deflate = true; *deflate_bit = 1u << i; }
+    else if (id != H5Z_FILTER_SHUFFLE) return false;
+  }
+  return deflate;
+}
+
+// Bytes a zlib stream inflates to; -1 when it is not a complete, checksummed stream.
+int64_t inflated_size(const std::vector<uint8_t>& in) {
+  z_stream z{};
+  if (inflateInit(&z) != Z_OK) return -1;
+  z.next_in = const_cast<Bytef*>(in.data());
+  z.avail_in = uInt(in.size());
+  unsigned char out[1 << 16];
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    z.next_out = out;
+    z.avail_out = sizeof out;
+    rc = inflate(&z, Z_NO_FLUSH);
+  }
+  const int64_t total = int64_t(z.total_out);
+  inflateEnd(&z);
+  return rc == Z_STREAM_END ? total : -1;
+}
+
+// Inflates every stored chunk once and checks it fills its chunk: the guard against the
+// over-read above. Costs one extra decompression at load, which is small next to training.
+void check_deflate_chunks(const std::string& path, hid_t dset, hid_t dcpl, const std::string& name,
+                          const std::vector<hsize_t>& dims, uint64_t chunk_bytes) {
+  unsigned deflate_bit = 0;
+  if (!deflate_pipeline(dcpl, &deflate_bit)) return;  // HDF5 alone vouches for other filters
+  std::vector<hsize_t> chunk(dims.size()), at(dims.size(), 0);
+  H5Pget_chunk(dcpl, int(dims.size()), chunk.data());
+  std::vector<uint8_t> raw;
+  for (;;) {  // odometer over the chunk grid
+    unsigned mask = 0;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
+    if (H5Dget_chunk_info_by_coord(dset, at.data(), &mask, &addr, &size) < 0)
+      bad(path, name + ": unreadable chunk index at " + shape_str(at) + " (corrupt file)");
+    if (addr != HADDR_UNDEF) {
+      raw.resize(size_t(size));
+      uint32_t filters = 0;
+      if (H5Dread_chunk(dset, H5P_DEFAULT, at.data(), &filters, raw.data()) < 0)
+        bad(path, name + ": unreadable chunk at " + shape_str(at) + ": " + hdf5_error_string());
+      const int64_t got = (filters & deflate_bit) ? int64_t(size) : inflated_size(raw);
+      if (got < 0)
+        bad(path, name + ": chunk at " + shape_str(at) + " is corrupt (not a valid gzip stream)");
+      if (got < int64_t(chunk_bytes))
+        bad(path, name + ": chunk at " + shape_str(at) + " is corrupt (inflates to " +
+                      std::to_string(got) + " of " + std::to_string(chunk_bytes) + " bytes)");
+    }
+    size_t i = dims.size();
+    while (i > 0 && (at[i - 1] += chunk[i - 1]) >= dims[i - 1]) at[--i] = 0;
+    if (i == 0) return;
+  }
+}
+
+// Rejects layouts that read outside the file (external raw data, virtual datasets) and
+// dimensions the stored bytes cannot back: unfiltered data must have storage for every byte;
+// filtered (compressed) data gets deflate's ~1000:1 worst case with headroom.
+void check_storage(const std::string& path, hid_t file, hid_t dset, const std::string& name,
+                   const std::vector<hsize_t>& dims, size_t elem, uint64_t bytes) {
+  Hid dcpl(H5Dget_create_plist(dset), H5Pclose);
+  if (!dcpl.ok()) bad(path, name + ": unreadable creation properties");
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED && layout != H5D_COMPACT)
+    bad(path, name + ": unsupported storage layout (virtual or unknown)");
+  if (H5Pget_external_count(dcpl.get()) != 0)
+    bad(path, name + ": stored in external files, which are not supported");
+  const int nfilters = H5Pget_nfilters(dcpl.get());
+  const uint64_t storage = H5Dget_storage_size(dset);
+  hsize_t file_size = 0;
+  if (H5Fget_filesize(file, &file_size) < 0 || storage > file_size)
+    bad(path, name + ": claims " + std::to_string(storage) + " bytes of storage in a file of " +
+                  std::to_string(file_size) + " (truncated or corrupt)");
+  const uint64_t ratio = nfilters > 0 ? 4096 : 1;
+  uint64_t backed = 0;
+  if (!mul_ok(storage, ratio, backed)) backed = UINT64_MAX;
+  if (backed < bytes)
+    bad(path, name + ": dimensions need " + std::to_string(bytes) + " bytes but the file stores " +
+                  std::to_string(storage) + (nfilters > 0 ? " compressed" : "") +
+                  " (absurd dimensions or truncated data)");
+  if (layout != H5D_CHUNKED) return;
+  const uint64_t chunk_bytes = check_chunk_shape(path, dset, dcpl.get(), name, dims, elem);
+  if (nfilters > 0) check_deflate_chunks(path, dset, dcpl.get(), name, dims, chunk_bytes);
+}
+
+double read_number_attr(const std::string& path, hid_t obj, const std::string& where,
+                        const char* name, bool* present) {
+  *present = H5Aexists(obj, name) > 0;
+  if (!*present) return 0;
+  const std::string n = where + " attribute '" + name + "'";
+  Hid a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (!a.ok()) bad(path, n + ": unreadable");
+  Hid t(H5Aget_type(a.get()), H5Tclose);
+  Hid s(H5Aget_space(a.get()), H5Sclose);
+  if (!t.ok() || !s.ok()) bad(path, n + ": unreadable");
+  const H5T_class_t c = H5Tget_class(t.get());
+  if (c != H5T_INTEGER && c != H5T_FLOAT) bad(path, n + ": is " + type_name(t.get()) + ", not a number");
+  if (H5Sget_simple_extent_npoints(s.get()) != 1) bad(path, n + ": must hold exactly one value");
+  // HDF5 1.10's conversion of odd-sized or odd-precision numbers (a damaged type message) smashes
+  // its own stack or reads out of bounds (found by fuzz/fuzz_dataset): only plain types reach it.
+  const size_t bytes = H5Tget_size(t.get());
+  const size_t bits = H5Tget_precision(t.get());
+  const bool plain = c == H5T_INTEGER ? (bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8)
+                                      : (bytes == 4 || bytes == 8);
+  if (!plain || bits != bytes * 8 || H5Tget_offset(t.get()) != 0)
+    bad(path, n + ": is a " + std::to_string(bytes) + "-byte number with " + std::to_string(bits) +
+                  " significant bits; expected a plain 1-8 byte integer or 4/8-byte float");
+  double v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) bad(path, n + ": unreadable value");
+  if (!std::isfinite(v)) bad(path, n + ": is not finite");
+  return v;
+}
+
+int read_num_classes(const std::string& path, hid_t file) {
+  bool present = false;
+  Hid root(H5Oopen(file, "/", H5P_DEFAULT), H5Oclose);
+  if (!root.ok()) bad(path, "unreadable root group");
+  if (H5Aexists(root.get(), "num_classes") > 0) {
+    Hid a(H5Aopen(root.get(), "num_classes", H5P_DEFAULT), H5Aclose);
+    Hid t(a.ok() ? H5Aget_type(a.get()) : H5I_INVALID_HID, H5Tclose);
+    if (t.ok() && H5Tget_class(t.get()) != H5T_INTEGER)
+      bad(path, "root attribute 'num_classes': is " + type_name(t.get()) + ", not an integer");
+  }
+  const double v = read_number_attr(path, root.get(), "root", "num_classes", &present);
+  if (!present) bad(path, "root attribute 'num_classes': missing");
+  if (!(v >= 1 && v <= 1e6)) {  // NaN fails too; the value is printed as read (casting 5e58 is UB)
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    bad(path, std::string("root attribute 'num_classes': ") + buf + " is outside [1, 1000000]");
+  }
+  return int(v);
+}
+
+// Checks /features: type, rank >= 2, sizes, storage; fills the feature half of `info`. The
+// memory limit applies to the whole dataset only when all of it is to be read (`whole`).
+void check_features(const std::string& path, hid_t file, hid_t dset, DatasetInfo& info,
+                    bool whole) {
+  const std::string n = "/features";
+  Hid t(H5Dget_type(dset), H5Tclose);
+  if (!t.ok()) bad(path, n + ": unreadable type");
+  if (is_u8(t.get())) info.feature_type = "uint8";
+  else if (is_f32(t.get())) info.feature_type = "float32";
+  else bad(path, n + ": has type " + type_name(t.get()) + "; expected uint8 or float32");
+  const auto dims = dims_of(path, dset, n);
+  if (dims.size() < 2)
+    bad(path, n + ": has rank " + std::to_string(dims.size()) + " " + shape_str(dims) +
+                  "; expected N x D or N x C x H x W (rank >= 2)");
+  if (dims[0] == 0) bad(path, n + ": has no rows (N = 0)");
+  uint64_t dim = 1, bytes = 0;
+  for (size_t i = 1; i < dims.size(); ++i)
+    if (!mul_ok(dim, dims[i], dim)) bad(path, n + ": dimensions " + shape_str(dims) + " overflow");
+  if (dim == 0) bad(path, n + ": per-sample shape " + shape_str(dims) + " is empty");
+  if (!mul_ok(dim, dims[0], bytes) || !mul_ok(bytes, H5Tget_size(t.get()), bytes) ||
+      (whole && bytes > memory_cap()))
+    bad(path, n + ": dimensions " + shape_str(dims) + " exceed the memory limit of " +
+                  std::to_string(memory_cap() >> 20) + " MiB");
+  check_storage(path, file, dset, n, dims, H5Tget_size(t.get()), bytes);
+  info.n = int64_t(dims[0]);
+  info.dim = int64_t(dim);
+  info.sample_shape.assign(dims.begin() + 1, dims.end());
+  bool present = false;
+  double s = read_number_attr(path, dset, n, "scale", &present);
+  info.scale = present ? float(s) : 1.f;
+  double o = read_number_attr(path, dset, n, "offset", &present);
+  info.offset = present ? float(o) : 0.f;
+}
+
+void check_labels(const std::string& path, hid_t file, hid_t dset, DatasetInfo& info) {
+  const std::string n = "/labels";
+  Hid t(H5Dget_type(dset), H5Tclose);
+  if (!t.ok()) bad(path, n + ": unreadable type");
+  if (!is_label_int(t.get()))
+    bad(path, n + ": has type " + type_name(t.get()) + "; expected int32 or int64");
+  info.label_type = H5Tget_size(t.get()) == 4 ? "int32" : "int64";
+  const auto dims = dims_of(path, dset, n);
+  if (dims.size() != 1)
+    bad(path, n + ": has rank " + std::to_string(dims.size()) + " " + shape_str(dims) +
+                  "; expected rank 1 (N)");
+  if (int64_t(dims[0]) != info.n)
+    bad(path, n + ": has " + std::to_string(dims[0]) + " rows but /features has " +
+                  std::to_string(info.n));
+  check_storage(path, file, dset, n, dims, H5Tget_size(t.get()),
+                uint64_t(info.n) * H5Tget_size(t.get()));
+}
+
+}  // namespace
+
+namespace data_internal {
+
+Opened open_checked(const std::string& path, bool whole) {
+  Opened o;
+  o.file = open_file(path, /*sparse=*/!whole);
+  o.features = open_dataset(path, o.file.get(), "features");
+  o.labels = open_dataset(path, o.file.get(), "labels");
+  check_features(path, o.file.get(), o.features.get(), o.info, whole);
+  check_labels(path, o.file.get(), o.labels.get(), o.info);
+  o.info.num_classes = read_num_classes(path, o.file.get());
+  return o;
+}
+
+}  // namespace data_internal
+}  // namespace dpt
