@@ -73,9 +73,13 @@ bool is_f32(hid_t t) {
   return H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 4 &&
          (H5Tequal(t, H5T_IEEE_F32LE) > 0 || H5Tequal(t, H5T_IEEE_F32BE) > 0);
 }
+// int8 to int64 and uint8 to uint32 (numpy and torchvision often write uint8 or int16): each
+// converts to int64 exactly on reading, and the range check against num_classes follows. uint64
+// does not (HDF5 would clamp values above INT64_MAX), and no class index needs it.
 bool is_label_int(hid_t t) {
   const size_t s = H5Tget_size(t);
-  return H5Tget_class(t) == H5T_INTEGER && H5Tget_sign(t) == H5T_SGN_2 && (s == 4 || s == 8);
+  const bool sign = H5Tget_sign(t) == H5T_SGN_2;
+  return H5Tget_class(t) == H5T_INTEGER && (s == 1 || s == 2 || s == 4 || (s == 8 && sign));
 }
 
 // ---------------------------------------------------------------- reading
@@ -339,8 +343,8 @@ void check_labels(const std::string& path, hid_t file, hid_t dset, DatasetInfo& 
   Hid t(H5Dget_type(dset), H5Tclose);
   if (!t.ok()) bad(path, n + ": unreadable type");
   if (!is_label_int(t.get()))
-    bad(path, n + ": has type " + type_name(t.get()) + "; expected int32 or int64");
-  info.label_type = H5Tget_size(t.get()) == 4 ? "int32" : "int64";
+    bad(path, n + ": has type " + type_name(t.get()) + "; expected an integer type (int8 to int64, uint8 to uint32)");
+  info.label_type = type_name(t.get());
   const auto dims = dims_of(path, dset, n);
   if (dims.size() != 1)
     bad(path, n + ": has rank " + std::to_string(dims.size()) + " " + shape_str(dims) +
