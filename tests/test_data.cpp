@@ -308,6 +308,35 @@ TEST(DataFile, NarrowAndUnsignedLabelTypesLoad) {
   expect_rejected(p, {"/labels", "uint64", "integer"});
 }
 
+// N x H x W x C (channels last) image files are refused with the layout dptrain wants and how to
+// transpose; N x C x H x W files with C in {1, 3, 4}, or any whose second dimension is too, load.
+TEST(DataFile, ChannelsLastImagesAreRefusedWithTheTranspose) {
+  TempDir tmp;
+  for (std::vector<hsize_t> nhwc : {std::vector<hsize_t>{6, 28, 28, 1}, std::vector<hsize_t>{6, 32, 32, 3},
+                                    std::vector<hsize_t>{6, 8, 5, 4}}) {
+    Spec s;
+    s.feature_dims = nhwc;
+    s.label_dims = {6};
+    const std::string p = tmp.file("nhwc.h5");
+    write_spec(p, s);
+    const std::string want = "(6, " + std::to_string(nhwc[3]) + ", " + std::to_string(nhwc[1]) + ", " +
+                             std::to_string(nhwc[2]) + ")";
+    expect_rejected(p, {"/features", "channels last", "NHWC", "N x C x H x W", want, ".transpose(0, 3, 1, 2)",
+                        "last dimension is 1, 3 or 4 and the second is not"});
+    EXPECT_THROW(dpt::load_rows(p, {0}), dpt::InputError);
+  }
+  for (std::vector<hsize_t> nchw : {std::vector<hsize_t>{6, 1, 28, 28}, std::vector<hsize_t>{6, 3, 8, 4},
+                                    std::vector<hsize_t>{6, 4, 4, 3}, std::vector<hsize_t>{6, 16, 8, 8},
+                                    std::vector<hsize_t>{6, 28, 28}, std::vector<hsize_t>{6, 5, 5, 5, 3}}) {
+    Spec s;
+    s.feature_dims = nchw;
+    s.label_dims = {6};
+    const std::string p = tmp.file("nchw.h5");
+    write_spec(p, s);
+    EXPECT_NO_THROW(dpt::load_dataset(p)) << nchw[1] << " x " << nchw[2];
+  }
+}
+
 // ---------------------------------------------------------------- malformed files
 
 struct BadCase {
