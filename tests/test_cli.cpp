@@ -338,3 +338,24 @@ TEST_F(Cli, ChannelsLastImagesAreRefusedWithTheTranspose) {
                      " --model.layers 'conv(4,3,pad=1) relu maxpool(2) flatten linear(4)' --train.epochs 1"));
   EXPECT_EQ(r.code, 0) << r.out;
 }
+
+// dpdata refuses positional arguments beyond those a subcommand takes, naming the first.
+TEST_F(Cli, DpdataRefusesStrayArguments) {
+  const std::string train = (dir / "train.h5").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"validate " + train + " extra.h5", "unexpected argument 'extra.h5'"},
+      {"info " + train + " more", "unexpected argument 'more'"},
+      {"synth blobs stray --out " + (dir / "never.h5").string(), "unexpected argument 'stray'"},
+      {"import-idx imgs --labels l --out o.h5", "unexpected argument 'imgs'"},
+      {"fashion-mnist data", "unexpected argument 'data'"},
+      {"synth bogus --out x.h5", "unknown kind 'bogus'"},
+  };
+  for (const auto& [args, words] : cases) {
+    Outcome r = sh(dpdata(args));
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(words), std::string::npos) << args << "\n" << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir / "never.h5"));
+  Outcome ok = sh(dpdata("validate " + train));
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
