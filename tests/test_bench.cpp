@@ -146,7 +146,8 @@ TEST(BenchArithmetic, ExposedCommunicationIsTheStepBeyondTheSlowestRanksCompute)
   EXPECT_NEAR(b.imbalance_pct, 100.0 / 7, 1e-9);
   EXPECT_NEAR(b.exposed, 2e-3, 1e-15);
   EXPECT_NEAR(b.exposed_pct, 20, 1e-9);
-  EXPECT_EQ(b.limit, "compute-bound (60%)");  // 7 − 1 ms of math in a 10 ms step
+  // 7 − 1 ms of math in a 10 ms step, but 20% exposed communication: not compute-bound.
+  EXPECT_EQ(b.limit, "compute (60%) + communication (exposed 20%)");
   // A step timed below the slowest rank's compute (noise) exposes nothing, never a negative time.
   const Breakdown n = breakdown(7e-3, {6e-3, 8e-3}, {1e-3, 1e-3}, 1e-5);
   EXPECT_EQ(n.exposed, 0);
@@ -262,7 +263,14 @@ TEST(BenchArithmetic, AlphaBetaRecoversAnExactLine) {
 }
 
 TEST(BenchArithmetic, LimitingFactorNamesTheLargestPart) {
-  EXPECT_EQ(limiting_factor(10e-3, 8e-3, 1e-3, 0, 1e-3, 1e-5), "compute-bound (80%)");
+  EXPECT_EQ(limiting_factor(10e-3, 8.5e-3, 1e-3, 0, 0.5e-3, 1e-5), "compute-bound (85%)");
+  EXPECT_EQ(limiting_factor(10e-3, 8.01e-3, 1e-3, 0, 0.99e-3, 1e-5), "compute-bound (80%)");
+  // Compute the largest part but exposed communication at kComputeBoundMaxExposed (10%) or more
+  // of the step: both are named, never "compute-bound".
+  EXPECT_DOUBLE_EQ(kComputeBoundMaxExposed, 0.10);
+  EXPECT_EQ(limiting_factor(10e-3, 7.8e-3, 1e-3, 0, 1.2e-3, 1e-5), "compute (78%) + communication (exposed 12%)");
+  EXPECT_EQ(limiting_factor(10e-3, 5.8e-3, 0.5e-3, 0.5e-3, 3.2e-3, 1e-5),
+            "compute (58%) + communication (exposed 32%)");
   EXPECT_EQ(limiting_factor(10e-3, 3e-3, 1e-3, 0, 6e-3, 1e-5), "communication (exposed 60%)");
   EXPECT_EQ(limiting_factor(10e-3, 2e-3, 5e-3, 3e-3, 0, 1e-5), "data (50%)");
   EXPECT_EQ(limiting_factor(10e-3, 3e-3, 0, 7e-3, 0, 1e-5), "imbalance (70%)");

@@ -204,7 +204,10 @@ struct RingModel {
 RingModel ring_from(const AlphaBeta& ab);
 
 // What limits a step, from its parts (seconds): the largest share, unless the step is shorter
-// than latency_s ("launch/latency-bound").
+// than latency_s ("launch/latency-bound"). "compute-bound" needs compute to be the largest part
+// and exposed communication under kComputeBoundMaxExposed of the step; with compute the largest
+// and more exposed, both are named: "compute (58%) + communication (exposed 32%)".
+inline constexpr double kComputeBoundMaxExposed = 0.10;
 std::string limiting_factor(double step, double math, double data, double imbalance_wait,
                             double exposed_comm, double latency_s);
 
