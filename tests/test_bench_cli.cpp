@@ -174,3 +174,39 @@ TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("scaling.variants = 'zero3-bf16' (command line)"), std::string::npos) << r.out;
 }
+
+// A stray word is refused on every rank (exit 2) by name; one that names a file gets the
+// --config hint. Nothing runs, nothing is written.
+TEST_F(BenchCli, StrayPositionalArgumentIsNamed) {
+  const std::string ini = (dir / "tiny.ini").string();
+  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling " + ini);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("unexpected argument '" + ini + "'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--config " + ini), std::string::npos) << r.out;
+  r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + ini + " --out " + (dir / "stray").string() + " stray");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("unexpected argument 'stray'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("--config stray"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "stray"));
+}
+
+// Without --out the report goes to ./scaling-report in the current directory, never into the
+// repository's bench/results.
+TEST_F(BenchCli, DefaultReportFolderIsInTheCurrentDirectory) {
+  const fs::path cwd = dir / "cwd", results = fs::path(DPT_SOURCE_DIR) / "bench" / "results";
+  fs::create_directories(cwd);
+  auto listing = [&] {
+    std::string names;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(results, ec)) names += e.path().filename().string() + "\n";
+    return names;
+  };
+  const std::string before = listing();
+  Outcome r = sh("sh -c 'cd " + cwd.string() + " && " + DPT_BINARY_DIR + "/bench-scaling --config " +
+                 (dir / "tiny.ini").string() + " --report.sections scaling,buckets --report.plots false'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("report to scaling-report"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(cwd / "scaling-report" / "report.md")) << r.out;
+  EXPECT_TRUE(fs::exists(cwd / "scaling-report" / "records.json")) << r.out;
+  EXPECT_EQ(listing(), before) << "bench-scaling wrote into " << results;
+}

@@ -68,6 +68,10 @@ Variant variant_of(const Config& c);
 enum class Collective { allreduce, reduce_scatter, all_gather };
 std::string collective_name(Collective c);  // "allreduce", "reduce_scatter", "all_gather"
 
+// The report folder when neither --out nor [report] out names one: relative to the current
+// directory, so a run never writes into the repository's bench/results unless asked to.
+inline constexpr const char* kDefaultOutDir = "scaling-report";
+
 struct Settings {
   Config base;
   std::string source;   // the INI path or "(built-in defaults)"
