@@ -191,7 +191,7 @@ TEST_F(BenchCli, StrayPositionalArgumentIsNamed) {
 }
 
 // Without --out the report goes to ./scaling-report in the current directory, never into the
-// repository's bench/results.
+// repository's bench/results; each model's table is printed once, not per measurement.
 TEST_F(BenchCli, DefaultReportFolderIsInTheCurrentDirectory) {
   const fs::path cwd = dir / "cwd", results = fs::path(DPT_SOURCE_DIR) / "bench" / "results";
   fs::create_directories(cwd);
@@ -209,4 +209,7 @@ TEST_F(BenchCli, DefaultReportFolderIsInTheCurrentDirectory) {
   EXPECT_TRUE(fs::exists(cwd / "scaling-report" / "report.md")) << r.out;
   EXPECT_TRUE(fs::exists(cwd / "scaling-report" / "records.json")) << r.out;
   EXPECT_EQ(listing(), before) << "bench-scaling wrote into " << results;
+  size_t tables = 0;
+  for (size_t at = r.out.find("total parameters"); at != std::string::npos; at = r.out.find("total parameters", at + 1)) ++tables;
+  EXPECT_EQ(tables, 1u) << r.out;  // one model; the scaling and bucket rows build dozens of Trainers
 }

@@ -404,6 +404,21 @@ std::vector<std::string> findings(const Report& r);
 // the plots with bench/plot_scaling.py where python3 has matplotlib (else says how to); returns
 // the files written.
 std::vector<std::string> write_report(const Settings& s, const Report& r);
+
+// While it lives, log::info prints nothing (log::rank() comes back after): every Trainer prints
+// its model table and memory use when built, and the bench builds hundreds of them;
+// bench-scaling shows each model once at start instead.
+class QuietInfo {
+ public:
+  QuietInfo();
+  ~QuietInfo();
+  QuietInfo(const QuietInfo&) = delete;
+  QuietInfo& operator=(const QuietInfo&) = delete;
+
+ private:
+  int rank_;
+};
+
 // The report's records as JSON text, and the report read back from it (tables, notes, findings,
 // machine, settings; command and config into the two strings).
 std::string records_json(const Settings& s, const Report& r);

@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
     rt.comm.reset();  // every measurement makes its own communicator on its subset
     log::info("bench-scaling: " + std::to_string(mpi.size()) + " rank(s), backend " + cx.backend_name +
               ", report to " + s.out_dir);
+    // Each model's table once (the Trainers the measurements build by the hundred stay quiet).
+    if (s.section("scaling") || s.section("buckets"))
+      for (const ModelSpec& m : s.models) log::info("model " + m.name + ":\n" + model_plan(m).describe());
     Table scaling = s.section("scaling") ? measure_scaling(cx) : Table{"scaling", "(not run)", {}, {}, {}};
     std::vector<Table> collectives;
     if (s.section("allreduce"))
