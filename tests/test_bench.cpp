@@ -795,5 +795,27 @@ TEST(BenchMeasure, ScalingBucketsAndReportOnCpuRanks) {
   EXPECT_NE(line.find("step"), std::string::npos);
   std::getline(tab, line);
   EXPECT_NE(line.find("(ms)"), std::string::npos);
+  EXPECT_EQ(md.find("Incomplete"), std::string::npos);
+
+  // Before a section: the report so far, marked as written when it started, with the cut-short
+  // version beside it for a signal to put in place; the final report removes those.
+  write_partial_report(h.s, r, "grid", {"scaling", "allreduce", "buckets"});
+  const std::string partial = slurp(out / "report.md"), cut = slurp(out / ".report.md.cut");
+  EXPECT_NE(partial.find("> **Incomplete**: " + running_status("grid", {"scaling", "allreduce", "buckets"})),
+            std::string::npos) << partial;
+  EXPECT_NE(cut.find("> **Incomplete**: cut short by a signal"), std::string::npos) << cut;
+  EXPECT_NE(cut.find("during the grid section. The tables are the sections finished before it (scaling, allreduce, buckets)"),
+            std::string::npos) << cut;
+  EXPECT_NE(cut.find("## " + sc.title), std::string::npos);
+  std::string c2, f2;
+  EXPECT_EQ(report_from_json(slurp(out / ".records.json.cut"), c2, f2).status, cut_short_status("grid", {"scaling", "allreduce", "buckets"}));
+  EXPECT_EQ(report_from_json(slurp(out / "records.json"), c2, f2).tables.size(), r.tables.size());
+  begin_final_report(h.s);
+  EXPECT_FALSE(fs::exists(out / ".report.md.cut"));
+  EXPECT_FALSE(fs::exists(out / ".records.json.cut"));
+  write_report(h.s, r);
+  end_final_report();
+  EXPECT_TRUE(report_from_json(slurp(out / "records.json"), c2, f2).status.empty());
+  EXPECT_EQ(slurp(out / "report.md").find("Incomplete"), std::string::npos);
   fs::remove_all(out);
 }

@@ -394,6 +394,7 @@ struct Report {
   std::vector<std::string> notes;
   std::vector<std::string> findings;
   double seconds = 0;
+  std::string status;  // empty: the run finished; else why these are not all the sections (report.md says it first)
 };
 
 // What the tables say, in sentences: efficiency and limit at the largest n per model and mode,
@@ -404,6 +405,25 @@ std::vector<std::string> findings(const Report& r);
 // the plots with bench/plot_scaling.py where python3 has matplotlib (else says how to); returns
 // the files written.
 std::vector<std::string> write_report(const Settings& s, const Report& r);
+
+// A launch cut short keeps the sections it finished. Before each section rank 0 calls
+// write_partial_report: the report of the sections done so far (no plots yet), marked as written
+// when `running` started, and the same report marked as cut short during `running`, kept in hidden
+// files beside it (.records.json.cut, .report.md.cut). On SIGINT (Ctrl-C), SIGTERM (mpirun
+// passing one on, Slurm or timeout(1) at a time limit) or SIGUSR1 the handler from
+// install_cut_short_handlers renames those over records.json and report.md (rename(2) is
+// async-signal-safe), says so on stderr and ends the process as the signal would have. A signal
+// that comes while rank 0 writes a report waits until its files are whole. At the end, between
+// begin_final_report (which removes the hidden files) and end_final_report, write_report writes
+// the whole report; a signal meanwhile ends the process only after it.
+void install_cut_short_handlers();
+void write_partial_report(const Settings& s, Report r, const std::string& running,
+                          const std::vector<std::string>& done);
+void begin_final_report(const Settings& s);
+void end_final_report();
+// The two statuses write_partial_report gives a report.
+std::string running_status(const std::string& running, const std::vector<std::string>& done);
+std::string cut_short_status(const std::string& running, const std::vector<std::string>& done);
 
 // While it lives, log::info prints nothing (log::rank() comes back after): every Trainer prints
 // its model table and memory use when built, and the bench builds hundreds of them;
