@@ -146,7 +146,8 @@ TEST(BenchArithmetic, ExposedCommunicationIsTheStepBeyondTheSlowestRanksCompute)
   EXPECT_NEAR(b.imbalance_pct, 100.0 / 7, 1e-9);
   EXPECT_NEAR(b.exposed, 2e-3, 1e-15);
   EXPECT_NEAR(b.exposed_pct, 20, 1e-9);
-  EXPECT_EQ(b.limit, "compute-bound (60%)");  // 7 − 1 ms of math in a 10 ms step
+  // 7 − 1 ms of math in a 10 ms step, but 20% exposed communication: not compute-bound.
+  EXPECT_EQ(b.limit, "compute (60%) + communication (exposed 20%)");
   // A step timed below the slowest rank's compute (noise) exposes nothing, never a negative time.
   const Breakdown n = breakdown(7e-3, {6e-3, 8e-3}, {1e-3, 1e-3}, 1e-5);
   EXPECT_EQ(n.exposed, 0);
@@ -262,7 +263,14 @@ TEST(BenchArithmetic, AlphaBetaRecoversAnExactLine) {
 }
 
 TEST(BenchArithmetic, LimitingFactorNamesTheLargestPart) {
-  EXPECT_EQ(limiting_factor(10e-3, 8e-3, 1e-3, 0, 1e-3, 1e-5), "compute-bound (80%)");
+  EXPECT_EQ(limiting_factor(10e-3, 8.5e-3, 1e-3, 0, 0.5e-3, 1e-5), "compute-bound (85%)");
+  EXPECT_EQ(limiting_factor(10e-3, 8.01e-3, 1e-3, 0, 0.99e-3, 1e-5), "compute-bound (80%)");
+  // Compute the largest part but exposed communication at kComputeBoundMaxExposed (10%) or more
+  // of the step: both are named, never "compute-bound".
+  EXPECT_DOUBLE_EQ(kComputeBoundMaxExposed, 0.10);
+  EXPECT_EQ(limiting_factor(10e-3, 7.8e-3, 1e-3, 0, 1.2e-3, 1e-5), "compute (78%) + communication (exposed 12%)");
+  EXPECT_EQ(limiting_factor(10e-3, 5.8e-3, 0.5e-3, 0.5e-3, 3.2e-3, 1e-5),
+            "compute (58%) + communication (exposed 32%)");
   EXPECT_EQ(limiting_factor(10e-3, 3e-3, 1e-3, 0, 6e-3, 1e-5), "communication (exposed 60%)");
   EXPECT_EQ(limiting_factor(10e-3, 2e-3, 5e-3, 3e-3, 0, 1e-5), "data (50%)");
   EXPECT_EQ(limiting_factor(10e-3, 3e-3, 0, 7e-3, 0, 1e-5), "imbalance (70%)");
@@ -787,5 +795,27 @@ TEST(BenchMeasure, ScalingBucketsAndReportOnCpuRanks) {
   EXPECT_NE(line.find("step"), std::string::npos);
   std::getline(tab, line);
   EXPECT_NE(line.find("(ms)"), std::string::npos);
+  EXPECT_EQ(md.find("Incomplete"), std::string::npos);
+
+  // Before a section: the report so far, marked as written when it started, with the cut-short
+  // version beside it for a signal to put in place; the final report removes those.
+  write_partial_report(h.s, r, "grid", {"scaling", "allreduce", "buckets"});
+  const std::string partial = slurp(out / "report.md"), cut = slurp(out / ".report.md.cut");
+  EXPECT_NE(partial.find("> **Incomplete**: " + running_status("grid", {"scaling", "allreduce", "buckets"})),
+            std::string::npos) << partial;
+  EXPECT_NE(cut.find("> **Incomplete**: cut short by a signal"), std::string::npos) << cut;
+  EXPECT_NE(cut.find("during the grid section. The tables are the sections finished before it (scaling, allreduce, buckets)"),
+            std::string::npos) << cut;
+  EXPECT_NE(cut.find("## " + sc.title), std::string::npos);
+  std::string c2, f2;
+  EXPECT_EQ(report_from_json(slurp(out / ".records.json.cut"), c2, f2).status, cut_short_status("grid", {"scaling", "allreduce", "buckets"}));
+  EXPECT_EQ(report_from_json(slurp(out / "records.json"), c2, f2).tables.size(), r.tables.size());
+  begin_final_report(h.s);
+  EXPECT_FALSE(fs::exists(out / ".report.md.cut"));
+  EXPECT_FALSE(fs::exists(out / ".records.json.cut"));
+  write_report(h.s, r);
+  end_final_report();
+  EXPECT_TRUE(report_from_json(slurp(out / "records.json"), c2, f2).status.empty());
+  EXPECT_EQ(slurp(out / "report.md").find("Incomplete"), std::string::npos);
   fs::remove_all(out);
 }

@@ -174,3 +174,71 @@ TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("scaling.variants = 'zero3-bf16' (command line)"), std::string::npos) << r.out;
 }
+
+// A stray word is refused on every rank (exit 2) by name; one that names a file gets the
+// --config hint. Nothing runs, nothing is written.
+TEST_F(BenchCli, StrayPositionalArgumentIsNamed) {
+  const std::string ini = (dir / "tiny.ini").string();
+  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling " + ini);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("unexpected argument '" + ini + "'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--config " + ini), std::string::npos) << r.out;
+  r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + ini + " --out " + (dir / "stray").string() + " stray");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("unexpected argument 'stray'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("--config stray"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "stray"));
+}
+
+// Without --out the report goes to ./scaling-report in the current directory, never into the
+// repository's bench/results; each model's table is printed once, not per measurement.
+TEST_F(BenchCli, DefaultReportFolderIsInTheCurrentDirectory) {
+  const fs::path cwd = dir / "cwd", results = fs::path(DPT_SOURCE_DIR) / "bench" / "results";
+  fs::create_directories(cwd);
+  auto listing = [&] {
+    std::string names;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(results, ec)) names += e.path().filename().string() + "\n";
+    return names;
+  };
+  const std::string before = listing();
+  Outcome r = sh("sh -c 'cd " + cwd.string() + " && " + DPT_BINARY_DIR + "/bench-scaling --config " +
+                 (dir / "tiny.ini").string() + " --report.sections scaling,buckets --report.plots false'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("report to scaling-report"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(cwd / "scaling-report" / "report.md")) << r.out;
+  EXPECT_TRUE(fs::exists(cwd / "scaling-report" / "records.json")) << r.out;
+  EXPECT_FALSE(fs::exists(cwd / "scaling-report" / ".report.md.cut"));
+  EXPECT_EQ(listing(), before) << "bench-scaling wrote into " << results;
+  size_t tables = 0;
+  for (size_t at = r.out.find("total parameters"); at != std::string::npos; at = r.out.find("total parameters", at + 1)) ++tables;
+  EXPECT_EQ(tables, 1u) << r.out;  // one model; the scaling and bucket rows build dozens of Trainers
+  EXPECT_EQ(slurp(cwd / "scaling-report" / "report.md").find("Incomplete"), std::string::npos);
+}
+
+// SIGTERM (a time limit, mpirun passing on Ctrl-C) during the grid: the report holds the
+// sections finished before it and says the run was cut short there.
+TEST_F(BenchCli, CutShortKeepsTheFinishedSections) {
+  const fs::path out = dir / "cut", script = dir / "cut.sh";
+  std::ofstream(script) << mpirun(2) << DPT_BINARY_DIR << "/bench-scaling --config " << (dir / "tiny.ini").string()
+                        << " --out " << out.string() << " --grid.epochs 100000 --grid.check false &\n"
+                        << "pid=$!\n"
+                        << "for i in $(seq 1800); do grep -q 'grid section started' " << (out / "report.md").string()
+                        << " 2>/dev/null && break; sleep 0.1; done\n"
+                        << "sleep 1; kill -TERM $pid; wait $pid; echo \"exit $?\"\n";
+  Outcome r = sh("bash " + script.string());
+  EXPECT_EQ(r.out.find("exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cut short during the grid section"), std::string::npos) << r.out;
+  const std::string md = slurp(out / "report.md");
+  EXPECT_NE(md.find("**Incomplete**: cut short by a signal"), std::string::npos) << md;
+  EXPECT_NE(md.find("during the grid section"), std::string::npos) << md;
+  EXPECT_NE(md.find("(scaling, allreduce, buckets)"), std::string::npos) << md;
+  EXPECT_NE(md.find("## Weak and strong scaling"), std::string::npos) << md;
+  EXPECT_NE(md.find("## Gradient bucket size sweep"), std::string::npos) << md;
+  EXPECT_EQ(md.find("## Batch size x optimizer"), std::string::npos) << md;
+  const std::string cmd = "python3 -c \"import json,sys; d=json.load(open('" + (out / "records.json").string() +
+                          "')); t=d['tables']; sys.exit(0 if d['status'].startswith('cut short') and len(t['scaling']['rows']) == 4"
+                          " and 'grid' not in t and 'buckets' in t else 1)\"";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(out / "records.json");
+  EXPECT_FALSE(fs::exists(out / ".report.md.cut"));
+}

@@ -74,18 +74,24 @@ class Cli : public ::testing::Test {
     EXPECT_EQ(r.out.find("HDF5-DIAG"), std::string::npos) << "raw HDF5 dump:\n" << r.out;
   }
 
-  // A dataset written with the raw HDF5 API, labels as given.
-  std::string bad_labels_file(const std::vector<int32_t>& labels, int classes) {
-    std::string path = (dir / "bad_labels.h5").string();
+  // A dataset written with the raw HDF5 API, labels as given (stored as label_type), each
+  // sample of the shape given (16 values by default).
+  std::string bad_labels_file(const std::vector<int32_t>& labels, int classes, const std::string& name = "bad_labels.h5",
+                              hid_t label_type = H5T_STD_I32LE, std::vector<hsize_t> sample = {16}) {
+    std::string path = (dir / name).string();
     hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    hsize_t fd[2] = {labels.size(), 16}, ld[1] = {labels.size()};
-    std::vector<float> x(labels.size() * 16, 0.5f);
-    hid_t s = H5Screate_simple(2, fd, nullptr);
+    std::vector<hsize_t> fd{labels.size()};
+    fd.insert(fd.end(), sample.begin(), sample.end());
+    hsize_t ld[1] = {labels.size()}, per = 1;
+    for (hsize_t v : sample) per *= v;
+    std::vector<float> x(labels.size() * per, 0.5f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(labels[i / per]) + 0.01f * float(i % 7);
+    hid_t s = H5Screate_simple(int(fd.size()), fd.data(), nullptr);
     hid_t d = H5Dcreate2(f, "features", H5T_IEEE_F32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data());
     H5Dclose(d), H5Sclose(s);
     s = H5Screate_simple(1, ld, nullptr);
-    d = H5Dcreate2(f, "labels", H5T_STD_I32LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    d = H5Dcreate2(f, "labels", label_type, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data());
     H5Dclose(d), H5Sclose(s);
     s = H5Screate(H5S_SCALAR);
@@ -288,4 +294,68 @@ TEST_F(Cli, BadLayerListsExitTwoWithAMessage) {
   EXPECT_EQ(r.code, 2) << r.out.substr(0, 2000);
   EXPECT_NE(r.out.find("characters long"), std::string::npos) << r.out.substr(0, 2000);
   EXPECT_LT(r.out.size(), 20000u);
+}
+
+std::string dpdata(const std::string& args) { return std::string(DPT_BINARY_DIR) + "/dpdata " + args; }
+
+// Labels stored as uint8 or int16 (numpy's and torchvision's habit) validate and train.
+TEST_F(Cli, NarrowLabelTypesValidateAndTrain) {
+  std::vector<int32_t> labels(400);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int32_t(i % 4);
+  for (auto [name, type] : {std::pair{"u8_labels.h5", H5T_STD_U8LE}, std::pair{"i16_labels.h5", H5T_STD_I16LE}}) {
+    const std::string f = bad_labels_file(labels, 4, name, type);
+    Outcome v = sh(dpdata("validate " + f));
+    EXPECT_EQ(v.code, 0) << v.out;
+    EXPECT_NE(v.out.find("valid (400 rows"), std::string::npos) << v.out;
+    Outcome r = sh(dptrain(2, "--config " + ini("", "narrow.ini") + " --data.train " + f + " --train.epochs 1"));
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+  labels[123] = -1;
+  const std::string neg = bad_labels_file(labels, 4, "neg_labels.h5", H5T_STD_I16LE);
+  Outcome v = sh(dpdata("validate " + neg));
+  EXPECT_EQ(v.code, 2) << v.out;
+  EXPECT_NE(v.out.find("row 123 has label -1"), std::string::npos) << v.out;
+}
+
+// An N x H x W x C (channels last) image file: dpdata validate and training both refuse it with
+// the layout dptrain wants and the transpose that gives it, before any layer sees the data.
+TEST_F(Cli, ChannelsLastImagesAreRefusedWithTheTranspose) {
+  std::vector<int32_t> labels(200);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int32_t(i % 4);
+  const std::string f = bad_labels_file(labels, 4, "nhwc.h5", H5T_STD_I32LE, {8, 8, 1});
+  const std::vector<std::string> words{"nhwc.h5", "(200, 8, 8, 1)", "channels last", "N x C x H x W",
+                                       "(200, 1, 8, 8)", "transpose(0, 3, 1, 2)"};
+  Outcome v = sh(dpdata("validate " + f));
+  EXPECT_EQ(v.code, 2) << v.out;
+  for (auto& w : words) EXPECT_NE(v.out.find(w), std::string::npos) << "missing '" << w << "' in:\n" << v.out;
+  Outcome r = sh(dptrain(2, "--config " + ini("", "nhwc.ini") + " --data.train " + f + " --data.test " + f +
+                                " --model.layers 'conv(4,3,pad=1) relu maxpool(2) flatten linear(4)'"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  for (auto& w : words) EXPECT_NE(r.out.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.out;
+  // The same images channels first load and train.
+  const std::string g = bad_labels_file(labels, 4, "nchw.h5", H5T_STD_I32LE, {1, 8, 8});
+  r = sh(dptrain(2, "--config " + ini("", "nchw.ini") + " --data.train " + g + " --data.test " + g +
+                     " --model.layers 'conv(4,3,pad=1) relu maxpool(2) flatten linear(4)' --train.epochs 1"));
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// dpdata refuses positional arguments beyond those a subcommand takes, naming the first.
+TEST_F(Cli, DpdataRefusesStrayArguments) {
+  const std::string train = (dir / "train.h5").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"validate " + train + " extra.h5", "unexpected argument 'extra.h5'"},
+      {"info " + train + " more", "unexpected argument 'more'"},
+      {"synth blobs stray --out " + (dir / "never.h5").string(), "unexpected argument 'stray'"},
+      {"import-idx imgs --labels l --out o.h5", "unexpected argument 'imgs'"},
+      {"fashion-mnist data", "unexpected argument 'data'"},
+      {"synth bogus --out x.h5", "unknown kind 'bogus'"},
+  };
+  for (const auto& [args, words] : cases) {
+    Outcome r = sh(dpdata(args));
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(words), std::string::npos) << args << "\n" << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir / "never.h5"));
+  Outcome ok = sh(dpdata("validate " + train));
+  EXPECT_EQ(ok.code, 0) << ok.out;
 }

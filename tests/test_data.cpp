@@ -150,6 +150,77 @@ TEST(DataFile, BigEndianTypesLoad) {
   EXPECT_EQ(ds.labels[2], 2);
 }
 
+// Labels as numpy and torchvision often store them: 8- and 16-bit, signed or not, converted to
+// int32 in memory; the range check stays, naming the row of a negative or too large label.
+TEST(DataFile, NarrowAndUnsignedLabelTypesLoad) {
+  TempDir tmp;
+  const struct {
+    hid_t type;
+    const char* name;
+  } types[] = {{H5T_STD_U8LE, "uint8"},   {H5T_STD_I8LE, "int8"},    {H5T_STD_I16LE, "int16"},
+               {H5T_STD_U16LE, "uint16"}, {H5T_STD_I16BE, "int16"},  {H5T_STD_U32LE, "uint32"}};
+  for (const auto& t : types) {
+    SCOPED_TRACE(t.name);
+    Spec s;
+    s.label_type = t.type;
+    const std::string p = tmp.file(std::string(t.name) + ".h5");
+    write_spec(p, s);
+    const auto ds = dpt::load_dataset(p);
+    EXPECT_EQ(ds.labels, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1}));
+    EXPECT_EQ(dpt::probe_dataset(p).label_type, t.name);
+    const auto part = dpt::load_rows(p, {7, 2});
+    EXPECT_EQ(part.labels, (std::vector<int32_t>{1, 2}));
+    // 200 fits uint8 and int16 alike, and is outside [0, 3).
+    s.label_values = {0, 1, 2, 0, 1, 2, 0, 1};
+    s.label_values[6] = t.type == H5T_STD_I8LE ? 100 : 200;
+    write_spec(p, s);
+    expect_rejected(p, {"/labels", "row 6", s.label_values[6] == 100 ? "label 100" : "label 200",
+                        "num_classes = 3"});
+  }
+  for (hid_t signed_type : {H5T_STD_I8LE, H5T_STD_I16LE}) {
+    Spec s;
+    s.label_type = signed_type;
+    s.label_values = {0, 1, 2, 0, -5, 2, 0, 1};
+    const std::string p = tmp.file("negative.h5");
+    write_spec(p, s);
+    expect_rejected(p, {"/labels", "row 4", "label -5"});
+  }
+  Spec wide;
+  wide.label_type = H5T_STD_U64LE;  // HDF5 would clamp values above INT64_MAX: refused
+  const std::string p = tmp.file("u64.h5");
+  write_spec(p, wide);
+  expect_rejected(p, {"/labels", "uint64", "integer"});
+}
+
+// N x H x W x C (channels last) image files are refused with the layout dptrain wants and how to
+// transpose; N x C x H x W files with C in {1, 3, 4}, or any whose second dimension is too, load.
+TEST(DataFile, ChannelsLastImagesAreRefusedWithTheTranspose) {
+  TempDir tmp;
+  for (std::vector<hsize_t> nhwc : {std::vector<hsize_t>{6, 28, 28, 1}, std::vector<hsize_t>{6, 32, 32, 3},
+                                    std::vector<hsize_t>{6, 8, 5, 4}}) {
+    Spec s;
+    s.feature_dims = nhwc;
+    s.label_dims = {6};
+    const std::string p = tmp.file("nhwc.h5");
+    write_spec(p, s);
+    const std::string want = "(6, " + std::to_string(nhwc[3]) + ", " + std::to_string(nhwc[1]) + ", " +
+                             std::to_string(nhwc[2]) + ")";
+    expect_rejected(p, {"/features", "channels last", "NHWC", "N x C x H x W", want, ".transpose(0, 3, 1, 2)",
+                        "last dimension is 1, 3 or 4 and the second is not"});
+    EXPECT_THROW(dpt::load_rows(p, {0}), dpt::InputError);
+  }
+  for (std::vector<hsize_t> nchw : {std::vector<hsize_t>{6, 1, 28, 28}, std::vector<hsize_t>{6, 3, 8, 4},
+                                    std::vector<hsize_t>{6, 4, 4, 3}, std::vector<hsize_t>{6, 16, 8, 8},
+                                    std::vector<hsize_t>{6, 28, 28}, std::vector<hsize_t>{6, 5, 5, 5, 3}}) {
+    Spec s;
+    s.feature_dims = nchw;
+    s.label_dims = {6};
+    const std::string p = tmp.file("nchw.h5");
+    write_spec(p, s);
+    EXPECT_NO_THROW(dpt::load_dataset(p)) << nchw[1] << " x " << nchw[2];
+  }
+}
+
 // ---------------------------------------------------------------- malformed files
 
 struct BadCase {
@@ -166,7 +237,7 @@ TEST(DataFile, MalformedFilesAreRejectedWithAReason) {
       {"features_rank1", [](Spec& s) { s.feature_dims = {8}; }, {"/features", "rank 1"}},
       {"features_f64", [](Spec& s) { s.feature_type = H5T_IEEE_F64LE; }, {"/features", "float64"}},
       {"features_i16", [](Spec& s) { s.feature_type = H5T_STD_I16LE; }, {"/features", "int16"}},
-      {"labels_float", [](Spec& s) { s.label_type = H5T_IEEE_F32LE; }, {"/labels", "float32"}},
+      {"labels_float", [](Spec& s) { s.label_type = H5T_IEEE_F32LE; }, {"/labels", "float32", "integer type"}},
       {"label_negative", [](Spec& s) { s.label_values = {0, 1, 2, -1}; },
        {"/labels", "row 3", "-1"}},
       {"label_too_big", [](Spec& s) { s.label_values = {0, 1, 2, 0, 1, 3}; },

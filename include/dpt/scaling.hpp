@@ -68,6 +68,10 @@ Variant variant_of(const Config& c);
 enum class Collective { allreduce, reduce_scatter, all_gather };
 std::string collective_name(Collective c);  // "allreduce", "reduce_scatter", "all_gather"
 
+// The report folder when neither --out nor [report] out names one: relative to the current
+// directory, so a run never writes into the repository's bench/results unless asked to.
+inline constexpr const char* kDefaultOutDir = "scaling-report";
+
 struct Settings {
   Config base;
   std::string source;   // the INI path or "(built-in defaults)"
@@ -204,7 +208,10 @@ struct RingModel {
 RingModel ring_from(const AlphaBeta& ab);
 
 // What limits a step, from its parts (seconds): the largest share, unless the step is shorter
-// than latency_s ("launch/latency-bound").
+// than latency_s ("launch/latency-bound"). "compute-bound" needs compute to be the largest part
+// and exposed communication under kComputeBoundMaxExposed of the step; with compute the largest
+// and more exposed, both are named: "compute (58%) + communication (exposed 32%)".
+inline constexpr double kComputeBoundMaxExposed = 0.10;
 std::string limiting_factor(double step, double math, double data, double imbalance_wait,
                             double exposed_comm, double latency_s);
 
@@ -387,6 +394,7 @@ struct Report {
   std::vector<std::string> notes;
   std::vector<std::string> findings;
   double seconds = 0;
+  std::string status;  // empty: the run finished; else why these are not all the sections (report.md says it first)
 };
 
 // What the tables say, in sentences: efficiency and limit at the largest n per model and mode,
@@ -397,6 +405,40 @@ std::vector<std::string> findings(const Report& r);
 // the plots with bench/plot_scaling.py where python3 has matplotlib (else says how to); returns
 // the files written.
 std::vector<std::string> write_report(const Settings& s, const Report& r);
+
+// A launch cut short keeps the sections it finished. Before each section rank 0 calls
+// write_partial_report: the report of the sections done so far (no plots yet), marked as written
+// when `running` started, and the same report marked as cut short during `running`, kept in hidden
+// files beside it (.records.json.cut, .report.md.cut). On SIGINT (Ctrl-C), SIGTERM (mpirun
+// passing one on, Slurm or timeout(1) at a time limit) or SIGUSR1 the handler from
+// install_cut_short_handlers renames those over records.json and report.md (rename(2) is
+// async-signal-safe), says so on stderr and ends the process as the signal would have. A signal
+// that comes while rank 0 writes a report waits until its files are whole. At the end, between
+// begin_final_report (which removes the hidden files) and end_final_report, write_report writes
+// the whole report; a signal meanwhile ends the process only after it.
+void install_cut_short_handlers();
+void write_partial_report(const Settings& s, Report r, const std::string& running,
+                          const std::vector<std::string>& done);
+void begin_final_report(const Settings& s);
+void end_final_report();
+// The two statuses write_partial_report gives a report.
+std::string running_status(const std::string& running, const std::vector<std::string>& done);
+std::string cut_short_status(const std::string& running, const std::vector<std::string>& done);
+
+// While it lives, log::info prints nothing (log::rank() comes back after): every Trainer prints
+// its model table and memory use when built, and the bench builds hundreds of them;
+// bench-scaling shows each model once at start instead.
+class QuietInfo {
+ public:
+  QuietInfo();
+  ~QuietInfo();
+  QuietInfo(const QuietInfo&) = delete;
+  QuietInfo& operator=(const QuietInfo&) = delete;
+
+ private:
+  int rank_;
+};
+
 // The report's records as JSON text, and the report read back from it (tables, notes, findings,
 // machine, settings; command and config into the two strings).
 std::string records_json(const Settings& s, const Report& r);

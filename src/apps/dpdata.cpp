@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dpt/check.hpp"
+#include "dpt/version.hpp"
 #include "dpt/data.hpp"
 
 namespace po = boost::program_options;
@@ -17,16 +18,25 @@ using Args = std::vector<std::string>;
 
 namespace {
 
-// Parses a subcommand's arguments; prints its help and returns false on --help.
+// Parses a subcommand's arguments; prints its help and returns false on --help. Positional
+// arguments beyond those `pos` names are refused by name (Boost would only say "too many").
 bool parse(const std::string& usage, po::options_description& opts, const Args& args,
            po::variables_map& vm, const po::positional_options_description& pos = {}) {
   opts.add_options()("help,h", "show this help");
+  po::options_description hidden, all;
+  hidden.add_options()("stray-argument", po::value<std::vector<std::string>>());
+  all.add(opts).add(hidden);
+  po::positional_options_description with_stray = pos;
+  with_stray.add("stray-argument", -1);
   try {
-    po::store(po::command_line_parser(args).options(opts).positional(pos).run(), vm);
+    po::store(po::command_line_parser(args).options(all).positional(with_stray).run(), vm);
     if (vm.count("help")) {
       std::cout << "usage: " << usage << "\n\n" << opts << "\n";
       return false;
     }
+    if (vm.count("stray-argument"))
+      throw dpt::InputError("unexpected argument '" + vm["stray-argument"].as<std::vector<std::string>>().front() +
+                            "' (usage: " + usage + ")");
     po::notify(vm);
   } catch (const po::error& e) {
     throw dpt::InputError(std::string(e.what()) + " (usage: " + usage + ")");
@@ -126,6 +136,7 @@ int cmd_synth(const Args& args) {
   if (!args.empty() && args[0] == "odd-even") return cmd_synth_odd_even(rest);
   if (!args.empty() && args[0] == "blobs") return cmd_synth_blobs(rest);
   const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
+  if (!help && !args.empty()) std::cerr << "dpdata: synth: unknown kind '" << args[0] << "'\n";
   (help ? std::cout : std::cerr)
       << "usage: dpdata synth odd-even|blobs [options] --out F  (dpdata synth <kind> --help)\n";
   return help ? 0 : dpt::kExitUsage;
@@ -207,6 +218,10 @@ int dispatch(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     print_usage(stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::printf("%s\n", dpt::version_line("dpdata").c_str());
     return 0;
   }
   const Args rest(argv + std::min(argc, 2), argv + argc);

@@ -45,9 +45,13 @@ bool is_f32(hid_t t) {
   return H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 4 &&
          (H5Tequal(t, H5T_IEEE_F32LE) > 0 || H5Tequal(t, H5T_IEEE_F32BE) > 0);
 }
+// int8 to int64 and uint8 to uint32 (numpy and torchvision often write uint8 or int16): each
+// converts to int64 exactly on reading, and the range check against num_classes follows. uint64
+// does not (HDF5 would clamp values above INT64_MAX), and no class index needs it.
 bool is_label_int(hid_t t) {
   const size_t s = H5Tget_size(t);
-  return H5Tget_class(t) == H5T_INTEGER && H5Tget_sign(t) == H5T_SGN_2 && (s == 4 || s == 8);
+  const bool sign = H5Tget_sign(t) == H5T_SGN_2;
+  return H5Tget_class(t) == H5T_INTEGER && (s == 1 || s == 2 || s == 4 || (s == 8 && sign));
 }
 
 // ---------------------------------------------------------------- opening and checking
@@ -266,6 +270,21 @@ int read_num_classes(const std::string& path, hid_t file) {
   return int(v);
 }
 
+// An N x H x W x C image file (channels last, as numpy, TensorFlow and PIL lay images out) would
+// load as H channels of W x C images and fail deep in a pooling layer, or worse, train on garbage.
+// Refused when the last dimension is 1, 3 or 4 (grey, RGB, RGBA) and the second is not, so a real
+// N x C x H x W file (C of 1, 3 or 4, or a W that is not) still loads.
+void check_channels_first(const std::string& path, const std::vector<hsize_t>& d) {
+  auto channels = [](hsize_t x) { return x == 1 || x == 3 || x == 4; };
+  if (d.size() != 4 || !channels(d[3]) || channels(d[1])) return;
+  const std::string nchw = shape_str({d[0], d[3], d[1], d[2]});
+  bad(path, "/features: shape " + shape_str(d) + " looks like N x H x W x C (channels last, NHWC); dptrain "
+            "expects N x C x H x W (channels first), here " + nchw + ". Transpose it, e.g. with h5py and "
+            "numpy: x = f[\"features\"][...].transpose(0, 3, 1, 2), then write x as /features of a new file "
+            "(with /labels, num_classes and any scale/offset attributes). Refused because the last dimension "
+            "is 1, 3 or 4 and the second is not");
+}
+
 // Checks /features: type, rank >= 2, sizes, storage; fills the feature half of `info`. The
 // memory limit applies to the whole dataset only when all of it is to be read (`whole`).
 void check_features(const std::string& path, hid_t file, hid_t dset, DatasetInfo& info,
@@ -281,6 +300,7 @@ void check_features(const std::string& path, hid_t file, hid_t dset, DatasetInfo
     bad(path, n + ": has rank " + std::to_string(dims.size()) + " " + shape_str(dims) +
                   "; expected N x D or N x C x H x W (rank >= 2)");
   if (dims[0] == 0) bad(path, n + ": has no rows (N = 0)");
+  check_channels_first(path, dims);
   uint64_t dim = 1, bytes = 0;
   for (size_t i = 1; i < dims.size(); ++i)
     if (!mul_ok(dim, dims[i], dim)) bad(path, n + ": dimensions " + shape_str(dims) + " overflow");
@@ -305,8 +325,8 @@ void check_labels(const std::string& path, hid_t file, hid_t dset, DatasetInfo& 
   Hid t(H5Dget_type(dset), H5Tclose);
   if (!t.ok()) bad(path, n + ": unreadable type");
   if (!is_label_int(t.get()))
-    bad(path, n + ": has type " + type_name(t.get()) + "; expected int32 or int64");
-  info.label_type = H5Tget_size(t.get()) == 4 ? "int32" : "int64";
+    bad(path, n + ": has type " + type_name(t.get()) + "; expected an integer type (int8 to int64, uint8 to uint32)");
+  info.label_type = type_name(t.get());
   const auto dims = dims_of(path, dset, n);
   if (dims.size() != 1)
     bad(path, n + ": has rank " + std::to_string(dims.size()) + " " + shape_str(dims) +

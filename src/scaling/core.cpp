@@ -231,8 +231,18 @@ std::string limiting_factor(double step, double math, double data, double imbala
     total += std::max(0.0, p.v);
     if (p.v > top->v) top = &p;
   }
+  const double whole = std::max(total, step);
   char buf[96];
-  std::snprintf(buf, sizeof buf, top->fmt, 100.0 * std::max(0.0, top->v) / std::max(total, step));
+  // Compute the largest part is not enough to call a step compute-bound: with a third of it
+  // exposed communication, faster compute alone would not make it much faster. Above
+  // kComputeBoundMaxExposed both shares are named.
+  const double exposed_share = std::max(0.0, exposed_comm) / whole;
+  if (top == &parts[0] && exposed_share >= kComputeBoundMaxExposed) {
+    std::snprintf(buf, sizeof buf, "compute (%.0f%%) + communication (exposed %.0f%%)",
+                  100.0 * std::max(0.0, math) / whole, 100.0 * exposed_share);
+    return buf;
+  }
+  std::snprintf(buf, sizeof buf, top->fmt, 100.0 * std::max(0.0, top->v) / whole);
   return buf;
 }
 

@@ -103,7 +103,12 @@ Outcome train_run(const Settings& s, Backend& be, Comm& comm, const Variant& v, 
   if (root) fs::remove(metrics);
   double seconds = NAN;
   {
-    Trainer t(c, be, comm, &train, &test);
+    std::unique_ptr<Trainer> owned;
+    {
+      QuietInfo quiet;  // the model table: printed once, when the grid starts
+      owned = std::make_unique<Trainer>(c, be, comm, &train, &test);
+    }
+    Trainer& t = *owned;
     o.peak_lr = LrSchedule(c, comm.size(), per_epoch, o.total).peak();
     log::set_quiet(true);  // the Trainer's evaluation lines; the grid prints one line per run
     try {
@@ -194,8 +199,12 @@ double step_seconds(const Settings& s, Backend& be, Comm& comm, const Variant& v
   c.resume = "none";
   auto loop = [&](int64_t steps) {
     c.steps = steps;
-    Trainer t(c, be, comm, &train, nullptr);
-    return t.run().seconds;
+    std::unique_ptr<Trainer> t;
+    {
+      QuietInfo quiet;
+      t = std::make_unique<Trainer>(c, be, comm, &train, nullptr);
+    }
+    return t->run().seconds;
   };
   loop(s.warmup_steps);  // first-touch and lazy set-up, untimed
   std::vector<double> v_s;
@@ -259,6 +268,16 @@ class GridSweep {
     SubComm sub(cx_.world, 1);
     if (sub.member()) {
       auto comm = subset_comm(cx_, sub.get());
+      {
+        Config pc = s_.grid_base;  // the model alone: no checkpoint to read or write
+        pc.resume = "none";
+        pc.ckpt_dir.clear();
+        pc.ckpt_at_start = false;
+        pc.metrics_file.clear();
+        log::info("grid: model of every grid run (" + s_.grid_base.train_file + "):");
+        Trainer probe(pc, *cx_.be, *comm, &train_, nullptr);  // prints its model table, once
+        g.params = int64_t(probe.model().num_params());
+      }
       for (int B : s_.grid_batches) {
         const Shape sh = shape_for(B, 1, s_.grid_max_batch_per_rank);
         if (!sh.ok || B > train_.n) {
@@ -275,13 +294,6 @@ class GridSweep {
           log::info(line);
         }
       }
-      Config pc = s_.grid_base;  // the model alone: no checkpoint to read or write
-      pc.resume = "none";
-      pc.ckpt_dir.clear();
-      pc.ckpt_at_start = false;
-      pc.metrics_file.clear();
-      Trainer probe(pc, *cx_.be, *comm, &train_, nullptr);
-      g.params = int64_t(probe.model().num_params());
     }
     idle_barrier(cx_.world);
     DPT_CHECK_MPI(MPI_Bcast(&g.params, 1, MPI_INT64_T, 0, cx_.world));

@@ -16,6 +16,10 @@
 #include "dpt/train.hpp"
 
 namespace dpt::scaling {
+
+QuietInfo::QuietInfo() : rank_(log::rank()) { log::set_rank(-1); }
+QuietInfo::~QuietInfo() { log::set_rank(rank_); }
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -58,8 +62,12 @@ Config timing_config(const Settings& s, const ModelSpec& m, int batch_per_rank) 
 
 double loop_seconds(Config c, int64_t steps, Backend& be, Comm& comm, const Dataset& ds) {
   c.steps = steps;
-  Trainer t(c, be, comm, &ds, nullptr);
-  return t.run().seconds;
+  std::unique_ptr<Trainer> t;
+  {
+    QuietInfo quiet;  // the model table: printed once at start
+    t = std::make_unique<Trainer>(c, be, comm, &ds, nullptr);
+  }
+  return t->run().seconds;
 }
 
 // This rank's steady-state seconds per step: (t(W+S) − t(W)) / S.

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,6 +28,7 @@ std::string records_json(const Settings& s, const Report& r) {
   j["command"] = s.command;
   j["config"] = s.source;
   j["seconds"] = r.seconds;
+  j["status"] = r.status.empty() ? "complete" : r.status;
   j["machine"] = ojson::object();
   for (auto& [k, v] : r.machine.facts) j["machine"][k] = v;
   j["settings"] = r.settings;
@@ -64,6 +67,8 @@ Report report_from_json(const std::string& text, std::string& command, std::stri
   command = j.at("command").get<std::string>();
   config = j.at("config").get<std::string>();
   r.seconds = j.at("seconds").get<double>();
+  r.status = j.value("status", std::string("complete"));  // records from before the field: complete
+  if (r.status == "complete") r.status.clear();
   for (auto& [k, v] : j.at("machine").items()) r.machine.facts.push_back({k, v.get<std::string>()});
   r.settings = j.at("settings").get<std::string>();
   r.notes = j.at("notes").get<std::vector<std::string>>();
@@ -113,10 +118,19 @@ std::vector<std::pair<std::string, std::string>> plot_list(const Report& r) {
 
 namespace {
 
+// Whole or not at all (a temporary file renamed over it): a run killed while writing its report
+// leaves the previous one.
 void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream f(p);
-  f << text;
-  if (!f) throw Error("bench-scaling: cannot write " + p.string());
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << text;
+    f.flush();
+    if (!f) throw Error("bench-scaling: cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, p, ec);
+  if (ec) throw Error("bench-scaling: cannot rename " + tmp.string() + " to " + p.string() + ": " + ec.message());
 }
 
 std::string raw(const Cell& c) {
@@ -156,6 +170,7 @@ std::string md_of(const Report& r, const std::string& command, const std::string
   for (auto& [k, v] : r.machine.facts)
     if (k == "backend") backend = v;
   o << "# bench-scaling report\n\n";
+  if (!r.status.empty()) o << "> **Incomplete**: " << r.status << "\n\n";
   if (backend == "cpu")
     o << "> **CPU ranks**: these figures come from the CPU backend (OpenBLAS) over MPI, not from GPUs. "
          "Ranks stand in for GPUs: each rank owns a share of the cores and ranks outside a subset sleep.\n\n";
@@ -225,10 +240,15 @@ std::string python_with_matplotlib() {
   return "";
 }
 
+std::string plot_command(const fs::path& dir) {
+  const std::string script = plot_script();
+  return "python3 " + (script.empty() ? std::string("bench/plot_scaling.py") : script) + " " + dir.string();
+}
+
 // Draws the plots; returns "" when they were drawn, else what to run to draw them.
 std::string draw_plots(const Settings& s, const fs::path& dir) {
   const std::string script = plot_script();
-  const std::string how = "python3 " + (script.empty() ? std::string("bench/plot_scaling.py") : script) + " " + dir.string();
+  const std::string how = plot_command(dir);
   if (!s.plots) return "plots not drawn (report.plots = false); draw them with: " + how;
   if (script.empty()) return "plots not drawn: bench/plot_scaling.py not found; from the repository: " + how;
   const std::string py = python_with_matplotlib();
@@ -240,7 +260,102 @@ std::string draw_plots(const Settings& s, const fs::path& dir) {
   return "";
 }
 
+// What the cut-short handler needs, in fixed buffers set while it is not armed: it only reads them.
+struct CutShort {
+  char from[2][4096], to[2][4096], message[2048];
+  size_t message_len;
+};
+CutShort g_cut;
+// 0: the signal's default action; 1 (armed): put the cut-short report in place first; 2 (held,
+// while rank 0 writes a report): note the signal, act on it once the files are whole.
+volatile std::sig_atomic_t g_cut_state = 0, g_cut_pending = 0;
+
+extern "C" void on_cut_short_signal(int sig) {
+  if (g_cut_state == 2) {
+    g_cut_pending = sig;
+    return;
+  }
+  if (g_cut_state == 1) {
+    g_cut_state = 0;
+    for (int i = 0; i < 2; ++i) (void)std::rename(g_cut.from[i], g_cut.to[i]);
+    (void)!::write(2, g_cut.message, g_cut.message_len);
+  }
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void copy_to(char* buf, size_t size, const std::string& text) {
+  std::snprintf(buf, size, "%s", text.c_str());
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string o;
+  for (const std::string& x : v) o += (o.empty() ? "" : ", ") + x;
+  return o.empty() ? "none" : o;
+}
+
 }  // namespace
+
+std::string running_status(const std::string& running, const std::vector<std::string>& done) {
+  return "written when the " + running + " section started, with the sections finished before it (" + joined(done) +
+         "). A run still going replaces this page when it moves on; one that ended leaving it was killed during the " +
+         running + " section without a chance to say so (SIGKILL, a lost node).";
+}
+
+std::string cut_short_status(const std::string& running, const std::vector<std::string>& done) {
+  return "cut short by a signal (Ctrl-C, SIGTERM, SIGUSR1: a time limit sends one) during the " + running +
+         " section. The tables are the sections finished before it (" + joined(done) + "); the " + running +
+         " section and those after it did not finish. Plots were not drawn.";
+}
+
+void install_cut_short_handlers() {
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) std::signal(sig, on_cut_short_signal);
+}
+
+void write_partial_report(const Settings& s, Report r, const std::string& running, const std::vector<std::string>& done) {
+  const fs::path dir(s.out_dir);
+  g_cut_state = 2;
+  fs::create_directories(dir);
+  const std::string how = plot_command(dir);
+  std::string command, config;
+  r.status = cut_short_status(running, done);
+  const std::string cut_json = records_json(s, r);
+  const Report cut = report_from_json(cut_json, command, config);
+  write_file(dir / ".records.json.cut", cut_json);
+  write_file(dir / ".report.md.cut", md_of(cut, command, config, "plots not drawn (the run was cut short); draw them with: " + how));
+  r.status = running_status(running, done);
+  const std::string json = records_json(s, r);
+  const Report back = report_from_json(json, command, config);
+  write_file(dir / "records.json", json);
+  write_file(dir / "records.csv", csv_of(back));
+  write_file(dir / "report.md", md_of(back, command, config, "plots are drawn when the run ends; for these tables: " + how));
+  copy_to(g_cut.from[0], sizeof g_cut.from[0], (dir / ".records.json.cut").string());
+  copy_to(g_cut.to[0], sizeof g_cut.to[0], (dir / "records.json").string());
+  copy_to(g_cut.from[1], sizeof g_cut.from[1], (dir / ".report.md.cut").string());
+  copy_to(g_cut.to[1], sizeof g_cut.to[1], (dir / "report.md").string());
+  copy_to(g_cut.message, sizeof g_cut.message,
+          "bench-scaling: cut short during the " + running + " section; " + (dir / "report.md").string() +
+              " holds the sections finished before it (" + joined(done) + ")\n");
+  g_cut.message_len = std::strlen(g_cut.message);
+  g_cut_state = 1;
+  if (g_cut_pending) std::raise(g_cut_pending);  // came while writing: this report is the one to keep
+}
+
+void begin_final_report(const Settings& s) {
+  g_cut_state = 2;
+  std::error_code ec;
+  for (const char* f : {".records.json.cut", ".report.md.cut"}) fs::remove(fs::path(s.out_dir) / f, ec);
+}
+
+void end_final_report() {
+  g_cut_state = 0;
+  if (const int sig = g_cut_pending) {
+    std::fprintf(stderr, "bench-scaling: stopped by signal %d after writing the whole report\n", sig);
+    std::fflush(stderr);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
 
 std::vector<std::string> write_report(const Settings& s, const Report& r) {
   const fs::path dir(s.out_dir);

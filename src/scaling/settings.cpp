@@ -1,13 +1,13 @@
 // bench-scaling's settings: dptrain's sections go through dptrain's own option table; the
 // sweep's sections are a small key table here, with the same error style (key, value, file).
 #include <algorithm>
-#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
-#include <unistd.h>
 
 #include "dpt/scaling.hpp"
+#include "dpt/version.hpp"
 #include "dpt/check.hpp"
 #include "dpt/nn.hpp"
 
@@ -245,7 +245,7 @@ std::vector<Key> key_table() {
       {"ddp.steps", "steps per timed window of the peer", I(&Settings::ddp_steps, 1)},
       {"ddp.repeats", "timed windows per peer row (median)", I(&Settings::ddp_repeats, 1)},
       {"ddp.timeout_s", "time limit of one torchrun launch", D(&Settings::ddp_timeout_s, 1)},
-      {"report.out", "report folder (also --out)",
+      {"report.out", "report folder (also --out); unset: ./scaling-report, in the current directory",
        [](Settings& s, const std::string&, const std::string& v, const std::string&) { s.out_dir = v; }},
       {"report.sections", "what runs: any of scaling, allreduce, buckets, grid (e.g. --report.sections grid)",
        [](Settings& s, const std::string&, const std::string& v, const std::string& w) {
@@ -273,13 +273,23 @@ void apply(Settings& s, const KV& kv, const std::string& where) {
   }
 }
 
-std::string default_out_dir() {
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  return std::string("bench/results/") + date + "-scaling-" + host;
+// Every argument is an option: --name value, --name=value, or one of the flags below. A stray
+// word (`bench-scaling bench/scaling.ini`) would otherwise run the built-in defaults, or fail
+// deep in Boost with no hint; named here, with --config FILE when it names a file.
+void refuse_positionals(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h" || a == "--eval" || a == "--version") continue;
+    if (a.size() > 1 && a[0] == '-') {
+      if (a.find('=') == std::string::npos) ++i;  // its value
+      continue;
+    }
+    std::string msg = "bench-scaling: unexpected argument '" + a +
+                      "': every argument is an option (--config FILE, --out DIR, --section.key value; see --help)";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(a, ec)) msg += "; to read '" + a + "' as the configuration: --config " + a;
+    throw InputError(msg);
+  }
 }
 
 // Per-process storage of the overrides until finalize_settings (the file's and the CLI's).
@@ -336,6 +346,7 @@ std::vector<ModelSpec> parse_models(const std::string& value) {
 Settings read_settings(MPI_Comm c, int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(c, &rank);
+  refuse_positionals(argc, argv);
   Settings s;
   s.models = {{"default", {784, 256, 128, 10}}, {"wide", {784, 4096, 4096, 4096, 10}}};
   for (int i = 0; i < argc; ++i) s.command += (i ? " " : "") + std::string(argv[i]);
@@ -371,6 +382,10 @@ Settings read_settings(MPI_Comm c, int argc, char** argv) {
     p.cli.push_back({a == "--out" ? "report.out" : a.substr(2), argv[++i]});
   }
   Invocation inv = parse_invocation(int(rest.size()), rest.data(), path, dptrain_text, false);
+  if (inv.version) {  // printed as the help text is
+    s.help = version_line("bench-scaling");
+    return s;
+  }
   if (inv.help) {
     s.help = "Usage: bench-scaling --config FILE [--out DIR] [--section.key value ...]\n" + settings_help() +
              "\ndptrain's keys (sections [model] [data] [train] [comm] [device]):\n" + inv.help_text;
@@ -412,7 +427,7 @@ void finalize_settings(Settings& s, bool cpu_backend) {
   Pending& p = pending();
   if (cpu_backend) apply(s, p.cpu, s.source + " [cpu]");
   apply(s, p.cli, "command line");
-  if (s.out_dir.empty()) s.out_dir = default_out_dir();
+  if (s.out_dir.empty()) s.out_dir = kDefaultOutDir;
   if (s.ar_max_bytes < s.ar_min_bytes)
     bad("allreduce.max_bytes", std::to_string(s.ar_max_bytes), s.source, "smaller than allreduce.min_bytes");
 }
