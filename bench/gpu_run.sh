@@ -44,6 +44,9 @@ if want tests; then
   grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
 fi
 if want e2e; then
+  # Fresh checkpoint folders: the shipped configs resume (a second call on a warm machine would
+  # otherwise find the first one's run complete).
+  rm -rf /tmp/ck1 /tmp/ck-shard /tmp/ck-stream
   mkdir -p data && $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
   for np in 1; do
     /usr/bin/time -f "wall %e s" mpirun -np $np $B/dptrain --config inputs/run.ini --train.epochs 20 \
@@ -71,6 +74,7 @@ if want samebits; then
     IFS=: read -r name cfg prec <<< "$case"
     for who in before after; do
       exe=$B/dptrain; [ $who = before ] && exe=.gpu/before/dptrain
+      rm -rf /tmp/sb-$name-$who
       mpirun -np 1 $exe --config $cfg --train.precision $prec --train.steps 300 --checkpoint.dir /tmp/sb-$name-$who \
         --checkpoint.resume none --log.metrics "" > "$OUT/samebits-$name-$who.log" 2>&1 || echo "$name $who: rc=$?"
     done
@@ -275,6 +279,7 @@ for net in ("small", "big"):
 print("GEMM ceiling (8192^3):", gemm or "not measured")
 PY
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  rm -rf /tmp/ck-cnn
   /usr/bin/time -f "wall %e s" mpirun -np 1 $B/dptrain --config inputs/cnn.ini --checkpoint.dir /tmp/ck-cnn \
     --log.metrics $OUT/cnn-e2e-metrics.jsonl > "$OUT/cnn-e2e.log" 2>&1
   grep -E "wall|final|done|error" "$OUT/cnn-e2e.log"
