@@ -528,8 +528,10 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
   return cur;
 }
 
-void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad) {
-  be_.softmax_xent(logits_, labels, batch, classes(), grad_scale, need_grad ? grad_[0].data() : nullptr, stats);
+void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad, bool smooth) {
+  float* d = need_grad ? grad_[0].data() : nullptr;
+  if (smooth && smoothing_ > 0) be_.softmax_xent_smoothed(logits_, labels, batch, classes(), grad_scale, d, stats, smoothing_);
+  else be_.softmax_xent(logits_, labels, batch, classes(), grad_scale, d, stats);
 }
 
 void Model::backward(const float* x, int batch, bool accumulate, const PassHooks& hooks) {

@@ -12,6 +12,7 @@
 #include "dpt/data.hpp"
 #include "dpt/layer_spec.hpp"
 #include "dpt/nn.hpp"
+#include "dpt/optim.hpp"
 
 using namespace dpt;
 
@@ -435,4 +436,63 @@ TEST(ResnetModel, BackwardIsRepeatable) {
     ASSERT_NEAR(g3[i], 2 * g1[i], 1e-6 + 1e-6 * std::fabs(g1[i])) << i;
   }
   EXPECT_EQ(std::string(kNeedsResnetOps).find("use device.type = cpu") != std::string::npos, true);
+}
+
+// ---- label smoothing and weight decay -------------------------------------------------------
+
+// F.cross_entropy(label_smoothing = eps): loss (1 − eps)·nll + eps·mean_j(−log p_j), and its
+// gradient against finite differences.
+TEST(LossCpu, LabelSmoothing) {
+  auto be = make_cpu_backend({});
+  const int batch = 3, classes = 5;
+  const float eps = 0.1f;
+  auto logits = rnd(size_t(batch) * classes, 11, -2.f, 2.f);
+  const std::vector<int32_t> y = {4, 0, 2};
+  auto loss = [&] {
+    float stats[2] = {0, 0};
+    be->softmax_xent_smoothed(logits.data(), y.data(), batch, classes, 1.f, nullptr, stats, eps);
+    return double(stats[0]);
+  };
+  double want = 0;
+  for (int i = 0; i < batch; ++i) {
+    const float* l = logits.data() + size_t(i) * classes;
+    double z = 0;
+    for (int j = 0; j < classes; ++j) z += std::exp(double(l[j]));
+    double nll_all = 0;
+    for (int j = 0; j < classes; ++j) nll_all += std::log(z) - l[j];
+    want += (1 - eps) * (std::log(z) - l[y[size_t(i)]]) + eps * nll_all / classes;
+  }
+  EXPECT_NEAR(loss(), want, 1e-5);
+  std::vector<float> d(logits.size());
+  float stats[2] = {0, 0};
+  be->softmax_xent_smoothed(logits.data(), y.data(), batch, classes, 1.f, d.data(), stats, eps);
+  expect_fd(logits.data(), logits.size(), d.data(), loss, "dlogits");
+  // eps = 0 is the plain loss.
+  float a[2] = {0, 0}, b[2] = {0, 0};
+  be->softmax_xent_smoothed(logits.data(), y.data(), batch, classes, 1.f, nullptr, a, 0.f);
+  be->softmax_xent(logits.data(), y.data(), batch, classes, 1.f, nullptr, b);
+  EXPECT_NEAR(a[0], b[0], 1e-6);
+}
+
+// train.decay_bn_and_bias = false: 1-D tensors (biases, batch norm) step without weight decay;
+// the padding between tensors is left alone.
+TEST(OptimCpu, NoDecayOnBnAndBias) {
+  auto be = make_cpu_backend({});
+  Config cfg;
+  cfg.optimizer = "sgd";
+  cfg.weight_decay = 0.5;
+  const std::vector<TensorSeg> segs = {{0, 4, true}, {4, 6, false}, {8, 10, false}};
+  float lr = 0.1f;
+  for (bool decay : {true, false}) {
+    cfg.decay_bn_and_bias = decay;
+    Optimizer opt(*be, cfg, 10, segs);
+    std::vector<float> p(10, 1.f), g(10, 0.2f);
+    StepCtl ctl;
+    opt.step_at(p.data() + 2, g.data() + 2, 2, 8, &lr, &ctl, false);  // a range cutting the first tensor
+    EXPECT_EQ(p[0], 1.f);
+    EXPECT_FLOAT_EQ(p[3], 1.f - 0.1f * (0.2f + 0.5f));
+    EXPECT_FLOAT_EQ(p[5], decay ? 1.f - 0.1f * 0.7f : 1.f - 0.1f * 0.2f) << decay;
+    EXPECT_FLOAT_EQ(p[9], decay ? 1.f - 0.1f * 0.7f : 1.f - 0.1f * 0.2f) << decay;
+    EXPECT_EQ(p[6], decay ? 1.f - 0.1f * 0.7f : 1.f) << "padding";
+  }
 }

@@ -289,6 +289,12 @@ class Backend {
   virtual void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
                             float grad_scale, float* dlogits, float* stats) = 0;
 
+  // softmax_xent against the smoothed target (1 − eps)·onehot + eps/classes (F.cross_entropy's
+  // label_smoothing): loss (1 − eps)·(−log p[label]) + eps·mean_j(−log p[j]), dlogits =
+  // (softmax − target)·grad_scale. Default: eps = 0 only (else InputError).
+  virtual void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                                     float grad_scale, float* dlogits, float* stats, float eps);
+
   // ---- the optimizer, fused over the flat arena ----
   // s1: momentum buffer / exp_avg; s2: exp_avg_sq (adam*) — nullptr where unused.
   virtual void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n,

@@ -148,7 +148,9 @@ class Model {
   const float* forward(const float* x, int batch, const TrainPass* train = nullptr);
   // Loss and gradient of the logits from the last forward: adds Σ loss and #correct to stats[0..1];
   // the gradient is scaled by grad_scale (1 / samples the gradient is a mean over).
-  void loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad);
+  // Training losses (smooth) use the label smoothing set; evaluation reports plain cross-entropy.
+  void loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad, bool smooth = true);
+  void set_label_smoothing(float eps) { smoothing_ = eps; }
   // Backward from the last loss() through the last forward (x as given to it); grads are
   // overwritten (accumulate=false) or added to. hooks report the progress, last layer first: a
   // layer's gradients final (bias, then weight, in pieces where asked), then its parameters
@@ -178,6 +180,7 @@ class Model {
   const float* logits_ = nullptr;
   Buffer<float> nobias_db_;  // the bias gradient of convs without bias: computed, never used
   BnReduce bn_reduce_;
+  float smoothing_ = 0.f;
   TrainPass train_;        // the last forward's (dropout's backward applies the same mask)
   bool trained_ = false;   // the last forward was a training pass
 };

@@ -18,6 +18,13 @@ namespace {
 [[noreturn]] void needs_resnet_ops() { throw InputError(kNeedsResnetOps); }
 }  // namespace
 
+void Backend::softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                                    float grad_scale, float* dlogits, float* stats, float eps) {
+  if (eps != 0.f)
+    throw InputError("train.label_smoothing is not built for the " + name() + " backend yet; use device.type = cpu");
+  softmax_xent(logits, labels, batch, classes, grad_scale, dlogits, stats);
+}
+
 void Backend::bn_sums(const float*, int64_t, int, double*) { needs_resnet_ops(); }
 void Backend::bn_forward(const float*, float*, int64_t, int, const double*, const float*, const float*, float,
                          float, float*, float*, float*, float*) { needs_resnet_ops(); }

@@ -297,6 +297,36 @@ class CpuBackend final : public Backend {
     stats[1] += float(correct);
   }
 
+  void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                             float grad_scale, float* dlogits, float* stats, float eps) override {
+    double loss = 0;
+    int correct = 0;
+    for (int r = 0; r < batch; ++r) {
+      const float* l = logits + size_t(r) * classes;
+      int arg = 0;
+      for (int j = 1; j < classes; ++j)
+        if (l[j] > l[arg]) arg = j;
+      const float m = l[arg];
+      double sum = 0, all = 0;
+      for (int j = 0; j < classes; ++j) {
+        sum += std::exp(double(l[j] - m));
+        all += double(l[j] - m);
+      }
+      const int y = labels[r];
+      const double lse = std::log(sum);
+      loss += (1.0 - eps) * (lse - double(l[y] - m)) + eps * (lse - all / classes);
+      correct += (arg == y);
+      if (dlogits) {
+        float* d = dlogits + size_t(r) * classes;
+        const float inv = float(1.0 / sum), off = float(double(eps) / classes) * grad_scale;
+        for (int j = 0; j < classes; ++j) d[j] = std::exp(l[j] - m) * inv * grad_scale - off;
+        d[y] -= (1.f - eps) * grad_scale;
+      }
+    }
+    stats[0] += float(loss);
+    stats[1] += float(correct);
+  }
+
   void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n,
                       const OptimStep& h) override {
     switch (h.kind) {
