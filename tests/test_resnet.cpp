@@ -386,6 +386,11 @@ TEST(ResnetModel, GradientsMatchFiniteDifferences) {
                   "res(res(conv(6,3,stride=2,pad=1,bias=false) bn | conv(6,1,stride=2,bias=false)) tanh conv(6,1) bn | "
                   "conv(6,1,stride=2,bias=false) bn) tanh avgpool(3,stride=2,pad=1) "
                   "avgpool(global) flatten linear(5) bn tanh linear(3)", img, 4);
+  // ResNet's tail: identity blocks with relu on a 2x2 map, then the global average and fc.
+  expect_model_fd("conv(8,3,pad=1,bias=false) bn tanh "
+                  "res(conv(8,3,pad=1,bias=false) bn tanh conv(8,3,pad=1,bias=false) bn) tanh "
+                  "res(conv(8,3,pad=1,bias=false) bn tanh conv(8,3,pad=1,bias=false) bn) tanh "
+                  "avgpool(global) flatten linear(3)", TensorShape::image(3, 2, 2), 6);
 }
 
 // Running statistics move once per training pass; evaluation uses them.
