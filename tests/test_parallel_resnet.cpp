@@ -128,6 +128,22 @@ TEST(SyncBn, OffEqualsAccumulatingTheSameMicroBatches) {
   expect_same_run(train_bn(1, c), two, "2 ranks vs accumulate 2", false);
 }
 
+// train.decay_bn_and_bias = false keeps weight decay off the 1-D tensors wherever the update
+// runs: a sharded optimizer (each rank's chunk of the arena) agrees with the whole arena, and
+// both differ from decaying everything.
+TEST(NoDecay, ShardedAgreesAndDecayMatters) {
+  Config c = res_config();
+  c.batch_per_rank = 12;
+  c.weight_decay = 0.05;
+  c.decay_bn_and_bias = false;
+  const BnOutcome whole = train_bn(2, c);
+  c.shard_optimizer = true;
+  expect_same_run(train_bn(2, c), whole, "sharded vs whole, decay_bn_and_bias = false");
+  c.shard_optimizer = false;
+  c.decay_bn_and_bias = true;
+  EXPECT_GT(max_rel_diff(train_bn(2, c).o.params, whole.o.params), 100 * kParamTol) << "decay everything";
+}
+
 TEST(BnResume, Bitwise) {
   for (bool sync_bn : {false, true}) {
     Config c = res_config();
