@@ -19,10 +19,10 @@ esac
 # Fashion-MNIST files that `dpdata fashion-mnist` imports.
 packages=(g++ make cmake libopenmpi-dev openmpi-bin libhdf5-dev libboost-program-options-dev
           libopenblas-dev zlib1g-dev dataset-fashion-mnist)
-# The tests: GoogleTest; h5dump; PyTorch, h5py and NumPy for the cross-checks; Slurm and munge
+# The tests: GoogleTest; h5dump; PyTorch, torchvision, h5py and NumPy for the cross-checks; Slurm and munge
 # for the batch-script tests; clang and its sanitizer runtime for the fuzzers; nlohmann-json for
 # bench-scaling's records and matplotlib for its plots.
-((tests)) && packages+=(build-essential pkg-config libgtest-dev hdf5-tools python3-torch python3-h5py
+((tests)) && packages+=(build-essential pkg-config libgtest-dev hdf5-tools python3-torch python3-torchvision python3-h5py
                         python3-numpy slurm-wlm slurm-wlm-basic-plugins munge clang libclang-rt-14-dev
                         nlohmann-json3-dev python3-matplotlib)
 

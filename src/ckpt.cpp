@@ -82,9 +82,9 @@ std::vector<std::string> split(const std::string& name) {
   }
 }
 
-// "fc12", "conv3": a layer's name (a prefix and digits); anything else is not one.
+// "fc12", "conv3", "bn0": a layer's name (a prefix and digits); anything else is not one.
 bool is_layer_name(const std::string& s) {
-  for (const char* prefix : {"fc", "conv"}) {
+  for (const char* prefix : {"fc", "conv", "bn"}) {
     const size_t n = std::char_traits<char>::length(prefix);
     if (s.size() <= n || s.size() > n + 9 || s.compare(0, n, prefix) != 0) continue;
     bool digits = true;
@@ -113,18 +113,27 @@ std::string layers_problem(const std::vector<int>& layers) {
   return "";
 }
 
-// The weight and bias shapes of every layer of the checkpoint's model, by name.
-using Shapes = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+// The model tensors a checkpoint must hold, by name under model/: shape, whether the optimizer
+// holds state for it (a parameter), and whether it is int64.
+struct Expect {
+  std::vector<int64_t> shape;
+  bool param = true;
+  bool int64 = false;
+};
+using Expected = std::map<std::string, Expect>;
 
 // From `layers` (fc<i>: (out, in) and (out)), or from the layer list in `model` planned for
-// `input_shape` (conv<i>: (out, c, k, k)). Sets *problem when the model attributes are unusable.
-Shapes expected_layers(const Checkpoint& ck, std::string* problem) {
-  Shapes s;
+// `input_shape`. Sets *problem when the model attributes are unusable.
+Expected expected_tensors(const Checkpoint& ck, std::string* problem) {
+  Expected s;
   if (ck.model.empty()) {
     *problem = layers_problem(ck.layers);
     if (!problem->empty()) return s;
-    for (size_t i = 0; i + 1 < ck.layers.size(); ++i)
-      s["fc" + std::to_string(i)] = {{ck.layers[i + 1], ck.layers[i]}, {ck.layers[i + 1]}};
+    for (size_t i = 0; i + 1 < ck.layers.size(); ++i) {
+      const std::string n = "fc" + std::to_string(i);
+      s[n + "/weight"] = {{ck.layers[i + 1], ck.layers[i]}};
+      s[n + "/bias"] = {{ck.layers[i + 1]}};
+    }
     return s;
   }
   if (!ck.layers.empty()) {
@@ -143,13 +152,23 @@ Shapes expected_layers(const Checkpoint& ck, std::string* problem) {
     }
   try {
     const TensorShape shape = in.size() == 3 ? TensorShape::image(in[0], in[1], in[2]) : TensorShape::features(in[0]);
-    for (const PlannedLayer& p : plan_model(parse_layer_list(ck.model), shape, 0).layers) {
+    const ModelPlan plan = plan_model(parse_layer_list(ck.model), shape, 0);
+    const std::string sep = plan.preset ? "." : "/";  // torchvision's keys, or our groups
+    for (const PlannedLayer& p : plan.layers) {
       if (p.name.empty()) continue;
+      const std::string n = p.name + sep;
+      if (p.spec.kind == LayerKind::bn) {
+        s[n + "weight"] = {{p.in.c}};
+        s[n + "bias"] = {{p.in.c}};
+        s[n + "running_mean"] = {{p.in.c}, false};
+        s[n + "running_var"] = {{p.in.c}, false};
+        s[n + "num_batches_tracked"] = {{}, false, true};
+        continue;
+      }
       const int64_t out = p.spec.out;
-      std::vector<int64_t> w = p.spec.kind == LayerKind::conv
-                                   ? std::vector<int64_t>{out, p.in.c, p.spec.k, p.spec.k}
-                                   : std::vector<int64_t>{out, p.weights / out};
-      s[p.name] = {w, {out}};
+      s[n + "weight"] = {p.spec.kind == LayerKind::conv ? std::vector<int64_t>{out, p.in.c, p.spec.k, p.spec.k}
+                                                        : std::vector<int64_t>{out, p.weights / out}};
+      if (p.biases) s[n + "bias"] = {{out}};
     }
   } catch (const InputError& e) {
     *problem = "model attribute: " + std::string(e.what());
@@ -158,7 +177,7 @@ Shapes expected_layers(const Checkpoint& ck, std::string* problem) {
 }
 
 // who: what the shapes come from, for the message ("layers require", "the model requires").
-std::string tensor_problem(const Shapes& layers, const char* who, const Tensor& t) {
+std::string tensor_problem(const Expected& want, const char* who, const Tensor& t) {
   std::string p = name_problem(t.name);
   if (!p.empty()) return p;
   uint64_t n = 1;
@@ -166,41 +185,45 @@ std::string tensor_problem(const Shapes& layers, const char* who, const Tensor& 
     if (d < 0) return "tensor " + t.name + " has a negative dimension";
     n *= uint64_t(d);
   }
-  if (n != t.data.size())
-    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " +
-           std::to_string(t.data.size()) + " values";
+  if (n != t.count())
+    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " + std::to_string(t.count()) + " values";
   const auto parts = split(t.name);
-  const std::string& leaf = parts.back();
-  if (parts.size() < 3 || (leaf != "weight" && leaf != "bias") || !is_layer_name(parts[parts.size() - 2])) {
-    if (t.name.compare(0, 6, "model/") == 0) return "unexpected model tensor " + t.name;
+  const bool model = parts[0] == "model";
+  // The name under model/, or under optimizer/<state>/.
+  std::string key;
+  for (size_t i = model ? 1 : 2; i < parts.size(); ++i) key += (key.empty() ? "" : "/") + parts[i];
+  const auto it = want.find(key);
+  if (it == want.end() || (!model && !it->second.param)) {
+    const std::string& leaf = parts.back();
+    const bool layer_form = parts.size() >= 3 && (leaf == "weight" || leaf == "bias") &&
+                            is_layer_name(parts[parts.size() - 2]);
+    if (layer_form)
+      return "tensor " + t.name + " names layer " + parts[parts.size() - 2] + ", which the model does not have";
+    if (model) return "unexpected model tensor " + t.name;
     return "";  // free-form optimizer state (e.g. a scalar) is allowed
   }
-  const auto it = layers.find(parts[parts.size() - 2]);
-  if (it == layers.end())
-    return "tensor " + t.name + " names layer " + parts[parts.size() - 2] + ", which the model does not have";
-  const std::vector<int64_t>& want = leaf == "weight" ? it->second.first : it->second.second;
-  if (t.shape != want)
-    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " + who + " " + shape_str(want);
+  if (t.int64 != it->second.int64)
+    return "tensor " + t.name + " is " + (t.int64 ? "int64" : "float") + " but should be " +
+           (it->second.int64 ? "int64" : "float32");
+  if (t.shape != it->second.shape)
+    return "tensor " + t.name + " has shape " + shape_str(t.shape) + " but " + who + " " + shape_str(it->second.shape);
   return "";
 }
 
 // Everything the writer promises and the reader demands about names and shapes.
 std::string layout_problem(const Checkpoint& ck) {
   std::string p;
-  const Shapes layers = expected_layers(ck, &p);
+  const Expected want = expected_tensors(ck, &p);
   if (!p.empty()) return p;
   if (ck.tensors.size() > kMaxTensors) return "too many tensors";
   std::set<std::string> names;
   for (const Tensor& t : ck.tensors) {
-    p = tensor_problem(layers, ck.model.empty() ? "layers require" : "the model requires", t);
+    p = tensor_problem(want, ck.model.empty() ? "layers require" : "the model requires", t);
     if (!p.empty()) return p;
     if (!names.insert(t.name).second) return "tensor " + t.name + " appears twice";
   }
-  for (const auto& l : layers)
-    for (const char* leaf : {"weight", "bias"}) {
-      std::string n = "model/" + l.first + "/" + leaf;
-      if (!names.count(n)) return "tensor " + n + " is missing";
-    }
+  for (const auto& w : want)
+    if (!names.count("model/" + w.first)) return "tensor model/" + w.first + " is missing";
   return "";
 }
 
@@ -225,7 +248,8 @@ uint32_t tensor_checksum(const std::vector<Tensor>& tensors) {
     int64_t rank = int64_t(t->shape.size());
     feed(&rank, sizeof rank);
     feed(t->shape.data(), t->shape.size() * sizeof(int64_t));
-    feed(t->data.data(), t->data.size() * sizeof(float));
+    if (t->int64) feed(t->ints.data(), t->ints.size() * sizeof(int64_t));
+    else feed(t->data.data(), t->data.size() * sizeof(float));
   }
   return uint32_t(crc);
 }
@@ -301,10 +325,12 @@ void write_tensor(hid_t file, hid_t lcpl, const Tensor& t) {
   H5Id space = t.shape.empty()
                    ? DPT_H5_OPEN(H5Screate(H5S_SCALAR), H5Sclose)
                    : DPT_H5_OPEN(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
-  H5Id dset = DPT_H5_OPEN(H5Dcreate2(file, t.name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl,
-                                     H5P_DEFAULT, H5P_DEFAULT),
+  H5Id dset = DPT_H5_OPEN(H5Dcreate2(file, t.name.c_str(), t.int64 ? H5T_STD_I64LE : H5T_IEEE_F32LE, space.get(),
+                                     lcpl, H5P_DEFAULT, H5P_DEFAULT),
                           H5Dclose);
-  if (!t.data.empty())
+  if (t.int64 && !t.ints.empty())
+    DPT_CHECK_H5(H5Dwrite(dset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.ints.data()));
+  else if (!t.data.empty())
     DPT_CHECK_H5(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                           t.data.data()));
 }
@@ -581,7 +607,10 @@ Tensor read_tensor(const Reader& r, hid_t file, const std::string& name, uint64_
   const std::string what = "dataset /" + name;
   H5Id dset = r.open(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose, "cannot open " + what);
   H5Id type = r.open(H5Dget_type(dset.get()), H5Tclose, "cannot read the type of " + what);
-  if (H5Tget_class(type.get()) != H5T_FLOAT) r.fail(what + " is not floating point");
+  const H5T_class_t cls = H5Tget_class(type.get());
+  // Float tensors, and int64 counters (batch norm's num_batches_tracked).
+  if (cls != H5T_FLOAT && !(cls == H5T_INTEGER && H5Tget_size(type.get()) == 8))
+    r.fail(what + " is not floating point or int64");
   H5Id space = r.open(H5Dget_space(dset.get()), H5Sclose, "cannot read the shape of " + what);
   int rank = H5Sget_simple_extent_ndims(space.get());
   if (rank < 0 || rank > kMaxRank) r.fail(what + " has a damaged or absurd rank");
@@ -601,9 +630,12 @@ Tensor read_tensor(const Reader& r, hid_t file, const std::string& name, uint64_
   uint64_t limit = contiguous ? file_size : uint64_t(kMaxChunkedBytes);
   if (n > limit / sizeof(float))
     r.fail(what + " claims " + shape_str(t.shape) + " values, more than the file can hold");
-  t.data.resize(size_t(n));
+  t.int64 = cls == H5T_INTEGER;
+  if (t.int64) t.ints.resize(size_t(n));
+  else t.data.resize(size_t(n));
   if (n)
-    r.ok(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.data()),
+    r.ok(H5Dread(dset.get(), t.int64 ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                 t.int64 ? static_cast<void*>(t.ints.data()) : static_cast<void*>(t.data.data())),
          "cannot read " + what + " (truncated or damaged)");
   return t;
 }

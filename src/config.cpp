@@ -59,6 +59,8 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("model.activation", &c.activation, "relu | tanh | sigmoid | gelu (MLP widths only)");
   t.add("model.input_shape", &k.input_shape, "C,H,W of a flat dataset's samples (layer lists, augmentation)");
   t.add("model.init", &c.init, "checkpoint to start from (its model weights)");
+  t.add("model.sync_bn", &c.sync_bn,
+        "batch norm's statistics over every rank's micro-batch (true) or each rank's own (false)");
   t.add("data.train", &c.train_file, "training set (HDF5, see README)");
   t.add("data.test", &c.test_file, "test set (HDF5), evaluated across all ranks");
   t.add("data.shuffle", &c.shuffle, "one permutation per epoch seeded by (seed, epoch)");
@@ -72,6 +74,9 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("train.lr", &c.lr, "learning rate (before scaling)");
   t.add("train.momentum", &c.momentum, "momentum (momentum, nesterov)");
   t.add("train.weight_decay", &c.weight_decay, "L2 (sgd*, adam) or decoupled (adamw)");
+  t.add("train.decay_bn_and_bias", &c.decay_bn_and_bias,
+        "false: no weight decay on batch norm's parameters and biases (true: PyTorch's default)");
+  t.add("train.label_smoothing", &c.label_smoothing, "cross-entropy label smoothing in [0, 1) (F.cross_entropy's)");
   t.add("train.beta1", &c.beta1, "Adam beta1");
   t.add("train.beta2", &c.beta2, "Adam beta2");
   t.add("train.eps", &c.eps, "Adam/LAMB epsilon");
@@ -302,6 +307,8 @@ void validate(const Config& c) {
   finite_pos("train.eps", c.eps, false);
   finite_pos("train.trust_coefficient", c.trust_coefficient, true);
   finite_pos("train.trust_clip", c.trust_clip, true);
+  if (!(c.label_smoothing >= 0 && c.label_smoothing < 1))
+    bad("train.label_smoothing", show(c.label_smoothing), c, "must be in [0, 1)");
   if (!(c.momentum >= 0 && c.momentum < 1)) bad("train.momentum", show(c.momentum), c, "must be in [0, 1)");
   if (!(c.beta1 >= 0 && c.beta1 < 1)) bad("train.beta1", show(c.beta1), c, "must be in [0, 1)");
   if (!(c.beta2 >= 0 && c.beta2 < 1)) bad("train.beta2", show(c.beta2), c, "must be in [0, 1)");

@@ -1,5 +1,6 @@
 #include "dpt/layer_spec.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -25,6 +26,8 @@ const char* kind_name(LayerKind k) {
     case LayerKind::flatten: return "flatten";
     case LayerKind::linear: return "linear";
     case LayerKind::dropout: return "dropout";
+    case LayerKind::bn: return "bn";
+    case LayerKind::res: return "res";
     default: return "act";
   }
 }
@@ -80,8 +83,12 @@ std::vector<Token> tokenize(const std::string& s) {
     size_t j = i;
     while (j < s.size() && std::isspace(static_cast<unsigned char>(s[j]))) ++j;
     if (j < s.size() && s[j] == '(') {
-      const size_t close = s.find(')', j);
-      if (close == std::string::npos) {
+      size_t close = j;  // the matching ')': residual blocks hold layer lists with parentheses
+      for (int depth = 0; close < s.size(); ++close) {
+        depth += s[close] == '(' ? 1 : s[close] == ')' ? -1 : 0;
+        if (depth == 0) break;
+      }
+      if (close == s.size()) {
         t.text = s.substr(start, std::min<size_t>(40, s.size() - start));
         bad_layer(t, "'(' without a closing ')'");
       }
@@ -93,7 +100,7 @@ std::vector<Token> tokenize(const std::string& s) {
     if (t.name.empty()) {
       t.text = s.substr(start, std::min<size_t>(40, s.size() - start));
       bad_layer(t, "expected a layer name (conv, maxpool, avgpool, relu, tanh, sigmoid, gelu, "
-                   "flatten, linear, dropout)");
+                   "flatten, linear, dropout, bn, res, resnet18, resnet34, resnet50)");
     }
     if (i < s.size() && !std::isspace(static_cast<unsigned char>(s[i]))) {
       t.text = s.substr(start, std::min<size_t>(40, s.size() - start));
@@ -162,26 +169,77 @@ const std::string* named(const Args& a, const char* n) {
   return nullptr;
 }
 
-LayerSpec parse_token(const Token& t) {
-  const Args a = split_args(t);
-  LayerSpec l;
+bool bool_arg(const Token& t, const std::string& what, const std::string& v) {
+  if (v == "true") return true;
+  if (v == "false") return false;
+  bad_layer(t, what + " '" + v + "' is not true or false");
+}
+
+constexpr int kMaxResDepth = 8;  // residual blocks inside residual blocks
+
+std::vector<LayerSpec> parse_list(const std::string& text, int depth);
+
+// res(<body>[ | <shortcut>]): two layer lists split at the '|' outside any parentheses.
+void parse_res(const Token& t, LayerSpec& l, int depth) {
+  if (depth >= kMaxResDepth) bad_layer(t, "residual blocks nested more than " + std::to_string(kMaxResDepth) + " deep");
+  std::vector<size_t> bars;
+  int d = 0;
+  for (size_t i = 0; i < t.args.size(); ++i) {
+    d += t.args[i] == '(' ? 1 : t.args[i] == ')' ? -1 : 0;
+    if (d == 0 && t.args[i] == '|') bars.push_back(i);
+  }
+  if (bars.size() > 1) bad_layer(t, "a residual block has one '|' at most: res(<body> | <shortcut>)");
+  const std::string body = bars.empty() ? t.args : t.args.substr(0, bars[0]);
+  const std::string sc = bars.empty() ? std::string() : t.args.substr(bars[0] + 1);
+  auto branch = [&](const std::string& text, const char* which) {
+    try {
+      return parse_list(text, depth + 1);
+    } catch (const InputError& e) {
+      bad_layer(t, std::string("in its ") + which + ": " + e.what());
+    }
+  };
+  if (trim(body).empty()) bad_layer(t, "the block's body is empty: res(<body>[ | <shortcut>])");
+  l.body = branch(body, "body");
+  if (!bars.empty()) {
+    if (trim(sc).empty()) bad_layer(t, "the shortcut after '|' is empty (leave out '|' for the identity)");
+    l.shortcut = branch(sc, "shortcut");
+  }
+}
+
+LayerSpec parse_token(const Token& t, int depth) {
   const std::string& n = t.name;
+  LayerSpec l;
+  if (n == "res") {
+    if (!t.parens) bad_layer(t, "expected res(<body>[ | <shortcut>])");
+    l.kind = LayerKind::res;
+    parse_res(t, l, depth);
+    return l;
+  }
+  const Args a = split_args(t);
   if (n == "conv") {
-    expect_args(t, a, 2, 2, {"stride", "pad"}, "conv(C_out, K[, stride=S][, pad=P])");
+    expect_args(t, a, 2, 2, {"stride", "pad", "bias"}, "conv(C_out, K[, stride=S][, pad=P][, bias=false])");
     l.kind = LayerKind::conv;
     l.out = int_arg(t, "C_out", a.pos[0], 1, kMaxWidth);
     l.k = int_arg(t, "kernel size", a.pos[1], 1, kMaxKernel);
     if (auto* s = named(a, "stride")) l.stride = int_arg(t, "stride", *s, 1, kMaxStride);
     if (auto* p = named(a, "pad")) l.pad = int_arg(t, "pad", *p, 0, kMaxPad);
+    if (auto* b = named(a, "bias")) l.bias = bool_arg(t, "bias", *b);
   } else if (n == "maxpool" || n == "avgpool") {
-    expect_args(t, a, 1, 1, {"stride"}, (n + "(K[, stride=S])").c_str());
     l.kind = n == "maxpool" ? LayerKind::maxpool : LayerKind::avgpool;
+    if (n == "avgpool" && a.pos.size() == 1 && a.pos[0] == "global") {
+      if (!a.kw.empty()) bad_layer(t, "avgpool(global) takes no other argument");
+      l.global = true;
+      return l;
+    }
+    expect_args(t, a, 1, 1, {"stride", "pad"}, (n + "(K[, stride=S][, pad=P])" + (n == "avgpool" ? " or avgpool(global)" : "")).c_str());
     l.k = int_arg(t, "kernel size", a.pos[0], 1, kMaxKernel);
     l.stride = l.k;
     if (auto* s = named(a, "stride")) l.stride = int_arg(t, "stride", *s, 1, kMaxStride);
-  } else if (n == "relu" || n == "tanh" || n == "sigmoid" || n == "gelu" || n == "flatten") {
+    if (auto* p = named(a, "pad")) l.pad = int_arg(t, "pad", *p, 0, kMaxPad);
+    if (2 * l.pad > l.k) bad_layer(t, "pad " + std::to_string(l.pad) + " is more than half the kernel " + std::to_string(l.k) + " (PyTorch's limit)");
+  } else if (n == "relu" || n == "tanh" || n == "sigmoid" || n == "gelu" || n == "flatten" || n == "bn") {
     if (!a.pos.empty() || !a.kw.empty()) bad_layer(t, n + " takes no arguments");
-    l.kind = n == "flatten" ? LayerKind::flatten : LayerKind::act;
+    l.kind = n == "flatten" ? LayerKind::flatten : n == "bn" ? LayerKind::bn : LayerKind::act;
     l.act = n == "relu" ? Act::relu : n == "tanh" ? Act::tanh : n == "sigmoid" ? Act::sigmoid
           : n == "gelu" ? Act::gelu : Act::none;
   } else if (n == "linear") {
@@ -196,16 +254,28 @@ LayerSpec parse_token(const Token& t) {
     l.p = std::strtod(v.c_str(), &end);
     if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(l.p) || l.p < 0 || l.p >= 1)
       bad_layer(t, "p '" + v + "' is not a number in [0, 1)");
+  } else if (n == "resnet18" || n == "resnet34" || n == "resnet50") {
+    expect_args(t, a, 0, 0, {"stem", "classes"}, (n + "[(stem=small|default][, classes=N])").c_str());
+    if (depth > 0) bad_layer(t, "a preset is a whole model: it cannot be inside a residual block");
+    l.kind = LayerKind::preset;
+    l.preset = n;
+    if (auto* st = named(a, "stem")) {
+      if (*st != "small" && *st != "default") bad_layer(t, "stem '" + *st + "' is not small or default");
+      l.small_stem = *st == "small";
+    }
+    if (auto* c = named(a, "classes")) l.classes = int_arg(t, "classes", *c, 1, kMaxWidth);
   } else {
     bad_layer(t, "unknown layer '" + n + "' (conv, maxpool, avgpool, relu, tanh, sigmoid, gelu, "
-                 "flatten, linear, dropout)");
+                 "flatten, linear, dropout, bn, res, or a preset: resnet18, resnet34, resnet50)");
   }
   return l;
 }
 
-[[noreturn]] void bad_shape(size_t i, const LayerSpec& l, const TensorShape& in, const std::string& why) {
-  throw InputError("layer " + std::to_string(i + 1) + " '" + l.text() + "' (input " + in.str() +
-                   "): " + why);
+std::vector<LayerSpec> parse_list(const std::string& text, int depth) {
+  std::vector<LayerSpec> out;
+  for (const Token& t : tokenize(text)) out.push_back(parse_token(t, depth));
+  if (out.empty()) throw InputError("the layer list is empty");
+  return out;
 }
 
 int64_t conv_out(int64_t in, int k, int stride, int pad) { return (in + 2 * pad - k) / stride + 1; }
@@ -216,21 +286,35 @@ std::string LayerSpec::text() const {
   switch (kind) {
     case LayerKind::conv:
       return "conv(" + std::to_string(out) + "," + std::to_string(k) + ",stride=" +
-             std::to_string(stride) + ",pad=" + std::to_string(pad) + ")";
+             std::to_string(stride) + ",pad=" + std::to_string(pad) + (bias ? "" : ",bias=false") + ")";
     case LayerKind::maxpool:
     case LayerKind::avgpool:
-      return std::string(kind_name(kind)) + "(" + std::to_string(k) + ",stride=" + std::to_string(stride) + ")";
+      if (global) return "avgpool(global)";
+      return std::string(kind_name(kind)) + "(" + std::to_string(k) + ",stride=" + std::to_string(stride) +
+             (pad ? ",pad=" + std::to_string(pad) : std::string()) + ")";
     case LayerKind::act: return act_text(act);
     case LayerKind::flatten: return "flatten";
     case LayerKind::linear: return "linear(" + std::to_string(out) + ")";
     case LayerKind::dropout: return "dropout(" + shortest(p) + ")";
+    case LayerKind::bn: return "bn";
+    case LayerKind::res:
+      return "res(" + layer_list_text(body) + (shortcut.empty() ? "" : " | " + layer_list_text(shortcut)) + ")";
+    case LayerKind::preset: {
+      std::string a = small_stem ? "stem=small" : "";
+      if (classes) a += (a.empty() ? "" : ",") + std::string("classes=") + std::to_string(classes);
+      return preset + (a.empty() ? "" : "(" + a + ")");
+    }
+    case LayerKind::res_begin: return "res(";
+    case LayerKind::res_shortcut: return "|";
+    case LayerKind::res_end: return ")";
   }
   return "?";
 }
 
 bool LayerSpec::operator==(const LayerSpec& o) const {
   return kind == o.kind && out == o.out && k == o.k && stride == o.stride && pad == o.pad &&
-         act == o.act && p == o.p;
+         bias == o.bias && global == o.global && act == o.act && p == o.p && body == o.body &&
+         shortcut == o.shortcut && preset == o.preset && small_stem == o.small_stem && classes == o.classes;
 }
 
 std::string TensorShape::str() const {
@@ -248,10 +332,7 @@ std::vector<LayerSpec> parse_layer_list(const std::string& text) {
   if (text.size() > kMaxLayerListChars)
     throw InputError("the layer list is " + std::to_string(text.size()) + " characters long (at most " +
                      std::to_string(kMaxLayerListChars) + ")");
-  std::vector<LayerSpec> out;
-  for (const Token& t : tokenize(text)) out.push_back(parse_token(t));
-  if (out.empty()) throw InputError("the layer list is empty");
-  return out;
+  return parse_list(text, 0);
 }
 
 std::string layer_list_text(const std::vector<LayerSpec>& layers) {
@@ -277,16 +358,90 @@ std::vector<LayerSpec> mlp_layer_list(const std::vector<int>& widths, Act act) {
   return out;
 }
 
-ModelPlan plan_model(const std::vector<LayerSpec>& layers, const TensorShape& input, int num_classes) {
-  ModelPlan m;
-  m.input = input;
-  TensorShape cur = input;
-  int convs = 0, fcs = 0;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const LayerSpec& l = layers[i];
+namespace {
+
+LayerSpec conv_spec(int out, int k, int stride, int pad, const std::string& name) {
+  LayerSpec l;
+  l.kind = LayerKind::conv;
+  l.out = out, l.k = k, l.stride = stride, l.pad = pad, l.bias = false, l.name = name;
+  return l;
+}
+LayerSpec simple_spec(LayerKind kind, const std::string& name = "") {
+  LayerSpec l;
+  l.kind = kind;
+  l.name = name;
+  if (kind == LayerKind::act) l.act = Act::relu;
+  return l;
+}
+
+// Shape inference over a list that may hold residual blocks, which it lists flat (LayerKind).
+struct Planner {
+  ModelPlan& m;
+  int convs = 0, fcs = 0, bns = 0;
+  bool seen = false;  // a layer that computes something came before
+
+  [[noreturn]] static void bad(const std::string& where, size_t i, const LayerSpec& l, const TensorShape& in,
+                               const std::string& why) {
+    throw InputError(where + "layer " + std::to_string(i + 1) + " '" + l.text() + "' (input " + in.str() + "): " + why);
+  }
+
+  void list(const std::vector<LayerSpec>& layers, TensorShape& cur, int depth, const std::string& where) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const LayerSpec& l = layers[i];
+      if (l.kind == LayerKind::preset) {
+        if (depth > 0 || layers.size() != 1)
+          bad(where, i, l, cur, "a preset is the whole model: model.layers = " + l.preset + "[(stem=small)] alone");
+        list(expand_preset(l), cur, depth, where + "layer 1 '" + l.text() + "', ");
+        continue;
+      }
+      if (l.kind == LayerKind::res) {
+        block(l, cur, depth, where + "layer " + std::to_string(i + 1) + " '" + l.text() + "', ");
+        continue;
+      }
+      layer(l, cur, depth, i, where);
+    }
+  }
+
+  void push(const PlannedLayer& p, size_t i, const std::string& where) {
+    if (p.out.size() > kMaxSampleElems)
+      bad(where, i, p.spec, p.in, "its output " + p.out.str() + " has more than 2^31 - 1 elements per sample");
+    m.params += p.weights + p.biases;
+    if (m.params > kMaxParams) bad(where, i, p.spec, p.in, "the model has more than 2^34 parameters at this layer");
+    m.layers.push_back(p);
+  }
+
+  void block(const LayerSpec& l, TensorShape& cur, int depth, const std::string& where) {
+    PlannedLayer p;
+    p.spec = l;
+    p.spec.kind = LayerKind::res_begin;
+    p.in = p.out = cur;
+    p.depth = depth;
+    const TensorShape in = cur;
+    push(p, 0, where);
+    TensorShape body = in, sc = in;
+    list(l.body, body, depth + 1, where + "its body: ");
+    p.spec.kind = LayerKind::res_shortcut;
+    p.in = body;
+    p.out = in;
+    push(p, 0, where);
+    list(l.shortcut, sc, depth + 1, where + "its shortcut: ");
+    if (!(body == sc))
+      throw InputError(where.substr(0, where.size() - 2) + " (input " + in.str() + "): its body gives " + body.str() +
+                       " but its shortcut " + (l.shortcut.empty() ? "(the identity) " : "") + "gives " + sc.str() +
+                       (l.shortcut.empty() ? ": a block that changes shape needs a projection shortcut, e.g. "
+                                             "res(... | conv(C,1,stride=S,bias=false) bn)"
+                                           : ""));
+    p.spec.kind = LayerKind::res_end;
+    p.in = p.out = body;
+    push(p, 0, where);
+    cur = body;
+  }
+
+  void layer(const LayerSpec& l, TensorShape& cur, int depth, size_t i, const std::string& where) {
     PlannedLayer p;
     p.spec = l;
     p.in = cur;
+    p.depth = depth;
     TensorShape o = cur;
     switch (l.kind) {
       case LayerKind::conv:
@@ -294,22 +449,25 @@ ModelPlan plan_model(const std::vector<LayerSpec>& layers, const TensorShape& in
       case LayerKind::avgpool: {
         const bool conv = l.kind == LayerKind::conv;
         if (cur.flat)
-          bad_shape(i, l, cur, i == 0 ? "needs an image input (C x H x W): the data is flat; set "
+          bad(where, i, l, cur, !seen ? "needs an image input (C x H x W): the data is flat; set "
                                         "model.input_shape = C,H,W"
                                       : "needs an image input, but its input is flat (a conv or "
                                         "pool cannot follow flatten or linear)");
-        const int pad = conv ? l.pad : 0;
-        if (cur.h + 2 * pad < l.k || cur.w + 2 * pad < l.k)
-          bad_shape(i, l, cur, "kernel " + std::to_string(l.k) + "x" + std::to_string(l.k) +
+        if (l.global) {
+          o = TensorShape::image(cur.c, 1, 1);
+          break;
+        }
+        if (cur.h + 2 * l.pad < l.k || cur.w + 2 * l.pad < l.k)
+          bad(where, i, l, cur, "kernel " + std::to_string(l.k) + "x" + std::to_string(l.k) +
                                    " is larger than its input " + std::to_string(cur.h) + "x" +
                                    std::to_string(cur.w) +
-                                   (pad ? " padded by " + std::to_string(pad) : std::string()));
-        o = TensorShape::image(conv ? l.out : cur.c, conv_out(cur.h, l.k, l.stride, pad),
-                               conv_out(cur.w, l.k, l.stride, pad));
+                                   (l.pad ? " padded by " + std::to_string(l.pad) : std::string()));
+        o = TensorShape::image(conv ? l.out : cur.c, conv_out(cur.h, l.k, l.stride, l.pad),
+                               conv_out(cur.w, l.k, l.stride, l.pad));
         if (conv) {
           p.weights = int64_t(l.out) * cur.c * l.k * l.k;
-          p.biases = l.out;
-          p.name = "conv" + std::to_string(convs++);
+          p.biases = l.bias ? l.out : 0;
+          p.name = !l.name.empty() ? l.name : "conv" + std::to_string(convs++);
         }
         break;
       }
@@ -317,52 +475,146 @@ ModelPlan plan_model(const std::vector<LayerSpec>& layers, const TensorShape& in
         o = TensorShape::features(cur.size());
         break;
       case LayerKind::linear:
-        if (!cur.flat && i > 0)
-          bad_shape(i, l, cur, "needs a flat input: put flatten before it");
+        if (!cur.flat && seen)
+          bad(where, i, l, cur, "needs a flat input: put flatten before it");
         p.weights = int64_t(l.out) * cur.size();
         p.biases = l.out;
-        p.name = "fc" + std::to_string(fcs++);
+        p.name = !l.name.empty() ? l.name : "fc" + std::to_string(fcs++);
         o = TensorShape::features(l.out);
         break;
-      case LayerKind::act:
-      case LayerKind::dropout:
+      case LayerKind::bn:
+        if (!seen)
+          bad(where, i, l, cur, "bn before any layer: batch norm normalises a layer's output; put it "
+                                "after a conv, linear or flatten");
+        p.weights = p.biases = cur.c;
+        p.name = !l.name.empty() ? l.name : "bn" + std::to_string(bns++);
+        break;
+      default:
         break;
     }
-    if (o.size() > kMaxSampleElems)
-      bad_shape(i, l, cur, "its output " + o.str() + " has more than 2^31 - 1 elements per sample");
     p.out = o;
-    m.params += p.weights + p.biases;
-    if (m.params > kMaxParams)
-      bad_shape(i, l, cur, "the model has more than 2^34 parameters at this layer");
-    m.layers.push_back(p);
+    push(p, i, where);
+    seen = true;
     cur = o;
   }
+};
+
+}  // namespace
+
+std::vector<LayerSpec> expand_preset(const LayerSpec& preset) {
+  int blocks[4] = {2, 2, 2, 2};
+  bool bottleneck = false;
+  if (preset.preset == "resnet34" || preset.preset == "resnet50") {
+    blocks[1] = 4, blocks[2] = 6, blocks[0] = blocks[3] = 3;
+    bottleneck = preset.preset == "resnet50";
+  } else if (preset.preset != "resnet18") {
+    throw InputError("unknown preset '" + preset.preset + "' (resnet18, resnet34, resnet50)");
+  }
+  if (preset.classes < 1) throw InputError(preset.preset + ": the number of classes is not known");
+  std::vector<LayerSpec> out;
+  if (preset.small_stem) {
+    out.push_back(conv_spec(64, 3, 1, 1, "conv1"));
+  } else {
+    out.push_back(conv_spec(64, 7, 2, 3, "conv1"));
+  }
+  out.push_back(simple_spec(LayerKind::bn, "bn1"));
+  out.push_back(simple_spec(LayerKind::act));
+  if (!preset.small_stem) {
+    LayerSpec mp = simple_spec(LayerKind::maxpool);
+    mp.k = 3, mp.stride = 2, mp.pad = 1;
+    out.push_back(mp);
+  }
+  // torchvision's _make_layer: the first block of a stage strides (on its 3x3 conv) and, where
+  // the shape changes, projects its shortcut with a strided 1x1 conv and bn (downsample.0, .1).
+  const int exp = bottleneck ? 4 : 1;
+  int inplanes = 64;
+  for (int s = 0; s < 4; ++s) {
+    const int planes = 64 << s;
+    for (int b = 0; b < blocks[s]; ++b) {
+      const int stride = s > 0 && b == 0 ? 2 : 1;
+      const std::string n = "layer" + std::to_string(s + 1) + "." + std::to_string(b) + ".";
+      LayerSpec r = simple_spec(LayerKind::res);
+      auto& body = r.body;
+      if (bottleneck) {
+        body = {conv_spec(planes, 1, 1, 0, n + "conv1"), simple_spec(LayerKind::bn, n + "bn1"), simple_spec(LayerKind::act),
+                conv_spec(planes, 3, stride, 1, n + "conv2"), simple_spec(LayerKind::bn, n + "bn2"), simple_spec(LayerKind::act),
+                conv_spec(planes * exp, 1, 1, 0, n + "conv3"), simple_spec(LayerKind::bn, n + "bn3")};
+      } else {
+        body = {conv_spec(planes, 3, stride, 1, n + "conv1"), simple_spec(LayerKind::bn, n + "bn1"), simple_spec(LayerKind::act),
+                conv_spec(planes, 3, 1, 1, n + "conv2"), simple_spec(LayerKind::bn, n + "bn2")};
+      }
+      if (stride != 1 || inplanes != planes * exp)
+        r.shortcut = {conv_spec(planes * exp, 1, stride, 0, n + "downsample.0"),
+                      simple_spec(LayerKind::bn, n + "downsample.1")};
+      out.push_back(r);
+      out.push_back(simple_spec(LayerKind::act));
+      inplanes = planes * exp;
+    }
+  }
+  LayerSpec gap = simple_spec(LayerKind::avgpool);
+  gap.global = true;
+  out.push_back(gap);
+  out.push_back(simple_spec(LayerKind::flatten));
+  LayerSpec fc = simple_spec(LayerKind::linear, "fc");
+  fc.out = preset.classes;
+  out.push_back(fc);
+  return out;
+}
+
+bool ModelPlan::has_bn() const {
+  for (const PlannedLayer& p : layers)
+    if (p.spec.kind == LayerKind::bn) return true;
+  return false;
+}
+
+ModelPlan plan_model(const std::vector<LayerSpec>& layers_in, const TensorShape& input, int num_classes) {
+  std::vector<LayerSpec> layers = layers_in;
+  ModelPlan m;
+  m.input = input;
+  for (LayerSpec& l : layers)
+    if (l.kind == LayerKind::preset) {
+      m.preset = true;
+      if (l.classes == 0) l.classes = num_classes;
+      if (l.classes < 1)
+        throw InputError("layer 1 '" + l.text() + "': the number of classes is not known (set classes=N)");
+      expand_preset(l);  // an unknown preset fails here
+    }
+  m.text = layer_list_text(layers);
+  TensorShape cur = input;
+  Planner pl{m};
+  pl.list(layers, cur, 0, "");
+  const std::string last = "(after layer " + std::to_string(layers.size()) + " '" + layers.back().text() + "')";
   if (m.params == 0) throw InputError("the model has no parameters (no conv or linear layer)");
   if (!cur.flat)
-    throw InputError("the model's output " + cur.str() + " (after layer " + std::to_string(layers.size()) +
-                     " '" + layers.back().text() + "') is not flat: end the list with flatten or linear(N)");
+    throw InputError("the model's output " + cur.str() + " " + last + " is not flat: end the list with flatten or linear(N)");
   if (cur.c < num_classes)
-    throw InputError("the model's output has " + std::to_string(cur.c) + " values (after layer " +
-                     std::to_string(layers.size()) + " '" + layers.back().text() + "') but the data has " +
+    throw InputError("the model's output has " + std::to_string(cur.c) + " values " + last + " but the data has " +
                      std::to_string(num_classes) + " classes: the last layer must be at least that wide");
   return m;
 }
 
 std::string ModelPlan::describe() const {
   std::ostringstream os;
-  char line[256];
-  std::snprintf(line, sizeof line, "  %-3s %-28s %-8s %-14s %12s\n", "#", "layer", "name", "output", "params");
-  os << line;
-  std::snprintf(line, sizeof line, "  %-3s %-28s %-8s %-14s %12s\n", "", "input", "", input.str().c_str(), "");
-  os << line;
+  size_t wl = 28, wn = 8;  // column widths: the widest layer text (indented) and name
+  for (const PlannedLayer& p : layers) {
+    wl = std::max(wl, 2 * size_t(p.depth) + p.spec.text().size());
+    wn = std::max(wn, p.name.size());
+  }
+  auto line = [&](const std::string& n, const std::string& l, const std::string& name, const std::string& out,
+                  const std::string& params) {
+    os << "  " << n << std::string(n.size() < 4 ? 4 - n.size() : 1, ' ') << l << std::string(wl + 1 - l.size(), ' ')
+       << name << std::string(wn + 1 - name.size(), ' ') << out << std::string(out.size() < 15 ? 15 - out.size() : 1, ' ')
+       << std::string(params.size() < 12 ? 12 - params.size() : 0, ' ') << params << "\n";
+  };
+  line("#", "layer", "name", "output", "params");
+  line("", "input", "", input.str(), "");
   for (size_t i = 0; i < layers.size(); ++i) {
     const PlannedLayer& p = layers[i];
-    std::snprintf(line, sizeof line, "  %-3zu %-28s %-8s %-14s %12lld\n", i + 1, p.spec.text().c_str(),
-                  p.name.c_str(), p.out.str().c_str(), static_cast<long long>(p.weights + p.biases));
-    os << line;
+    const bool marker = p.spec.kind == LayerKind::res_shortcut || p.spec.kind == LayerKind::res_begin;
+    line(std::to_string(i + 1), std::string(2 * size_t(p.depth), ' ') + p.spec.text(), p.name,
+         marker ? "" : p.out.str(), marker ? "" : std::to_string(p.weights + p.biases));
   }
-  std::snprintf(line, sizeof line, "  total parameters %lld\n", static_cast<long long>(params));
-  os << line;
+  os << "  total parameters " << params << "\n";
   return os.str();
 }
 

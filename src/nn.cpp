@@ -32,6 +32,7 @@ std::vector<int> parse_layers(const std::string& s) {
 
 std::vector<int64_t> LayerSlice::weight_shape() const {
   if (conv) return {out, c, k, k};
+  if (bn) return {out};
   return {out, in};
 }
 
@@ -65,15 +66,17 @@ std::vector<ParamShape> mlp_param_shapes(const std::vector<int>& widths) {
 
 std::vector<ParamShape> param_shapes(const ModelPlan& plan) {
   std::vector<ParamShape> s;
-  for (const PlannedLayer& p : plan.layers)
-    if (p.spec.has_params()) s.push_back({int(p.weights / p.spec.out), p.spec.out, p.spec.kind == LayerKind::linear});
+  for (const PlannedLayer& p : plan.layers) {
+    if (p.spec.kind == LayerKind::bn) s.push_back({1, int(p.in.c), false});
+    else if (p.spec.has_params()) s.push_back({int(p.weights / p.spec.out), p.spec.out, p.spec.kind == LayerKind::linear});
+  }
   return s;
 }
 
 std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers) {
   std::vector<TensorSeg> t;
   for (const LayerSlice& l : layers) {  // from each slice's own offsets: weight and bias may lie apart
-    t.push_back({l.w_off, l.w_off + l.weights(), true});
+    t.push_back({l.w_off, l.w_off + l.weights(), !l.bn});
     t.push_back({l.b_off, l.b_off + size_t(l.out), false});
   }
   std::sort(t.begin(), t.end(), [](const TensorSeg& a, const TensorSeg& b) { return a.begin < b.begin; });
@@ -100,7 +103,10 @@ ArenaLayout packed_layout(const std::vector<int>& widths) { return packed_layout
 // A conv or linear layer takes the activation that follows it (computed in its epilogue);
 // consecutive linear layers form one run (Backend::mlp_forward/mlp_backward); an image input
 // with several channels is made NHWC first, unless the model starts flat.
-enum class OpKind { to_nhwc, conv, pool, act, flatten, linear_run, dropout };
+// A residual block runs as res_begin (its input is kept), the body's ops, res_shortcut (the
+// body's output kept, the block's input taken up again), the shortcut's ops, res_end (the sum).
+enum class OpKind { to_nhwc, conv, pool, act, flatten, linear_run, dropout, bn, gap, res_begin, res_shortcut,
+                    res_end };
 
 struct Model::Op {
   OpKind kind = OpKind::act;
@@ -119,6 +125,15 @@ struct Model::Op {
   Buffer<float> z, a, cols;
   Buffer<int32_t> argmax;
   const float* y = nullptr;  // output of the last forward
+  // bn: the running statistics, this pass's mean and 1/std, partial sums (2c + 1)
+  Buffer<float> rmean, rvar, mean, invstd;
+  Buffer<double> sums;
+  int64_t tracked = 0;
+  // res_*: the block's other markers (ops_ indices); res_shortcut keeps the body's output
+  // (body_y) and, backward, the shortcut's input gradient (a); res_end keeps its output
+  // gradient (a) for the body.
+  int begin = -1, mid = -1, end = -1;
+  const float* body_y = nullptr;
 };
 
 Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout)
@@ -141,19 +156,28 @@ std::vector<ParamShape> Model::param_shapes() const {
 }
 
 void Model::build(int max_batch, ArenaLayout layout) {
+  bool resnet_ops = false;
+  int widest_out = 1;
   for (const PlannedLayer& p : plan_.layers) {
+    const LayerKind k = p.spec.kind;
+    resnet_ops |= k == LayerKind::bn || k == LayerKind::res_begin || p.spec.global || (p.spec.pad && k != LayerKind::conv);
     if (!p.spec.has_params()) continue;
     LayerSlice s;
-    s.conv = p.spec.kind == LayerKind::conv;
-    s.out = p.spec.out;
-    s.in = int(p.weights / p.spec.out);
+    s.conv = k == LayerKind::conv;
+    s.bn = k == LayerKind::bn;
+    s.has_bias = p.biases > 0;
+    s.out = s.bn ? int(p.in.c) : p.spec.out;
+    s.in = s.bn ? 1 : int(p.weights / p.spec.out);
     if (s.conv) {
       s.c = int(p.in.c);
       s.k = p.spec.k;
     }
     s.name = p.name;
+    widest_out = std::max(widest_out, s.out);
     slices_.push_back(s);
   }
+  if (resnet_ops && !be_.has_resnet_ops()) throw InputError(kNeedsResnetOps);
+  nobias_db_ = Buffer<float>(be_, size_t(widest_out));
   if (layout.w_off.empty()) layout = packed_layout(param_shapes());
   const size_t L = slices_.size();
   if (layout.w_off.size() != L || layout.b_off.size() != L || layout.piece_rows.size() != L)
@@ -197,7 +221,8 @@ void Model::build_ops() {
     const PlannedLayer& p = L[i];
     const LayerSpec& l = p.spec;
     // An activation right after a conv or linear layer runs in its epilogue.
-    const bool fuse_act = l.has_params() && i + 1 < L.size() && L[i + 1].spec.kind == LayerKind::act;
+    const bool fuse_act = (l.kind == LayerKind::conv || l.kind == LayerKind::linear) && i + 1 < L.size() &&
+                          L[i + 1].spec.kind == LayerKind::act;
     const Act act = fuse_act ? L[i + 1].spec.act : Act::none;
     const TensorShape out = fuse_act ? L[i + 1].out : p.out;
     if (l.kind == LayerKind::linear) {
@@ -249,13 +274,19 @@ void Model::build_ops() {
         if (act == Act::gelu) op->a = buf(p.out);
         break;
       }
-      case LayerKind::maxpool:
-      case LayerKind::avgpool: {
+      case LayerKind::avgpool:
+        if (l.global) {
+          op->kind = OpKind::gap;
+          op->a = buf(p.out);
+          break;
+        }
+        // fall through
+      case LayerKind::maxpool: {
         op->kind = OpKind::pool;
         op->max = l.kind == LayerKind::maxpool;
         PoolGeom& g = op->pg;
         g.c = int(p.in.c); g.h = int(p.in.h); g.w = int(p.in.w);
-        g.k = l.k; g.stride = l.stride;
+        g.k = l.k; g.stride = l.stride; g.pad = l.pad;
         op->a = buf(p.out);
         if (op->max) op->argmax = Buffer<int32_t>(be_, B * size_t(p.out.size()));
         break;
@@ -277,12 +308,38 @@ void Model::build_ops() {
         op->p = l.p;
         op->a = buf(p.out);
         break;
+      case LayerKind::bn: {
+        op->kind = OpKind::bn;
+        op->param = param++;
+        const size_t c = size_t(p.in.c);
+        op->a = buf(p.out);
+        op->rmean = Buffer<float>(be_, c);
+        op->rvar = Buffer<float>(be_, c);
+        op->mean = Buffer<float>(be_, c);
+        op->invstd = Buffer<float>(be_, c);
+        op->sums = Buffer<double>(be_, 2 * c + 1);
+        be_.fill(op->rmean.data(), c, 0.f);
+        be_.fill(op->rvar.data(), c, 1.f);
+        break;
+      }
+      case LayerKind::res_begin:
+        op->kind = OpKind::res_begin;
+        break;
+      case LayerKind::res_shortcut:
+        op->kind = OpKind::res_shortcut;
+        op->a = buf(p.out);  // the shortcut's input gradient, kept while the body's runs
+        break;
+      case LayerKind::res_end:
+        op->kind = OpKind::res_end;
+        op->a = buf(p.out);  // the sum; backward: its gradient, kept for the body
+        break;
       default:
         break;
     }
     ops_.push_back(std::move(op));
     i += fuse_act;
   }
+  link_blocks();
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
   for (auto& op : ops_)
@@ -294,6 +351,36 @@ void Model::build_ops() {
       op->zs.emplace_back(be_, B * size_t(la.out));
       la.a = op->zs.back().data();
     }
+}
+
+// Each residual marker learns the other two of its block.
+void Model::link_blocks() {
+  std::vector<int> open;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    Op& op = *ops_[i];
+    if (op.kind == OpKind::res_begin) {
+      open.push_back(int(i));
+    } else if (op.kind == OpKind::res_shortcut) {
+      ops_[size_t(open.back())]->mid = int(i);
+    } else if (op.kind == OpKind::res_end) {
+      Op& b = *ops_[size_t(open.back())];
+      b.end = int(i);
+      for (int j : {b.mid, int(i)}) {
+        ops_[size_t(j)]->begin = open.back();
+        ops_[size_t(j)]->mid = b.mid;
+        ops_[size_t(j)]->end = int(i);
+      }
+      open.pop_back();
+    }
+  }
+}
+
+std::vector<BnState> Model::bn_states() {
+  std::vector<BnState> s;
+  for (auto& op : ops_)
+    if (op->kind == OpKind::bn)
+      s.push_back({slices_[size_t(op->param)].name, int(op->in.c), op->rmean.data(), op->rvar.data(), &op->tracked});
+  return s;
 }
 
 std::vector<float> Model::packed(const std::vector<float>& arena) const {
@@ -313,13 +400,35 @@ void Model::init_params(uint64_t seed) {
   // Weight then bias of each layer from one stream, as when they were packed in the arena; a
   // conv weight drawn in the checkpoint's order.
   for (const LayerSlice& s : slices_) {
+    if (s.bn) {  // nn.BatchNorm's reset_parameters (the bias stays 0)
+      std::fill(host.begin() + long(s.w_off), host.begin() + long(s.w_off + size_t(s.out)), 1.f);
+      continue;
+    }
     const double bound = 1.0 / std::sqrt(double(s.in));  // s.in = c·k·k for a conv
     w.resize(s.weights());
-    for (float& v : w) v = float((2.0 * rng.uniform() - 1.0) * bound);
+    if (s.conv && plan_.preset) {
+      // torchvision's ResNet: kaiming_normal_(mode="fan_out", nonlinearity="relu"), by Box-Muller.
+      const double sd = std::sqrt(2.0 / (double(s.out) * s.k * s.k));
+      for (size_t i = 0; i < w.size(); i += 2) {
+        const double u1 = 1.0 - rng.uniform(), u2 = rng.uniform();
+        const double r = std::sqrt(-2.0 * std::log(u1)) * sd;
+        w[i] = float(r * std::cos(6.283185307179586 * u2));
+        if (i + 1 < w.size()) w[i + 1] = float(r * std::sin(6.283185307179586 * u2));
+      }
+    } else {
+      for (float& v : w) v = float((2.0 * rng.uniform() - 1.0) * bound);
+    }
     weight_from_checkpoint(s, w.data(), host.data() + s.w_off);
-    for (size_t i = 0; i < size_t(s.out); ++i) host[s.b_off + i] = float((2.0 * rng.uniform() - 1.0) * bound);
+    if (s.has_bias)
+      for (size_t i = 0; i < size_t(s.out); ++i) host[s.b_off + i] = float((2.0 * rng.uniform() - 1.0) * bound);
   }
   be_.upload(params_.data(), host.data(), n_params_ * sizeof(float));
+  for (auto& op : ops_)
+    if (op->kind == OpKind::bn) {
+      be_.fill(op->rmean.data(), size_t(op->in.c), 0.f);
+      be_.fill(op->rvar.data(), size_t(op->in.c), 1.f);
+      op->tracked = 0;
+    }
 }
 
 const float* Model::forward(const float* x, int batch, const TrainPass* train) {
@@ -340,6 +449,7 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         g.batch = batch;
         const LayerSlice& s = slices_[size_t(op.param)];
         float* a = op.a.data() ? op.a.data() : op.z.data();
+        // A conv without bias adds its bias slot's zeros.
         be_.conv_forward(cur, params_.data() + s.w_off, params_.data() + s.b_off, op.cols.data(), op.z.data(), a, g, op.act);
         cur = a;
         break;
@@ -347,10 +457,44 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
       case OpKind::pool: {
         PoolGeom g = op.pg;
         g.batch = batch;
-        be_.pool_forward(cur, op.a.data(), op.max ? op.argmax.data() : nullptr, g, op.max);
+        if (g.pad) be_.padded_pool_forward(cur, op.a.data(), op.max ? op.argmax.data() : nullptr, g, op.max);
+        else be_.pool_forward(cur, op.a.data(), op.max ? op.argmax.data() : nullptr, g, op.max);
         cur = op.a.data();
         break;
       }
+      case OpKind::gap:
+        be_.global_avgpool_forward(cur, op.a.data(), batch, int(op.in.h * op.in.w), int(op.in.c));
+        cur = op.a.data();
+        break;
+      case OpKind::bn: {
+        const LayerSlice& s = slices_[size_t(op.param)];
+        const int64_t rows = int64_t(batch) * op.in.h * op.in.w;
+        const int c = int(op.in.c);
+        const float* w = params_.data() + s.w_off;
+        const float* b = params_.data() + s.b_off;
+        if (!train) {
+          be_.bn_infer(cur, op.a.data(), rows, c, op.rmean.data(), op.rvar.data(), w, b, kBnEps);
+        } else {
+          be_.bn_sums(cur, rows, c, op.sums.data());
+          if (bn_reduce_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
+          be_.bn_forward(cur, op.a.data(), rows, c, op.sums.data(), w, b, kBnEps, kBnMomentum, op.mean.data(),
+                         op.invstd.data(), op.rmean.data(), op.rvar.data());
+          ++op.tracked;
+        }
+        cur = op.a.data();
+        break;
+      }
+      case OpKind::res_begin:
+        break;
+      case OpKind::res_shortcut:
+        op.body_y = cur;
+        cur = ops_[size_t(op.begin)]->y;
+        break;
+      case OpKind::res_end:
+        be_.copy(op.a.data(), ops_[size_t(op.mid)]->body_y, n * sizeof(float));
+        be_.add(cur, op.a.data(), n);
+        cur = op.a.data();
+        break;
       case OpKind::act:
         be_.act_forward(cur, op.a.data(), n, op.act);
         cur = op.a.data();
@@ -384,8 +528,10 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
   return cur;
 }
 
-void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad) {
-  be_.softmax_xent(logits_, labels, batch, classes(), grad_scale, need_grad ? grad_[0].data() : nullptr, stats);
+void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad, bool smooth) {
+  float* d = need_grad ? grad_[0].data() : nullptr;
+  if (smooth && smoothing_ > 0) be_.softmax_xent_smoothed(logits_, labels, batch, classes(), grad_scale, d, stats, smoothing_);
+  else be_.softmax_xent(logits_, labels, batch, classes(), grad_scale, d, stats);
 }
 
 void Model::backward(const float* x, int batch, bool accumulate, const PassHooks& hooks) {
@@ -394,7 +540,8 @@ void Model::backward(const float* x, int batch, bool accumulate, const PassHooks
   // (layout, dropout, ...): nothing needs a gradient there, so that op computes no input
   // gradient and the ones below it are skipped.
   size_t lowest = 0;
-  while (lowest < ops_.size() && ops_[lowest]->kind != OpKind::conv && ops_[lowest]->kind != OpKind::linear_run)
+  while (lowest < ops_.size() && ops_[lowest]->kind != OpKind::conv && ops_[lowest]->kind != OpKind::linear_run &&
+         ops_[lowest]->kind != OpKind::bn)
     ++lowest;
   int cur = 0;
   for (size_t i = ops_.size(); i-- > lowest;)
@@ -417,8 +564,8 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       const LayerSlice& s = slices_[size_t(op.param)];
       const float* a = op.a.data() ? op.a.data() : op.z.data();
       be_.conv_backward(params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
-                        grads_.data() + s.w_off, grads_.data() + s.b_off, first ? nullptr : grad_[nxt].data(),
-                        accumulate);
+                        grads_.data() + s.w_off, s.has_bias ? grads_.data() + s.b_off : nobias_db_.data(),
+                        first ? nullptr : grad_[nxt].data(), accumulate);
       // conv_backward makes the gradients and the input gradient in one call: both reports follow.
       if (hooks.grads_final) {
         hooks.grads_final(s.b_off, s.b_off + size_t(s.out));
@@ -434,10 +581,52 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
     case OpKind::pool: {
       PoolGeom g = op.pg;
       g.batch = batch;
-      be_.pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
+      if (g.pad) be_.padded_pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
+      else be_.pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
       cur = nxt;
       break;
     }
+    case OpKind::gap:
+      be_.global_avgpool_backward(d, grad_[nxt].data(), batch, int(op.in.h * op.in.w), int(op.in.c));
+      cur = nxt;
+      break;
+    case OpKind::bn: {
+      // Parameter gradients from this rank's sums; the input gradient from every rank's (sync_bn).
+      const LayerSlice& s = slices_[size_t(op.param)];
+      const int64_t rows = int64_t(batch) * op.in.h * op.in.w;
+      const int c = int(op.in.c);
+      be_.bn_backward_sums(d, in, rows, c, op.mean.data(), op.sums.data());
+      be_.bn_param_grads(op.sums.data(), op.invstd.data(), c, grads_.data() + s.w_off, grads_.data() + s.b_off,
+                         accumulate);
+      if (hooks.grads_final) {
+        hooks.grads_final(s.b_off, s.b_off + size_t(s.out));
+        hooks.grads_final(s.w_off, s.w_off + s.weights());
+      }
+      if (!first) {
+        if (bn_reduce_ && trained_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
+        be_.bn_backward(d, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(),
+                        params_.data() + s.w_off);
+      }
+      if (hooks.params_released) {
+        hooks.params_released(s.w_off, s.w_off + s.weights());
+        hooks.params_released(s.b_off, s.b_off + size_t(s.out));
+      }
+      break;
+    }
+    case OpKind::res_end:
+      // The output's gradient goes down both branches: kept for the body, which runs second.
+      be_.copy(op.a.data(), d, n * sizeof(float));
+      break;
+    case OpKind::res_shortcut: {
+      // d: the shortcut's input gradient (the block's input), kept; the body's turn.
+      const Op& e = *ops_[size_t(op.end)];
+      be_.copy(op.a.data(), d, size_t(batch) * size_t(op.out.size()) * sizeof(float));
+      be_.copy(d, e.a.data(), size_t(batch) * size_t(e.out.size()) * sizeof(float));
+      break;
+    }
+    case OpKind::res_begin:
+      be_.add(ops_[size_t(op.mid)]->a.data(), d, n);
+      break;
     case OpKind::act:
       be_.act_backward(d, in, op.a.data(), n, op.act);
       break;

@@ -24,6 +24,7 @@ Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n, std::vector<Tenso
   h_.beta2 = cfg.beta2;
   h_.eps = float(cfg.eps);
   h_.t = 1;
+  decay_1d_ = cfg.decay_bn_and_bias || cfg.weight_decay == 0 || segs_.empty();
   const bool sgd_family = h_.kind == OptKind::momentum || h_.kind == OptKind::nesterov || h_.kind == OptKind::lars;
   const bool adam_family = h_.kind == OptKind::adam || h_.kind == OptKind::adamw || h_.kind == OptKind::lamb;
   if (layerwise()) {
@@ -54,7 +55,7 @@ void Optimizer::step(float* params, const float* grads, double lr) {
 }
 
 void Optimizer::step_at(float* params, const float* grads, size_t state_at, size_t count,
-                        const float* lr_table, StepCtl* ctl, bool flag) {
+                        const float* lr_table, StepCtl* ctl, bool flag, size_t arena_at) {
   if (count == 0) return;
   if (state_at + count > n_)
     throw Error("optimizer: state [" + std::to_string(state_at) + ", " + std::to_string(state_at + count) +
@@ -71,7 +72,22 @@ void Optimizer::step_at(float* params, const float* grads, size_t state_at, size
   }
   float* s1 = s1_.data() ? s1_.data() + state_at : nullptr;
   float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
-  be_.optimizer_step_at(params, grads, s1, s2, count, h_, lr_table, ctl, flag);
+  if (decay_1d_) {
+    be_.optimizer_step_at(params, grads, s1, s2, count, h_, lr_table, ctl, flag);
+    return;
+  }
+  // Tensor by tensor inside the range, 1-D ones without weight decay; the padding between
+  // tensors holds zeros that no update needs to visit.
+  const size_t lo = arena_at == SIZE_MAX ? state_at : arena_at, hi = lo + count;
+  OptimStep plain = h_;
+  plain.weight_decay = 0.f;
+  for (const TensorSeg& t : segs_) {
+    const size_t a = std::max(lo, t.begin), b = std::min(hi, t.end);
+    if (a >= b) continue;
+    const size_t at = a - lo;
+    be_.optimizer_step_at(params + at, grads + at, s1 ? s1 + at : nullptr, s2 ? s2 + at : nullptr, b - a,
+                          t.adapt ? h_ : plain, lr_table, ctl, flag);
+  }
 }
 
 void Optimizer::clear_layer_sums() {

@@ -270,8 +270,8 @@ void GradSync::update(size_t b) {
   const bool folded = bf16_wire_;
   if (bf16_wire_) unwire(b, true);
   const size_t own = plan_.own_w(k);
-  opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, !folded);
-  opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, !folded);
+  opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, !folded, own);
+  opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, !folded, k.b_begin);
   if (plan_.sharded) gather(b);
 }
 
@@ -330,8 +330,8 @@ void GradSync::finish() {
   } else {
     for (const Bucket& k : plan_.buckets) {
       const size_t own = plan_.own_w(k);
-      opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, false);
-      opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, false);
+      opt_.step_at(p + own, g + own, k.state_w, k.chunk, lr_, ctl_, false, own);
+      opt_.step_at(p + k.b_begin, g + k.b_begin, k.state_b, k.b_end - k.b_begin, lr_, ctl_, false, k.b_begin);
     }
   }
   if (plan_.sharded) {

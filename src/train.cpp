@@ -170,6 +170,15 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
     image_ = augment_shape(cfg, mp, rows_->info().sample_shape, rows_->path());
     xa_ = Buffer<float>(be, size_t(max_batch) * size_t(model_->in_dim()));
   }
+  if (cfg.sync_bn && comm.size() > 1) {
+    // Batch norm's per-channel sums over every rank's micro-batch: a small allreduce per layer,
+    // forward and backward.
+    model_->set_bn_reduce([this](double* sums, size_t n) {
+      comm_.allreduce(sums, sums, n, DType::f64, RedOp::sum);
+      comm_.synchronize();
+    });
+  }
+  model_->set_label_smoothing(float(cfg.label_smoothing));
   opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size, param_tensors(model_->layers()));
   if (by_gradients) {
     // Each bucket updated as soon as it can be, unless a skipped step must leave the model
@@ -252,7 +261,22 @@ void Trainer::average_parameters() {
   }
 }
 
+void Trainer::average_bn_stats() {
+  if (!bn_apart_) return;
+  bn_apart_ = false;
+  if (comm_.size() == 1) return;
+  watchdog::Phase phase("averaging batch norm's running statistics", step_);
+  const float inv = 1.f / float(comm_.size());
+  for (const BnState& b : model_->bn_states())
+    for (float* s : {b.running_mean, b.running_var}) {
+      comm_.allreduce(s, s, size_t(b.c), DType::f32, RedOp::sum);
+      comm_.synchronize();
+      be_.scale(s, size_t(b.c), inv);
+    }
+}
+
 EvalResult Trainer::evaluate(const Dataset& ds) {
+  average_bn_stats();  // collective, as the evaluation is
   int64_t begin = 0, end = 0;
   eval_shard(ds.rows_in_file(), comm_.rank(), comm_.size(), begin, end);
   // A shard read alone (load_eval_shard) holds exactly these rows.
@@ -275,7 +299,7 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
     be_.fill(stats_.data(), 2, 0.f);
     be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
     model_->forward(x_.data(), n);
-    model_->loss(y_.data(), n, 0.f, stats_.data(), false);
+    model_->loss(y_.data(), n, 0.f, stats_.data(), false, false);
     be_.download(host_stats, stats_.data(), sizeof host_stats);
     sums[0] += host_stats[0];
     sums[1] += host_stats[1];
@@ -305,6 +329,7 @@ void Trainer::enqueue_step(GradSync* sync) {
   // Test hook (DPT_FAULT): one compare per step when unset; a rank with a fault never replays.
   const bool poison = fault::in_step(step_ + 1);
   be_.fill(stats_.data(), 2, 0.f);
+  bn_apart_ = !cfg_.sync_bn;
   for (int a = 0; a < A; ++a) {
     const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
     // The host's copy of the rows, for a backend that streams the data rather than holding it.

@@ -16,17 +16,65 @@ using namespace train_detail;
 
 namespace {
 
+// A layer's tensor name under prefix: "<prefix>/<layer>/<leaf>", or for a preset torchvision's
+// key "<prefix>/<layer>.<leaf>" ("model/layer1.0.bn1.running_mean").
+std::string tensor_name(const Model& m, const std::string& prefix, const std::string& layer, const char* leaf) {
+  return prefix + "/" + layer + (m.plan().preset ? "." : "/") + leaf;
+}
+
+Tensor float_tensor(std::string name, std::vector<int64_t> shape, std::vector<float> data) {
+  Tensor t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.data = std::move(data);
+  return t;
+}
+
 // The flat arena <-> per-layer tensors named as in DESIGN.md (conv weights in PyTorch's order).
 void arena_to_tensors(const Model& m, const std::string& prefix, const std::vector<float>& flat,
                       std::vector<Tensor>& out) {
   for (int i = 0; i < m.num_layers(); ++i) {
     const LayerSlice& s = m.layer(i);
-    Tensor w{prefix + "/" + s.name + "/weight", s.weight_shape(), std::vector<float>(s.weights())};
+    Tensor w = float_tensor(tensor_name(m, prefix, s.name, "weight"), s.weight_shape(), std::vector<float>(s.weights()));
     weight_to_checkpoint(s, flat.data() + s.w_off, w.data.data());
-    Tensor b{prefix + "/" + s.name + "/bias", {s.out},
-             std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.b_off + size_t(s.out)))};
     out.push_back(std::move(w));
+    if (!s.has_bias) continue;
+    Tensor b = float_tensor(tensor_name(m, prefix, s.name, "bias"), {s.out},
+                            std::vector<float>(flat.begin() + long(s.b_off), flat.begin() + long(s.b_off + size_t(s.out))));
     out.push_back(std::move(b));
+  }
+}
+
+// Batch norm's running statistics (this rank's: average them first) as model tensors.
+void bn_to_tensors(Backend& be, Model& m, std::vector<Tensor>& out) {
+  for (const BnState& b : m.bn_states()) {
+    for (const char* leaf : {"running_mean", "running_var"}) {
+      Tensor t = float_tensor(tensor_name(m, "model", b.name, leaf), {b.c}, std::vector<float>(size_t(b.c)));
+      be.download(t.data.data(), leaf[8] == 'm' ? b.running_mean : b.running_var, size_t(b.c) * sizeof(float));
+      out.push_back(std::move(t));
+    }
+    Tensor n = float_tensor(tensor_name(m, "model", b.name, "num_batches_tracked"), {}, {});
+    n.int64 = true;
+    n.ints = {*b.tracked};
+    out.push_back(std::move(n));
+  }
+}
+
+// Running statistics from a checkpoint into host arrays: means then variances, layer by layer,
+// and the counts.
+void bn_from_checkpoint(Model& m, const Checkpoint& ck, const std::string& file, std::vector<float>& stats,
+                        std::vector<int64_t>& tracked) {
+  for (const BnState& b : m.bn_states()) {
+    for (const char* leaf : {"running_mean", "running_var"}) {
+      const Tensor* t = ck.find(tensor_name(m, "model", b.name, leaf));
+      if (!t || t->int64 || t->data.size() != size_t(b.c))
+        throw InputError(file + ": tensor /" + tensor_name(m, "model", b.name, leaf) + " is missing or has the wrong size");
+      stats.insert(stats.end(), t->data.begin(), t->data.end());
+    }
+    const Tensor* n = ck.find(tensor_name(m, "model", b.name, "num_batches_tracked"));
+    if (!n || !n->int64 || n->ints.size() != 1)
+      throw InputError(file + ": tensor /" + tensor_name(m, "model", b.name, "num_batches_tracked") + " is missing");
+    tracked.push_back(n->ints[0]);
   }
 }
 
@@ -36,7 +84,8 @@ std::vector<float> tensors_to_arena(const Model& m, const Checkpoint& ck, const 
   for (int i = 0; i < m.num_layers(); ++i) {
     const LayerSlice& s = m.layer(i);
     for (const char* part : {"weight", "bias"}) {
-      const std::string name = prefix + "/" + s.name + "/" + part;
+      if (part[0] == 'b' && !s.has_bias) continue;  // its slot stays zero
+      const std::string name = tensor_name(m, prefix, s.name, part);
       const Tensor* t = ck.find(name);
       const size_t want = part[0] == 'w' ? s.weights() : size_t(s.out);
       if (!t || t->data.size() != want)
@@ -54,9 +103,7 @@ void describe_model(const Config& cfg, const Model& m, Checkpoint& ck) {
     ck.layers = cfg.layers;
     return;
   }
-  std::vector<LayerSpec> list;
-  for (const PlannedLayer& p : m.plan().layers) list.push_back(p.spec);
-  ck.model = layer_list_text(list);  // normalised, however the config wrote it
+  ck.model = m.plan().text;  // normalised, however the config wrote it
   const TensorShape& in = m.plan().input;
   ck.input_shape = in.flat ? std::vector<int>{int(in.c)} : std::vector<int>{int(in.c), int(in.h), int(in.w)};
 }
@@ -87,6 +134,8 @@ void Trainer::load_initial_state() {
     const std::string file = resuming ? path : cfg_.init;
     std::vector<float> params;
     std::vector<std::vector<float>> state;
+    std::vector<float> bn_stats;  // every bn layer's running mean and var
+    std::vector<int64_t> bn_tracked;
     int64_t counters[5] = {0, 0, 0, 0, 0};
     on_rank0(c, comm_.rank(), "reading a checkpoint", [&] {
       Checkpoint ck = have_found ? std::move(found) : read_checkpoint(file);
@@ -104,6 +153,7 @@ void Trainer::load_initial_state() {
                          (want.model.empty() ? "widths " + layers_text(want.layers) : "'" + want.model + "'") +
                          ") on this data");
       params = tensors_to_arena(*model_, ck, "model", file);
+      bn_from_checkpoint(*model_, ck, file, bn_stats, bn_tracked);
       if (!resuming) return;
       resumed_id = ck.run_id;
       if (ck.optimizer != cfg_.optimizer)
@@ -143,6 +193,24 @@ void Trainer::load_initial_state() {
     }
     opt_->set_steps_taken(updates_);
     if (resuming) last_saved_ = step_;
+    // Rank 0's running statistics for every rank (after a run with sync_bn = false they were
+    // averaged before they were written).
+    auto bn = model_->bn_states();
+    if (!bn.empty()) {
+      size_t total = 0;
+      for (const BnState& b : bn) total += 2 * size_t(b.c);
+      bn_stats.resize(total);
+      bn_tracked.resize(bn.size());
+      DPT_CHECK_MPI(MPI_Bcast(bn_stats.data(), int(total), MPI_FLOAT, 0, c));
+      DPT_CHECK_MPI(MPI_Bcast(bn_tracked.data(), int(bn.size()), MPI_INT64_T, 0, c));
+      size_t at = 0;
+      for (size_t i = 0; i < bn.size(); ++i) {
+        be_.upload(bn[i].running_mean, bn_stats.data() + at, size_t(bn[i].c) * sizeof(float));
+        be_.upload(bn[i].running_var, bn_stats.data() + at + size_t(bn[i].c), size_t(bn[i].c) * sizeof(float));
+        at += 2 * size_t(bn[i].c);
+        *bn[i].tracked = bn_tracked[i];
+      }
+    }
   }
   if (resuming) resumed_from_ = path;
   if (rows_) claim_run(resuming ? path : "", resumed_id);
@@ -185,6 +253,7 @@ void Trainer::save_checkpoint() {
   // writes them, in the unsharded layout.
   std::vector<float> params;
   std::vector<std::vector<float>> states;
+  average_bn_stats();  // collective
   if (sharded() || root) {
     watchdog::Phase phase("copying the model off the device for a checkpoint");
     params = params_host();
@@ -204,6 +273,7 @@ void Trainer::save_checkpoint() {
     ck.run_id = run_id_;
     describe_model(cfg_, *model_, ck);
     arena_to_tensors(*model_, "model", params, ck.tensors);
+    bn_to_tensors(be_, *model_, ck.tensors);
     const auto st = opt_->state();
     for (size_t i = 0; i < st.size(); ++i) arena_to_tensors(*model_, "optimizer/" + st[i].name, states[i], ck.tensors);
   }

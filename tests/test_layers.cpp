@@ -91,7 +91,7 @@ TEST(LayerList, ErrorsNameTheLayerAndWhatIsWrong) {
       {"conv(8,3,stride=2,stride=1)", "argument 'stride' given twice"},
       {"conv(8,3,pad=1,2)", "positional argument '2' after a named one"},
       {"conv(8,,3)", "empty argument"},
-      {"linear(4) maxpool", "layer 2 'maxpool': expected maxpool(K[, stride=S])"},
+      {"linear(4) maxpool", "layer 2 'maxpool': expected maxpool(K[, stride=S][, pad=P])"},
       {"relu(1) linear(2)", "relu takes no arguments"},
       {"linear(10", "'(' without a closing ')'"},
       {"linear(10)relu", "separated by whitespace"},

@@ -66,12 +66,19 @@ struct ConvGeom {
   int rows() const { return batch * oh() * ow(); }  // output pixels: the GEMMs' rows
   int cols() const { return k * k * c; }            // the weight's row: (kh, kw, c)
 };
-// Pooling without padding, output size rounded down (PyTorch's ceil_mode = False).
+// Pooling, output size rounded down (PyTorch's ceil_mode = False). pad > 0 (padded_pool_*
+// only): max pooling pads with −inf, average pooling with zeros counted in the mean (PyTorch's
+// count_include_pad).
 struct PoolGeom {
   int batch = 0, c = 0, h = 0, w = 0, k = 1, stride = 1;  // input (batch, h, w, c)
-  int oh() const { return (h - k) / stride + 1; }
-  int ow() const { return (w - k) / stride + 1; }
+  int pad = 0;
+  int oh() const { return (h + 2 * pad - k) / stride + 1; }
+  int ow() const { return (w + 2 * pad - k) / stride + 1; }
 };
+
+// What a backend without batch norm, residual blocks, padded or global pooling says when a
+// model needs them (the Backend defaults below throw it as an InputError).
+extern const char* const kNeedsResnetOps;
 // Inverted dropout of one micro-batch. Sample i's element e (its index in the sample's NCHW
 // order) is kept when dropout_keep(dropout_key(seed, layer, step, first + i), e, threshold)
 // (dropout.hpp), step being ctl->step, read where the op runs: the mask depends on nothing else,
@@ -236,11 +243,57 @@ class Backend {
   virtual void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
                        const int32_t* draws, const StepCtl* ctl, int64_t offset) = 0;
 
+  // ---- batch norm, residual blocks, padded and global pooling ----
+  // The CPU backend has them; the defaults throw InputError(kNeedsResnetOps). A batch-norm
+  // layer's input is (rows, c) row-major: an NHWC image's rows = batch·h·w pixels, or a flat
+  // (batch, c). Its sums (2c + 1 doubles) are per-channel partial sums, and its count last, that
+  // a caller may add over ranks (sync_bn) between the two halves of a pass.
+  virtual bool has_resnet_ops() const { return false; }
+  // sums = [Σx (c), Σx² (c), rows].
+  virtual void bn_sums(const float* x, int64_t rows, int c, double* sums);
+  // Training: mean = Σx/n, var = Σx²/n − mean² (biased), invstd = 1/√(var + eps) saved for the
+  // backward pass; y = (x − mean)·invstd·w + b; running stats (when not nullptr) move by momentum
+  // toward mean and the unbiased var·n/(n−1) (PyTorch's BatchNorm). n = sums[2c].
+  virtual void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums,
+                          const float* w, const float* b, float eps, float momentum,
+                          float* save_mean, float* save_invstd, float* running_mean,
+                          float* running_var);
+  // Evaluation: y = (x − running_mean)/√(running_var + eps)·w + b.
+  virtual void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+                        const float* running_var, const float* w, const float* b, float eps);
+  // sums = [Σdy (c), Σdy·(x − mean) (c), rows].
+  virtual void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c,
+                                const float* mean, double* sums);
+  // dw = Σdy·(x − mean)·invstd, db = Σdy from the sums (this rank's own), written or added to.
+  virtual void bn_param_grads(const double* sums, const float* invstd, int c, float* dw,
+                              float* db, bool accumulate);
+  // dx = w·invstd·(dy − Σdy/n − (x − mean)·invstd²·Σdy·(x − mean)/n), n = sums[2c] (the sums
+  // over every rank's micro-batch with sync_bn). dx may equal dy.
+  virtual void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
+                           const double* sums, const float* mean, const float* invstd,
+                           const float* w);
+  // y (n) += x (n): a residual block's sum of its branches, and their gradients.
+  virtual void add(const float* x, float* y, size_t n);
+  // y (batch, c) = the mean of each channel of x (batch, hw, c); backward: dx = dy / hw.
+  virtual void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
+  virtual void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);
+  // pool_forward / pool_backward with g.pad > 0.
+  virtual void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
+                                   bool max);
+  virtual void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx,
+                                    const PoolGeom& g, bool max);
+
   // Softmax cross-entropy over logits (batch,classes) against labels (batch):
   // dlogits = (softmax − onehot)·grad_scale unless dlogits is nullptr;
   // stats[0] += Σ −log softmax[label], stats[1] += number of rows whose argmax == label.
   virtual void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
                             float grad_scale, float* dlogits, float* stats) = 0;
+
+  // softmax_xent against the smoothed target (1 − eps)·onehot + eps/classes (F.cross_entropy's
+  // label_smoothing): loss (1 − eps)·(−log p[label]) + eps·mean_j(−log p[j]), dlogits =
+  // (softmax − target)·grad_scale. Default: eps = 0 only (else InputError).
+  virtual void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                                     float grad_scale, float* dlogits, float* stats, float eps);
 
   // ---- the optimizer, fused over the flat arena ----
   // s1: momentum buffer / exp_avg; s2: exp_avg_sq (adam*) — nullptr where unused.

@@ -12,6 +12,10 @@ struct Tensor {
   std::string name;             // path inside the file, e.g. "model/fc0/weight"
   std::vector<int64_t> shape;   // e.g. {out, in}
   std::vector<float> data;      // row-major
+  // An int64 tensor (batch norm's num_batches_tracked) holds its values here, data empty.
+  bool int64 = false;
+  std::vector<int64_t> ints;
+  size_t count() const { return int64 ? ints.size() : data.size(); }
 };
 
 struct Checkpoint {
@@ -36,16 +40,18 @@ struct Checkpoint {
   std::vector<int> layers;   // e.g. {784, 256, 128, 10}
   std::string model;         // e.g. "conv(32,3,stride=1,pad=1) relu ... linear(10)"
   std::vector<int> input_shape;
-  std::vector<Tensor> tensors;  // "model/<layer>/weight|bias", "optimizer/<state>/<layer>/weight|bias",
-                                // <layer> = fc<i> or conv<i> (read_checkpoint returns them in
-                                // byte-wise name order)
+  // "model/<layer>/weight|bias", "optimizer/<state>/<layer>/weight|bias", <layer> = fc<i>,
+  // conv<i> or bn<i> (bn also running_mean, running_var, num_batches_tracked; a conv without
+  // bias has none); a preset's "model/<torchvision key>" and "optimizer/<state>/<key>"
+  // (read_checkpoint returns them in byte-wise name order).
+  std::vector<Tensor> tensors;
 
   const Tensor* find(const std::string& name) const;
 };
 
 // Root attribute `checksum_crc32` (uint32): zlib crc32 over the tensors in byte-wise name order,
-// each fed as its name bytes, one NUL, int64 rank, int64 dims, then float32 data (all
-// little-endian). Attributes are not covered; HDF5's own structure checks catch most damage there.
+// each fed as its name bytes, one NUL, int64 rank, int64 dims, then float32 data (int64 data for
+// an int64 tensor; all little-endian). Attributes are not covered; HDF5's own structure checks catch most damage there.
 uint32_t tensor_checksum(const std::vector<Tensor>& tensors);
 
 // Atomic write; throws Error on I/O failure (the previous file, if any, is left intact).

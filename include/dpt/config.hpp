@@ -18,6 +18,7 @@ struct Config {
   std::string activation = "relu";  // relu|tanh|sigmoid|gelu (MLP shorthand only)
   std::vector<int> input_shape;     // model.input_shape C,H,W of a flat dataset ({} = from the data)
   std::string init;                 // checkpoint to start from ("" = random init)
+  bool sync_bn = false;             // batch norm's statistics over every rank's micro-batch
   // [data]
   std::string train_file;
   std::string test_file;
@@ -33,6 +34,8 @@ struct Config {
   double lr = 0.01;
   double momentum = 0.9;
   double weight_decay = 0.0;
+  bool decay_bn_and_bias = true;    // false: no weight decay on batch norm's parameters and biases
+  double label_smoothing = 0.0;     // F.cross_entropy's label_smoothing
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double trust_coefficient = 0;  // lars|lamb: η (0 = the optimizer's default: 0.001, 1)
   double trust_clip = 0;         // lars|lamb: upper bound of the trust ratio (0 = none)

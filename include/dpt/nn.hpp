@@ -19,17 +19,22 @@
 
 namespace dpt {
 
-// A conv or linear layer's place in the arenas. A weight row is `in` values: a linear layer's
-// input features, or a conv layer's k·k·c patch ((kh, kw, c) order); `out` rows.
+// A conv, linear or batch-norm layer's place in the arenas. A weight row is `in` values: a
+// linear layer's input features, or a conv layer's k·k·c patch ((kh, kw, c) order); `out` rows.
+// Batch norm: in = 1, out = channels (its weight and bias, PyTorch's gamma and beta). A conv
+// without bias keeps a bias slot of zeros that nothing updates (so every layer has the same
+// arena shape for the gradient sync's layouts), and has none in checkpoints.
 struct LayerSlice {
   int in = 0, out = 0;
   size_t w_off = 0;  // weight (out, in), row-major
   size_t b_off = 0;  // bias (out)
   bool conv = false;
+  bool bn = false;
+  bool has_bias = true;
   int c = 0, k = 0;  // conv: input channels and kernel size
-  std::string name;  // the checkpoint's: "fc<i>" or "conv<i>"
+  std::string name;  // the checkpoint's: "fc<i>", "conv<i>", "bn<i>", or a preset's torchvision prefix
   size_t weights() const { return size_t(in) * size_t(out); }
-  // The checkpoint's (PyTorch's) weight shape: (out, in) or (out, c, k, k).
+  // The checkpoint's (PyTorch's) weight shape: (out, in), (out, c, k, k) or (out) for bn.
   std::vector<int64_t> weight_shape() const;
 };
 
@@ -62,7 +67,7 @@ std::vector<ParamShape> param_shapes(const ModelPlan& plan);  // its conv and li
 
 // The parameter tensors of layer slices, as the layer-wise optimizers take them, in arena order:
 // each weight (adapting) and each bias (1-D: no trust ratio, no weight decay), wherever the
-// arena layout puts them.
+// arena layout puts them; batch norm's weight is 1-D too and adapts no more than a bias.
 std::vector<TensorSeg> param_tensors(const std::vector<LayerSlice>& layers);
 
 // Parses "784,256,128,10"; throws InputError.
@@ -75,6 +80,22 @@ struct TrainPass {
   int64_t first = 0;             // position of the batch's first sample in the global batch
   uint64_t seed = 0;             // train.seed
 };
+
+// A batch-norm layer's running statistics (backend memory, outside the arenas: they are not
+// trained) and the count of training passes that moved them (PyTorch's num_batches_tracked).
+struct BnState {
+  std::string name;
+  int c = 0;
+  float* running_mean = nullptr;  // (c), starts at 0
+  float* running_var = nullptr;   // (c), starts at 1
+  int64_t* tracked = nullptr;     // host
+};
+
+// Adds a batch-norm layer's partial sums (n doubles, backend memory) over the ranks: with it,
+// every training pass normalises with the statistics of every rank's micro-batch (sync_bn).
+using BnReduce = std::function<void(double* sums, size_t n)>;
+
+constexpr float kBnEps = 1e-5f, kBnMomentum = 0.1f;  // PyTorch's BatchNorm defaults
 
 class Model {
  public:
@@ -109,10 +130,17 @@ class Model {
   float* params() { return params_.data(); }
   float* grads() { return grads_.data(); }
 
+  // Batch norm's running statistics, in list order (empty without bn).
+  std::vector<BnState> bn_states();
+  // sync_bn: how the statistics are added over the ranks in training passes (empty: each rank's
+  // micro-batch alone).
+  void set_bn_reduce(BnReduce r) { bn_reduce_ = std::move(r); }
+
   // PyTorch's default init of nn.Linear and nn.Conv2d: weight and bias ~ U(−1/√fan_in,
   // 1/√fan_in), fan_in = in (linear) or c·k·k (conv), layer by layer, weight (in the
   // checkpoint's order) then bias, from a deterministic generator seeded by `seed`; computed on
-  // the host, uploaded.
+  // the host, uploaded. Batch norm: weight 1, bias 0, running mean 0 and var 1. Presets:
+  // torchvision's ResNet init, conv weights ~ N(0, 2/(out·k·k)) (Kaiming normal, fan_out).
   void init_params(uint64_t seed);
 
   // x (batch, in_dim) — images NCHW as the dataset stores them — to logits (batch, classes),
@@ -120,7 +148,9 @@ class Model {
   const float* forward(const float* x, int batch, const TrainPass* train = nullptr);
   // Loss and gradient of the logits from the last forward: adds Σ loss and #correct to stats[0..1];
   // the gradient is scaled by grad_scale (1 / samples the gradient is a mean over).
-  void loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad);
+  // Training losses (smooth) use the label smoothing set; evaluation reports plain cross-entropy.
+  void loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad, bool smooth = true);
+  void set_label_smoothing(float eps) { smoothing_ = eps; }
   // Backward from the last loss() through the last forward (x as given to it); grads are
   // overwritten (accumulate=false) or added to. hooks report the progress, last layer first: a
   // layer's gradients final (bias, then weight, in pieces where asked), then its parameters
@@ -131,6 +161,8 @@ class Model {
   struct Op;
   void build(int max_batch, ArenaLayout layout);
   void build_ops();
+  void build_op(const PlannedLayer& p, const PlannedLayer* next, int& param, size_t i);
+  void link_blocks();
   void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur,
                    bool want_dx);
 
@@ -146,6 +178,9 @@ class Model {
   std::vector<std::unique_ptr<Op>> ops_;
   Buffer<float> grad_[3];  // backward: gradients between ops (batch, largest tensor)
   const float* logits_ = nullptr;
+  Buffer<float> nobias_db_;  // the bias gradient of convs without bias: computed, never used
+  BnReduce bn_reduce_;
+  float smoothing_ = 0.f;
   TrainPass train_;        // the last forward's (dropout's backward applies the same mask)
   bool trained_ = false;   // the last forward was a training pass
 };

@@ -25,9 +25,11 @@ class Optimizer {
   // The training loop's update of count parameters at params (gradients grads) whose state
   // starts at element state_at of the state arrays: lr from lr_table[ctl->step], Adam's t from
   // ctl->updates, skipped when ctl->bad; all read on the device (see StepCtl). flag: the
-  // non-finite check folded in (Backend::optimizer_step_at).
+  // non-finite check folded in (Backend::optimizer_step_at). arena_at: the range's offset in the
+  // arena (SIZE_MAX: state_at, the state mirroring the arena), where the tensors are: with
+  // train.decay_bn_and_bias = false the 1-D tensors (biases, batch norm) take no weight decay.
   void step_at(float* params, const float* grads, size_t state_at, size_t count,
-               const float* lr_table, StepCtl* ctl, bool flag = false);
+               const float* lr_table, StepCtl* ctl, bool flag = false, size_t arena_at = SIZE_MAX);
 
   // LARS and LAMB, for a caller that updates the arena by ranges (gradient buckets, shards), in
   // two calls per range: layer_sums_at fills layer_sums() (2 floats per tensor, on the backend)
@@ -63,6 +65,7 @@ class Optimizer {
   OptimStep h_;
   Buffer<float> s1_, s2_;
   std::vector<TensorSeg> segs_;
+  bool decay_1d_ = true;  // weight decay on 1-D tensors too (train.decay_bn_and_bias)
   Buffer<float> sums_;  // (2 × tensors) LARS/LAMB: Σ w², Σ d² per tensor
 };
 

@@ -62,6 +62,9 @@ class Trainer {
   bool sharded() const;
   // Global batch: batch_per_rank × ranks × accumulate.
   int64_t global_batch() const;
+  // Batch norm's running statistics averaged over the ranks (collective), where training passes
+  // moved them apart (sync_bn = false) since the last average; evaluations and checkpoints do it.
+  void average_bn_stats();
   // Where training starts (after a resume): optimizer steps already taken.
   int64_t start_step() const { return step_; }
   // This run's id (every rank; "" for an evaluation-only Trainer).
@@ -113,6 +116,7 @@ class Trainer {
   void save_checkpoint();
   void claim_run(const std::string& resumed, const std::string& resumed_id);
   void average_parameters();
+  bool bn_apart_ = false;  // training passes moved the ranks' running statistics apart
   void prepare_run(int64_t per_epoch);
   void start_epoch();
   void enqueue_step(class GradSync* sync);

@@ -11,6 +11,39 @@
 
 namespace dpt {
 
+const char* const kNeedsResnetOps =
+    "bn / residual blocks need the cuDNN path of the CUDA backend, not built yet; use device.type = cpu";
+
+namespace {
+[[noreturn]] void needs_resnet_ops() { throw InputError(kNeedsResnetOps); }
+}  // namespace
+
+void Backend::softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                                    float grad_scale, float* dlogits, float* stats, float eps) {
+  if (eps != 0.f)
+    throw InputError("train.label_smoothing is not built for the " + name() + " backend yet; use device.type = cpu");
+  softmax_xent(logits, labels, batch, classes, grad_scale, dlogits, stats);
+}
+
+void Backend::bn_sums(const float*, int64_t, int, double*) { needs_resnet_ops(); }
+void Backend::bn_forward(const float*, float*, int64_t, int, const double*, const float*, const float*, float,
+                         float, float*, float*, float*, float*) { needs_resnet_ops(); }
+void Backend::bn_infer(const float*, float*, int64_t, int, const float*, const float*, const float*,
+                       const float*, float) { needs_resnet_ops(); }
+void Backend::bn_backward_sums(const float*, const float*, int64_t, int, const float*, double*) {
+  needs_resnet_ops();
+}
+void Backend::bn_param_grads(const double*, const float*, int, float*, float*, bool) { needs_resnet_ops(); }
+void Backend::bn_backward(const float*, const float*, float*, int64_t, int, const double*, const float*,
+                          const float*, const float*) { needs_resnet_ops(); }
+void Backend::add(const float*, float*, size_t) { needs_resnet_ops(); }
+void Backend::global_avgpool_forward(const float*, float*, int, int, int) { needs_resnet_ops(); }
+void Backend::global_avgpool_backward(const float*, float*, int, int, int) { needs_resnet_ops(); }
+void Backend::padded_pool_forward(const float*, float*, int32_t*, const PoolGeom&, bool) { needs_resnet_ops(); }
+void Backend::padded_pool_backward(const float*, const int32_t*, float*, const PoolGeom&, bool) {
+  needs_resnet_ops();
+}
+
 Act parse_act(const std::string& s) {
   if (s == "relu") return Act::relu;
   if (s == "tanh") return Act::tanh;

@@ -233,6 +233,44 @@ class CpuBackend final : public Backend {
       for (size_t i = 0; i < n; ++i) da[i] *= act_grad(act, z[i], a[i]);
   }
 
+  bool has_resnet_ops() const override { return true; }
+  void bn_sums(const float* x, int64_t rows, int c, double* sums) override { cpu::bn_sums(x, rows, c, sums); }
+  void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
+                  const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                  float* running_mean, float* running_var) override {
+    cpu::bn_forward(x, y, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var);
+  }
+  void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+                const float* running_var, const float* w, const float* b, float eps) override {
+    cpu::bn_infer(x, y, rows, c, running_mean, running_var, w, b, eps);
+  }
+  void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
+                        double* sums) override {
+    cpu::bn_backward_sums(dy, x, rows, c, mean, sums);
+  }
+  void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
+                      bool accumulate) override {
+    cpu::bn_param_grads(sums, invstd, c, dw, db, accumulate);
+  }
+  void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
+                   const float* mean, const float* invstd, const float* w) override {
+    cpu::bn_backward(dy, x, dx, rows, c, sums, mean, invstd, w);
+  }
+  void add(const float* x, float* y, size_t n) override { cpu::add(x, y, n); }
+  void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override {
+    cpu::global_avgpool_forward(x, y, batch, hw, c);
+  }
+  void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override {
+    cpu::global_avgpool_backward(dy, dx, batch, hw, c);
+  }
+  void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) override {
+    cpu::padded_pool_forward(x, y, argmax, g, max);
+  }
+  void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+                            bool max) override {
+    cpu::padded_pool_backward(dy, argmax, dx, g, max);
+  }
+
   void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,
                     float grad_scale, float* dlogits, float* stats) override {
     double loss = 0;
@@ -253,6 +291,36 @@ class CpuBackend final : public Backend {
         const float inv = float(1.0 / sum);
         for (int j = 0; j < classes; ++j) d[j] = std::exp(l[j] - m) * inv * grad_scale;
         d[y] -= grad_scale;
+      }
+    }
+    stats[0] += float(loss);
+    stats[1] += float(correct);
+  }
+
+  void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                             float grad_scale, float* dlogits, float* stats, float eps) override {
+    double loss = 0;
+    int correct = 0;
+    for (int r = 0; r < batch; ++r) {
+      const float* l = logits + size_t(r) * classes;
+      int arg = 0;
+      for (int j = 1; j < classes; ++j)
+        if (l[j] > l[arg]) arg = j;
+      const float m = l[arg];
+      double sum = 0, all = 0;
+      for (int j = 0; j < classes; ++j) {
+        sum += std::exp(double(l[j] - m));
+        all += double(l[j] - m);
+      }
+      const int y = labels[r];
+      const double lse = std::log(sum);
+      loss += (1.0 - eps) * (lse - double(l[y] - m)) + eps * (lse - all / classes);
+      correct += (arg == y);
+      if (dlogits) {
+        float* d = dlogits + size_t(r) * classes;
+        const float inv = float(1.0 / sum), off = float(double(eps) / classes) * grad_scale;
+        for (int j = 0; j < classes; ++j) d[j] = std::exp(l[j] - m) * inv * grad_scale - off;
+        d[y] -= (1.f - eps) * grad_scale;
       }
     }
     stats[0] += float(loss);

@@ -19,4 +19,23 @@ void dropout(const float* x, float* y, int batch, const DropoutArgs& d, int64_t 
 void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
              const int32_t* draws, int64_t first);
 
+
+// Batch norm, residual sums, global average and padded pooling (cpu_bn.cpp; Backend gives the
+// contracts).
+void bn_sums(const float* x, int64_t rows, int c, double* sums);
+void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
+                const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                float* running_mean, float* running_var);
+void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+              const float* running_var, const float* w, const float* b, float eps);
+void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean, double* sums);
+void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db, bool accumulate);
+void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
+                 const float* mean, const float* invstd, const float* w);
+void add(const float* x, float* y, size_t n);
+void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
+void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);
+void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max);
+void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max);
+
 }  // namespace dpt::cpu

@@ -1,0 +1,206 @@
+// The CPU backend's batch norm, residual sums, global average and padded pooling. A batch-norm
+// input is (rows, c) row-major (NHWC pixels, or flat features): per-channel sums run over rows
+// with the channel innermost, in double (PyTorch's CPU kernels accumulate batch-norm statistics
+// in double too).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu_conv.hpp"
+#include "simd.hpp"
+
+namespace dpt::cpu {
+
+DPT_SIMD void bn_sums(const float* x, int64_t rows, int c, double* sums) {
+  double* __restrict s = sums;
+  double* __restrict q = sums + c;
+  for (int j = 0; j < c; ++j) s[j] = q[j] = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * c;
+    for (int j = 0; j < c; ++j) {
+      const double v = xr[j];
+      s[j] += v;
+      q[j] += v * v;
+    }
+  }
+  sums[2 * c] = double(rows);
+}
+
+void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
+                const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                float* running_mean, float* running_var) {
+  const double n = sums[2 * c];
+  std::vector<float> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
+  for (int j = 0; j < c; ++j) {
+    const double mean = sums[j] / n;
+    const double var = std::max(0.0, sums[c + j] / n - mean * mean);
+    const double invstd = 1.0 / std::sqrt(var + double(eps));
+    save_mean[j] = float(mean);
+    save_invstd[j] = float(invstd);
+    scale[size_t(j)] = float(invstd * w[j]);
+    shift[size_t(j)] = float(b[j] - mean * invstd * w[j]);
+    if (running_mean) {
+      const double unbiased = n > 1 ? var * n / (n - 1) : var;
+      running_mean[j] = float(double(momentum) * mean + (1.0 - double(momentum)) * running_mean[j]);
+      running_var[j] = float(double(momentum) * unbiased + (1.0 - double(momentum)) * running_var[j]);
+    }
+  }
+  const float* __restrict a = scale.data();
+  const float* __restrict o = shift.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * c;
+    float* __restrict yr = y + r * c;
+    for (int j = 0; j < c; ++j) yr[j] = xr[j] * a[j] + o[j];
+  }
+}
+
+void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+              const float* running_var, const float* w, const float* b, float eps) {
+  std::vector<float> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
+  for (int j = 0; j < c; ++j) {
+    const double invstd = 1.0 / std::sqrt(double(running_var[j]) + double(eps));
+    scale[size_t(j)] = float(invstd * w[j]);
+    shift[size_t(j)] = float(b[j] - running_mean[j] * invstd * w[j]);
+  }
+  const float* __restrict a = scale.data();
+  const float* __restrict o = shift.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * c;
+    float* __restrict yr = y + r * c;
+    for (int j = 0; j < c; ++j) yr[j] = xr[j] * a[j] + o[j];
+  }
+}
+
+DPT_SIMD void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
+                               double* sums) {
+  double* __restrict s = sums;
+  double* __restrict q = sums + c;
+  for (int j = 0; j < c; ++j) s[j] = q[j] = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict d = dy + r * c;
+    const float* __restrict xr = x + r * c;
+    for (int j = 0; j < c; ++j) {
+      s[j] += d[j];
+      q[j] += double(d[j]) * (double(xr[j]) - double(mean[j]));
+    }
+  }
+  sums[2 * c] = double(rows);
+}
+
+void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db, bool accumulate) {
+  for (int j = 0; j < c; ++j) {
+    const float gw = float(sums[c + j] * invstd[j]), gb = float(sums[j]);
+    dw[j] = accumulate ? dw[j] + gw : gw;
+    db[j] = accumulate ? db[j] + gb : gb;
+  }
+}
+
+void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
+                 const float* mean, const float* invstd, const float* w) {
+  // dx = k·dy − k·Σdy/n − k·invstd²·Σdy(x−mean)/n·(x − mean), k = w·invstd.
+  const double n = sums[2 * c];
+  std::vector<float> k(static_cast<size_t>(c)), m(static_cast<size_t>(c)), off(static_cast<size_t>(c));
+  for (int j = 0; j < c; ++j) {
+    const double kj = double(w[j]) * invstd[j];
+    k[size_t(j)] = float(kj);
+    m[size_t(j)] = float(kj * double(invstd[j]) * invstd[j] * sums[c + j] / n);
+    off[size_t(j)] = float(kj * sums[j] / n);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* d = dy + r * c;
+    const float* xr = x + r * c;
+    float* o = dx + r * c;
+    for (int j = 0; j < c; ++j) o[j] = k[size_t(j)] * d[j] - off[size_t(j)] - m[size_t(j)] * (xr[j] - mean[j]);
+  }
+}
+
+DPT_SIMD void add(const float* x, float* y, size_t n) {
+  const float* __restrict a = x;
+  float* __restrict b = y;
+  for (size_t i = 0; i < n; ++i) b[i] += a[i];
+}
+
+void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
+  std::vector<double> acc(static_cast<size_t>(c));
+  for (int n = 0; n < batch; ++n) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int p = 0; p < hw; ++p) {
+      const float* xr = x + (size_t(n) * hw + p) * c;
+      for (int j = 0; j < c; ++j) acc[size_t(j)] += xr[j];
+    }
+    for (int j = 0; j < c; ++j) y[size_t(n) * c + j] = float(acc[size_t(j)] / hw);
+  }
+}
+
+DPT_SIMD void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) {
+  const float inv = 1.f / float(hw);
+  for (int n = 0; n < batch; ++n)
+    for (int p = 0; p < hw; ++p) {
+      const float* __restrict d = dy + size_t(n) * c;
+      float* __restrict o = dx + (size_t(n) * hw + p) * c;
+      for (int j = 0; j < c; ++j) o[j] = d[j] * inv;
+    }
+}
+
+// Windows clipped to the input: max over the valid elements (the first maximum in row-major
+// order, a NaN wins; argmax = kh·k + kw of the window), mean = Σ valid / k² (the padding's
+// zeros counted, PyTorch's count_include_pad).
+void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
+  const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
+  const float area = float(K * K);
+  for (int n = 0; n < g.batch; ++n)
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
+        float* yo = y + o;
+        int32_t* ao = max ? argmax + o : nullptr;
+        bool first = true;
+        for (int j = 0; j < K * K; ++j) {
+          const int ih = oh * g.stride - g.pad + j / K, iw = ow * g.stride - g.pad + j % K;
+          if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+          const float* xi = x + ((size_t(n) * g.h + ih) * g.w + iw) * C;
+          if (first) {
+            for (int c = 0; c < C; ++c) yo[c] = xi[c];
+            if (max)
+              for (int c = 0; c < C; ++c) ao[c] = j;
+            first = false;
+          } else if (max) {
+            for (int c = 0; c < C; ++c) {
+              const float v = xi[c];
+              const bool take = v > yo[c] || v != v;
+              yo[c] = take ? v : yo[c];
+              ao[c] = take ? j : ao[c];
+            }
+          } else {
+            for (int c = 0; c < C; ++c) yo[c] += xi[c];
+          }
+        }
+        if (!max)
+          for (int c = 0; c < C; ++c) yo[c] /= area;
+      }
+}
+
+void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max) {
+  const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
+  const float area = float(K * K);
+  std::memset(dx, 0, size_t(g.batch) * g.h * g.w * C * sizeof(float));
+  for (int n = 0; n < g.batch; ++n)
+    for (int oh = 0; oh < OH; ++oh)
+      for (int ow = 0; ow < OW; ++ow) {
+        const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
+        const float* dyo = dy + o;
+        const int32_t* ao = max ? argmax + o : nullptr;
+        for (int j = 0; j < K * K; ++j) {
+          const int ih = oh * g.stride - g.pad + j / K, iw = ow * g.stride - g.pad + j % K;
+          if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+          float* d = dx + ((size_t(n) * g.h + ih) * g.w + iw) * C;
+          if (max)
+            for (int c = 0; c < C; ++c) d[c] += ao[c] == j ? dyo[c] : 0.f;
+          else
+            for (int c = 0; c < C; ++c) d[c] += dyo[c] / area;
+        }
+      }
+}
+
+}  // namespace dpt::cpu

@@ -1,0 +1,2 @@
+# Batch norm, residual blocks and the ResNet presets: parsing, shapes, the CPU ops, gradients.
+dpt_add_test(test_resnet RANKS 1 TIMEOUT 300)

@@ -1,0 +1,503 @@
+// Batch norm, residual blocks and the ResNet presets: the layer list's syntax and errors, shape
+// planning and torchvision's names, and (below) the CPU backend's ops against finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dpt/backend.hpp"
+#include "dpt/check.hpp"
+#include "dpt/data.hpp"
+#include "dpt/layer_spec.hpp"
+#include "dpt/nn.hpp"
+#include "dpt/optim.hpp"
+
+using namespace dpt;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<float> rnd(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  SplitMix64 g(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = lo + float(g.uniform()) * (hi - lo);
+  return v;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+// Central differences against the analytic gradient at every element of v (float32 values,
+// losses summed in double): h = 1e-2 keeps truncation O(h²) and rounding ~1e-7/h under the
+// tolerance of 2e-3 + 2%.
+void expect_fd(float* v, size_t n, const float* analytic, const std::function<double()>& loss,
+               const std::string& label, size_t stride = 1) {
+  const float h = 1e-2f;
+  for (size_t i = 0; i < n; i += stride) {
+    const float keep = v[i];
+    v[i] = keep + h;
+    const double up = loss();
+    v[i] = keep - h;
+    const double down = loss();
+    v[i] = keep;
+    const double numeric = (up - down) / (2 * h);
+    EXPECT_NEAR(analytic[i], numeric, 2e-3 + 0.02 * std::fabs(numeric)) << label << " element " << i;
+  }
+}
+
+const PlannedLayer* find_named(const ModelPlan& m, const std::string& name) {
+  for (const PlannedLayer& p : m.layers)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+}  // namespace
+
+// ---- syntax ---------------------------------------------------------------------------------
+
+TEST(ResnetList, ParsesAndNormalises) {
+  const std::string text =
+      "conv(16,3,pad=1,bias=false) bn relu maxpool(3, stride=2, pad=1) "
+      "res( conv(16,3,pad=1,bias=false) bn relu conv(16,3,pad=1,bias=false) bn ) relu "
+      "res(conv(32,3,stride=2,pad=1,bias=false) bn relu conv(32,3,pad=1,bias=false) bn | conv(32,1,stride=2,bias=false) bn) relu "
+      "avgpool(global) flatten linear(10) bn";
+  const auto l = parse_layer_list(text);
+  ASSERT_EQ(l.size(), 12u);
+  EXPECT_FALSE(l[0].bias);
+  EXPECT_EQ(l[1].kind, LayerKind::bn);
+  EXPECT_EQ(l[3].pad, 1);
+  EXPECT_EQ(l[4].kind, LayerKind::res);
+  EXPECT_EQ(l[4].body.size(), 5u);
+  EXPECT_TRUE(l[4].shortcut.empty());
+  EXPECT_EQ(l[6].shortcut.size(), 2u);
+  EXPECT_TRUE(l[8].global);
+  const std::string norm = layer_list_text(l);
+  EXPECT_EQ(norm,
+            "conv(16,3,stride=1,pad=1,bias=false) bn relu maxpool(3,stride=2,pad=1) "
+            "res(conv(16,3,stride=1,pad=1,bias=false) bn relu conv(16,3,stride=1,pad=1,bias=false) bn) relu "
+            "res(conv(32,3,stride=2,pad=1,bias=false) bn relu conv(32,3,stride=1,pad=1,bias=false) bn | "
+            "conv(32,1,stride=2,pad=0,bias=false) bn) relu avgpool(global) flatten linear(10) bn");
+  EXPECT_EQ(parse_layer_list(norm), l);
+  // Today's lists keep their normalised text (checkpoints record it).
+  EXPECT_EQ(layer_list_text(parse_layer_list("conv(8,3,bias=true) maxpool(2) flatten linear(2)")),
+            "conv(8,3,stride=1,pad=0) maxpool(2,stride=2) flatten linear(2)");
+  // Nested blocks.
+  const auto n = parse_layer_list("conv(4,3) res(res(conv(4,3,pad=1)) relu | conv(4,1)) flatten linear(2)");
+  ASSERT_EQ(n[1].body.size(), 2u);
+  EXPECT_EQ(n[1].body[0].kind, LayerKind::res);
+  EXPECT_EQ(parse_layer_list(layer_list_text(n)), n);
+  // Presets.
+  const auto p = parse_layer_list("resnet18(stem=small)");
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].kind, LayerKind::preset);
+  EXPECT_TRUE(p[0].small_stem);
+  EXPECT_EQ(layer_list_text(p), "resnet18(stem=small)");
+  EXPECT_EQ(layer_list_text(parse_layer_list("resnet50(stem=default, classes=7)")), "resnet50(classes=7)");
+}
+
+TEST(ResnetList, ErrorsNameTheLayerAndWhatIsWrong) {
+  struct Case { const char* list; const char* expect; };
+  const Case cases[] = {
+      {"conv(8,3,bias=no)", "bias 'no' is not true or false"},
+      {"bn(4) linear(2)", "bn takes no arguments"},
+      {"conv(8,3) res(conv(8,3) | conv(8,1) | conv(8,1))", "one '|' at most"},
+      {"conv(8,3) res( | conv(8,1))", "the block's body is empty"},
+      {"conv(8,3) res(conv(8,3) | )", "the shortcut after '|' is empty"},
+      {"conv(8,3) res(conv(8,3) bogus)", "layer 2 'res(conv(8,3) bogus)': in its body: layer 2 'bogus': unknown layer"},
+      {"conv(8,3) res", "expected res(<body>[ | <shortcut>])"},
+      {"resnet19", "unknown layer 'resnet19'"},
+      {"resnet18(stem=tiny)", "stem 'tiny' is not small or default"},
+      {"resnet18(depth=3)", "unknown argument 'depth'"},
+      {"conv(8,3) res(resnet18)", "a preset is a whole model"},
+      {"maxpool(2,pad=2) linear(2)", "more than half the kernel"},
+      {"avgpool(global,stride=2) linear(2)", "avgpool(global) takes no other argument"},
+      {"conv(8,3) res(conv(8,3) res(conv(8,3) res(conv(8,3) res(conv(8,3) res(conv(8,3) res(conv(8,3) "
+       "res(conv(8,3) res(conv(8,3) res(conv(8,3))))))))))",
+       "nested more than 8 deep"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = error_of([&] { parse_layer_list(c.list); });
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.list << " -> " << e;
+  }
+}
+
+// ---- shapes ---------------------------------------------------------------------------------
+
+TEST(ResnetPlan, ShapesCountsAndNames) {
+  const ModelPlan m = plan_model(
+      parse_layer_list("conv(8,3,pad=1,bias=false) bn relu maxpool(3,stride=2,pad=1) "
+                       "res(conv(8,3,pad=1,bias=false) bn relu conv(8,3,pad=1,bias=false) bn) relu "
+                       "res(conv(16,3,stride=2,pad=1) bn | conv(16,1,stride=2,bias=false) bn) relu "
+                       "avgpool(global) flatten linear(10) bn"),
+      TensorShape::image(3, 9, 9), 10);
+  EXPECT_EQ(m.layers[0].weights, 8 * 3 * 9);
+  EXPECT_EQ(m.layers[0].biases, 0);
+  EXPECT_EQ(m.layers[1].name, "bn0");
+  EXPECT_EQ(m.layers[1].weights, 8);
+  EXPECT_EQ(m.layers[3].out, TensorShape::image(8, 5, 5));  // (9 + 2 - 3) / 2 + 1
+  EXPECT_EQ(m.layers[4].spec.kind, LayerKind::res_begin);
+  EXPECT_EQ(m.layers[5].depth, 1);
+  const PlannedLayer* sc = find_named(m, "conv4");
+  ASSERT_NE(sc, nullptr);
+  EXPECT_EQ(sc->out, TensorShape::image(16, 3, 3));
+  EXPECT_EQ(find_named(m, "conv3")->biases, 16);
+  EXPECT_EQ(find_named(m, "bn5")->out, TensorShape::features(10));  // BatchNorm1d over features
+  EXPECT_TRUE(m.has_bn());
+  EXPECT_FALSE(m.preset);
+  const std::string d = m.describe();
+  EXPECT_NE(d.find("  res("), std::string::npos) << d;
+  EXPECT_NE(d.find("avgpool(global)"), std::string::npos) << d;
+  EXPECT_NE(d.find("16x1x1"), std::string::npos) << d;
+}
+
+TEST(ResnetPlan, Errors) {
+  struct Case { const char* list; TensorShape in; const char* expect; };
+  const auto img = TensorShape::image(3, 8, 8);
+  const Case cases[] = {
+      {"bn conv(8,3) flatten linear(2)", img, "layer 1 'bn' (input 3x8x8): bn before any layer"},
+      {"res(bn conv(3,3,pad=1)) flatten linear(2)", img, "bn before any layer"},
+      {"conv(8,3,pad=1) res(conv(16,3,pad=1) bn) flatten linear(2)", img,
+       "layer 2 'res(conv(16,3,stride=1,pad=1) bn)' (input 8x8x8): its body gives 16x8x8 but its shortcut "
+       "(the identity) gives 8x8x8: a block that changes shape needs a projection shortcut"},
+      {"conv(8,3,pad=1) res(conv(8,3,stride=2,pad=1) | conv(8,1)) flatten linear(2)", img,
+       "its body gives 8x4x4 but its shortcut gives 8x8x8"},
+      {"conv(8,3,pad=1) res(conv(8,3,pad=1) | flatten linear(2)) flatten linear(2)", img,
+       "its body gives 8x8x8 but its shortcut gives 2"},
+      {"conv(8,3,pad=1) res(conv(8,3,pad=1) | conv(8,9)) flatten linear(2)", img,
+       "layer 2 'res(conv(8,3,stride=1,pad=1) | conv(8,9,stride=1,pad=0))', its shortcut: layer 1 "
+       "'conv(8,9,stride=1,pad=0)' (input 8x8x8): kernel 9x9 is larger"},
+      {"flatten avgpool(global) linear(2)", img, "needs an image input"},
+      {"conv(8,3) avgpool(global) linear(2)", img, "needs a flat input"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = error_of([&] { plan_model(parse_layer_list(c.list), c.in, 2); });
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.list << " -> " << e;
+  }
+  EXPECT_NE(error_of([] { plan_model(parse_layer_list("resnet18 linear(2)"), TensorShape::image(3, 32, 32), 2); })
+                .find("a preset is the whole model"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { plan_model(parse_layer_list("resnet18"), TensorShape::image(3, 32, 32), 0); })
+                .find("the number of classes is not known"),
+            std::string::npos);
+}
+
+// Parameter counts of torchvision's resnet18/34/50 (3 input channels, 1000 classes), and the
+// state_dict names of the expanded presets.
+TEST(ResnetPlan, PresetsAreTorchvisionsArchitectures) {
+  const auto in = TensorShape::image(3, 224, 224);
+  EXPECT_EQ(plan_model(parse_layer_list("resnet18"), in, 1000).params, 11689512);
+  EXPECT_EQ(plan_model(parse_layer_list("resnet34"), in, 1000).params, 21797672);
+  const ModelPlan r50 = plan_model(parse_layer_list("resnet50"), in, 1000);
+  EXPECT_EQ(r50.params, 25557032);
+  EXPECT_TRUE(r50.preset);
+  EXPECT_EQ(r50.text, "resnet50(classes=1000)");
+  EXPECT_EQ(r50.output(), TensorShape::features(1000));
+  ASSERT_NE(find_named(r50, "layer4.2.bn3"), nullptr);
+  EXPECT_EQ(find_named(r50, "layer4.2.bn3")->out, TensorShape::image(2048, 7, 7));
+  // Bottlenecks stride on their 3x3 conv.
+  EXPECT_EQ(find_named(r50, "layer2.0.conv1")->spec.stride, 1);
+  EXPECT_EQ(find_named(r50, "layer2.0.conv2")->spec.stride, 2);
+  EXPECT_NE(find_named(r50, "layer1.0.downsample.0"), nullptr);  // 64 -> 256 channels
+  EXPECT_EQ(find_named(r50, "layer1.1.downsample.0"), nullptr);
+
+  const ModelPlan s = plan_model(parse_layer_list("resnet18(stem=small)"), TensorShape::image(1, 28, 28), 10);
+  EXPECT_EQ(s.text, "resnet18(stem=small,classes=10)");
+  EXPECT_EQ(s.layers[0].spec.k, 3);
+  EXPECT_EQ(s.layers[0].out, TensorShape::image(64, 28, 28));
+  EXPECT_EQ(find_named(s, "layer4.1.bn2")->out, TensorShape::image(512, 4, 4));
+  EXPECT_EQ(find_named(s, "fc")->weights, 5120);
+  EXPECT_EQ(s.params, 11689512 - 3 * 64 * 49 + 64 * 9 - 513 * 1000 + 513 * 10);
+  // The normalised text plans again to the same model (a checkpoint's `model`).
+  EXPECT_EQ(plan_model(parse_layer_list(s.text), TensorShape::image(1, 28, 28), 0).params, s.params);
+  const std::string d = s.describe();
+  EXPECT_NE(d.find("layer3.0.downsample.1"), std::string::npos) << d;
+}
+
+// ---- the CPU backend's ops ------------------------------------------------------------------
+
+// Batch norm in training mode: y against the definition, running statistics (unbiased variance,
+// momentum 0.1), evaluation from them, and every gradient against finite differences of
+// L = Σ r·y (through the batch statistics).
+TEST(BnCpu, ForwardRunningStatsAndGradients) {
+  auto be = make_cpu_backend({});
+  const int64_t rows = 12;
+  const int c = 3;
+  auto x = rnd(size_t(rows) * c, 1, -2.f, 3.f);
+  auto w = rnd(size_t(c), 2, 0.5f, 1.5f);
+  auto b = rnd(size_t(c), 3);
+  const auto r = rnd(x.size(), 4);
+  std::vector<double> sums(2 * size_t(c) + 1);
+  std::vector<float> y(x.size()), mean(static_cast<size_t>(c)), invstd(static_cast<size_t>(c)), rm(size_t(c), 0.f), rv(size_t(c), 1.f);
+  auto loss = [&] {
+    be->bn_sums(x.data(), rows, c, sums.data());
+    be->bn_forward(x.data(), y.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
+                   invstd.data(), nullptr, nullptr);
+    return dot(r, y);
+  };
+  be->bn_sums(x.data(), rows, c, sums.data());
+  be->bn_forward(x.data(), y.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
+                 invstd.data(), rm.data(), rv.data());
+  for (int j = 0; j < c; ++j) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < rows; ++i) m += x[size_t(i * c + j)];
+    m /= rows;
+    for (int64_t i = 0; i < rows; ++i) v += (x[size_t(i * c + j)] - m) * (x[size_t(i * c + j)] - m);
+    for (int64_t i = 0; i < rows; ++i)
+      EXPECT_NEAR(y[size_t(i * c + j)], (x[size_t(i * c + j)] - m) / std::sqrt(v / rows + 1e-5) * w[size_t(j)] + b[size_t(j)],
+                  1e-5);
+    EXPECT_NEAR(rm[size_t(j)], 0.1 * m, 1e-6);
+    EXPECT_NEAR(rv[size_t(j)], 0.9 + 0.1 * v / (rows - 1), 1e-6);
+  }
+  std::vector<float> ye(x.size());
+  be->bn_infer(x.data(), ye.data(), rows, c, rm.data(), rv.data(), w.data(), b.data(), kBnEps);
+  EXPECT_NEAR(ye[4], (x[4] - rm[1]) / std::sqrt(rv[1] + 1e-5) * w[1] + b[1], 1e-5);
+
+  loss();
+  std::vector<float> dy = r, dx(x.size()), dw(static_cast<size_t>(c)), db(static_cast<size_t>(c));
+  std::vector<double> bsums(sums.size());
+  be->bn_backward_sums(dy.data(), x.data(), rows, c, mean.data(), bsums.data());
+  be->bn_param_grads(bsums.data(), invstd.data(), c, dw.data(), db.data(), false);
+  be->bn_backward(dy.data(), x.data(), dx.data(), rows, c, bsums.data(), mean.data(), invstd.data(), w.data());
+  expect_fd(x.data(), x.size(), dx.data(), loss, "dx");
+  expect_fd(w.data(), w.size(), dw.data(), loss, "dw");
+  expect_fd(b.data(), b.size(), db.data(), loss, "db");
+  // dx in place of dy.
+  be->bn_backward(dy.data(), x.data(), dy.data(), rows, c, bsums.data(), mean.data(), invstd.data(), w.data());
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_EQ(dy[i], dx[i]);
+}
+
+TEST(PoolCpu, PaddedAndGlobalPoolingGradients) {
+  auto be = make_cpu_backend({});
+  for (bool max : {true, false}) {
+    PoolGeom g;
+    g.batch = 2, g.c = 3, g.h = 7, g.w = 6, g.k = 3, g.stride = 2, g.pad = 1;
+    // Values 0.05 apart at least, so that no difference step of 1e-2 changes a window's maximum.
+    std::vector<float> x(size_t(g.batch) * g.h * g.w * g.c);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float((i * 37) % x.size()) * 0.05f - 3.f;
+    const size_t ny = size_t(g.batch) * g.oh() * g.ow() * g.c;
+    EXPECT_EQ(g.oh(), 4);
+    EXPECT_EQ(g.ow(), 3);
+    const auto r = rnd(ny, 6);
+    std::vector<float> y(ny), dx(x.size());
+    std::vector<int32_t> am(ny);
+    auto loss = [&] {
+      be->padded_pool_forward(x.data(), y.data(), am.data(), g, max);
+      return dot(r, y);
+    };
+    loss();
+    // The corner window (0, 0) covers input rows and columns 0..1 only.
+    float want = max ? -1e30f : 0.f;
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) {
+        const float v = x[size_t((i * g.w + j) * g.c)];
+        want = max ? std::max(want, v) : want + v;
+      }
+    EXPECT_FLOAT_EQ(y[0], max ? want : want / 9.f);
+    be->padded_pool_backward(r.data(), am.data(), dx.data(), g, max);
+    expect_fd(x.data(), x.size(), dx.data(), loss, max ? "maxpool pad" : "avgpool pad");
+  }
+  auto x = rnd(2 * 5 * 4, 7);
+  const auto r = rnd(2 * 4, 8);
+  std::vector<float> y(8), dx(x.size());
+  auto loss = [&] {
+    be->global_avgpool_forward(x.data(), y.data(), 2, 5, 4);
+    return dot(r, y);
+  };
+  loss();
+  be->global_avgpool_backward(r.data(), dx.data(), 2, 5, 4);
+  expect_fd(x.data(), x.size(), dx.data(), loss, "global avgpool");
+}
+
+// ---- the model ------------------------------------------------------------------------------
+
+namespace {
+
+// Σ over the batch of softmax cross-entropy of the model's logits, in double on the host.
+double xent(const float* logits, const std::vector<int32_t>& y, int classes) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float* l = logits + i * size_t(classes);
+    double m = l[0], z = 0;
+    for (int j = 1; j < classes; ++j) m = std::max(m, double(l[j]));
+    for (int j = 0; j < classes; ++j) z += std::exp(double(l[j]) - m);
+    s += std::log(z) + m - l[y[i]];
+  }
+  return s;
+}
+
+// Every parameter gradient of a model (training mode: batch statistics), against finite
+// differences of the summed cross-entropy; returns the model's batch-norm states' count.
+void expect_model_fd(const char* list, const TensorShape& in, int batch) {
+  SCOPED_TRACE(list);
+  auto be = make_cpu_backend({});
+  const int classes = 3;
+  Model m(*be, plan_model(parse_layer_list(list), in, classes), batch);
+  m.init_params(7);
+  // Move batch norm's weights and biases off 1 and 0 so that their gradients mean something.
+  for (const LayerSlice& s : m.layers())
+    if (s.bn) {
+      const auto w = rnd(size_t(s.out), s.w_off + 1, 0.5f, 1.5f), b = rnd(size_t(s.out), s.b_off + 2, -0.5f, 0.5f);
+      std::copy(w.begin(), w.end(), m.params() + s.w_off);
+      std::copy(b.begin(), b.end(), m.params() + s.b_off);
+    }
+  const auto x = rnd(size_t(batch) * in.size(), 9);
+  std::vector<int32_t> y(static_cast<size_t>(batch));
+  for (int i = 0; i < batch; ++i) y[size_t(i)] = (i * 7) % classes;
+  TrainPass tp;
+  auto loss = [&] { return xent(m.forward(x.data(), batch, &tp), y, classes); };
+  loss();
+  float stats[2] = {0, 0};
+  m.loss(y.data(), batch, 1.f, stats, true);
+  m.backward(x.data(), batch, false);
+  EXPECT_NEAR(stats[0], loss(), 1e-4);
+  const std::vector<float> g(m.grads(), m.grads() + m.num_params());
+  for (const LayerSlice& s : m.layers()) {
+    const size_t stride = s.weights() > 60 ? 7 : 1;
+    expect_fd(m.params() + s.w_off, s.weights(), g.data() + s.w_off, loss, s.name + " weight", stride);
+    if (s.has_bias) expect_fd(m.params() + s.b_off, size_t(s.out), g.data() + s.b_off, loss, s.name + " bias");
+    else for (int i = 0; i < s.out; ++i) EXPECT_EQ(m.params()[s.b_off + size_t(i)], 0.f) << s.name;
+  }
+}
+
+}  // namespace
+
+TEST(ResnetModel, GradientsMatchFiniteDifferences) {
+  const TensorShape img = TensorShape::image(2, 6, 6);
+  expect_model_fd("conv(4,3,pad=1) bn tanh flatten linear(3)", img, 4);
+  expect_model_fd("flatten linear(5) bn tanh linear(3)", img, 4);
+  expect_model_fd("conv(4,3,pad=1,bias=false) tanh res(conv(4,3,pad=1) tanh) flatten linear(3)", img, 4);
+  expect_model_fd("conv(4,3,pad=1) tanh res(conv(6,3,stride=2,pad=1) | conv(6,1,stride=2,bias=false)) tanh "
+                  "avgpool(global) flatten linear(3)", img, 4);
+  expect_model_fd("conv(4,3,pad=1,bias=false) bn tanh "
+                  "res(conv(4,3,pad=1,bias=false) bn tanh conv(4,3,pad=1) bn) tanh "
+                  "res(res(conv(6,3,stride=2,pad=1,bias=false) bn | conv(6,1,stride=2,bias=false)) tanh conv(6,1) bn | "
+                  "conv(6,1,stride=2,bias=false) bn) tanh avgpool(3,stride=2,pad=1) "
+                  "avgpool(global) flatten linear(5) bn tanh linear(3)", img, 4);
+  // ResNet's tail: identity blocks with relu on a 2x2 map, then the global average and fc.
+  expect_model_fd("conv(8,3,pad=1,bias=false) bn tanh "
+                  "res(conv(8,3,pad=1,bias=false) bn tanh conv(8,3,pad=1,bias=false) bn) tanh "
+                  "res(conv(8,3,pad=1,bias=false) bn tanh conv(8,3,pad=1,bias=false) bn) tanh "
+                  "avgpool(global) flatten linear(3)", TensorShape::image(3, 2, 2), 6);
+}
+
+// Running statistics move once per training pass; evaluation uses them.
+TEST(ResnetModel, RunningStatistics) {
+  auto be = make_cpu_backend({});
+  const TensorShape in = TensorShape::image(2, 6, 6);
+  Model m(*be, plan_model(parse_layer_list("conv(4,3,pad=1) bn relu res(conv(4,3,pad=1) bn) flatten linear(5) bn linear(3)"), in, 3), 4);
+  m.init_params(1);
+  const auto x = rnd(4 * size_t(in.size()), 2);
+  auto bn = m.bn_states();
+  ASSERT_EQ(bn.size(), 3u);
+  EXPECT_EQ(bn[0].name, "bn0");
+  EXPECT_EQ(bn[2].name, "bn2");
+  EXPECT_EQ(bn[2].c, 5);
+  TrainPass tp;
+  m.forward(x.data(), 4, &tp);
+  m.forward(x.data(), 4, &tp);
+  EXPECT_EQ(*bn[1].tracked, 2);
+  EXPECT_NE(bn[0].running_mean[0], 0.f);
+  const float* e1 = m.forward(x.data(), 4);
+  EXPECT_EQ(*bn[1].tracked, 2);
+  const std::vector<float> eval1(e1, e1 + 12);
+  bn[2].running_var[0] += 1.f;
+  const float* e2 = m.forward(x.data(), 4);
+  EXPECT_NE(eval1[0], e2[0]);
+}
+
+// Accumulating the gradient over two passes doubles it; a second backward pass with the same
+// batch gives the same gradient (the residual buffers hold nothing over).
+TEST(ResnetModel, BackwardIsRepeatable) {
+  auto be = make_cpu_backend({});
+  const TensorShape in = TensorShape::image(1, 8, 8);
+  Model m(*be, plan_model(parse_layer_list("resnet18(stem=small,classes=3)"), in, 3), 2);
+  m.init_params(3);
+  const auto x = rnd(2 * 64, 4);
+  const std::vector<int32_t> y = {1, 2};
+  TrainPass tp;
+  float stats[2] = {0, 0};
+  auto step = [&](bool acc) {
+    m.forward(x.data(), 2, &tp);
+    m.loss(y.data(), 2, 0.5f, stats, true);
+    m.backward(x.data(), 2, acc);
+    return std::vector<float>(m.grads(), m.grads() + m.num_params());
+  };
+  const auto g1 = step(false), g2 = step(false), g3 = step(true);
+  for (size_t i = 0; i < g1.size(); ++i) {
+    ASSERT_EQ(g1[i], g2[i]) << i;
+    ASSERT_NEAR(g3[i], 2 * g1[i], 1e-6 + 1e-6 * std::fabs(g1[i])) << i;
+  }
+  EXPECT_EQ(std::string(kNeedsResnetOps).find("use device.type = cpu") != std::string::npos, true);
+}
+
+// ---- label smoothing and weight decay -------------------------------------------------------
+
+// F.cross_entropy(label_smoothing = eps): loss (1 − eps)·nll + eps·mean_j(−log p_j), and its
+// gradient against finite differences.
+TEST(LossCpu, LabelSmoothing) {
+  auto be = make_cpu_backend({});
+  const int batch = 3, classes = 5;
+  const float eps = 0.1f;
+  auto logits = rnd(size_t(batch) * classes, 11, -2.f, 2.f);
+  const std::vector<int32_t> y = {4, 0, 2};
+  auto loss = [&] {
+    float stats[2] = {0, 0};
+    be->softmax_xent_smoothed(logits.data(), y.data(), batch, classes, 1.f, nullptr, stats, eps);
+    return double(stats[0]);
+  };
+  double want = 0;
+  for (int i = 0; i < batch; ++i) {
+    const float* l = logits.data() + size_t(i) * classes;
+    double z = 0;
+    for (int j = 0; j < classes; ++j) z += std::exp(double(l[j]));
+    double nll_all = 0;
+    for (int j = 0; j < classes; ++j) nll_all += std::log(z) - l[j];
+    want += (1 - eps) * (std::log(z) - l[y[size_t(i)]]) + eps * nll_all / classes;
+  }
+  EXPECT_NEAR(loss(), want, 1e-5);
+  std::vector<float> d(logits.size());
+  float stats[2] = {0, 0};
+  be->softmax_xent_smoothed(logits.data(), y.data(), batch, classes, 1.f, d.data(), stats, eps);
+  expect_fd(logits.data(), logits.size(), d.data(), loss, "dlogits");
+  // eps = 0 is the plain loss.
+  float a[2] = {0, 0}, b[2] = {0, 0};
+  be->softmax_xent_smoothed(logits.data(), y.data(), batch, classes, 1.f, nullptr, a, 0.f);
+  be->softmax_xent(logits.data(), y.data(), batch, classes, 1.f, nullptr, b);
+  EXPECT_NEAR(a[0], b[0], 1e-6);
+}
+
+// train.decay_bn_and_bias = false: 1-D tensors (biases, batch norm) step without weight decay;
+// the padding between tensors is left alone.
+TEST(OptimCpu, NoDecayOnBnAndBias) {
+  auto be = make_cpu_backend({});
+  Config cfg;
+  cfg.optimizer = "sgd";
+  cfg.weight_decay = 0.5;
+  const std::vector<TensorSeg> segs = {{0, 4, true}, {4, 6, false}, {8, 10, false}};
+  float lr = 0.1f;
+  for (bool decay : {true, false}) {
+    cfg.decay_bn_and_bias = decay;
+    Optimizer opt(*be, cfg, 10, segs);
+    std::vector<float> p(10, 1.f), g(10, 0.2f);
+    StepCtl ctl;
+    opt.step_at(p.data() + 2, g.data() + 2, 2, 8, &lr, &ctl, false);  // a range cutting the first tensor
+    EXPECT_EQ(p[0], 1.f);
+    EXPECT_FLOAT_EQ(p[3], 1.f - 0.1f * (0.2f + 0.5f));
+    EXPECT_FLOAT_EQ(p[5], decay ? 1.f - 0.1f * 0.7f : 1.f - 0.1f * 0.2f) << decay;
+    EXPECT_FLOAT_EQ(p[9], decay ? 1.f - 0.1f * 0.7f : 1.f - 0.1f * 0.2f) << decay;
+    EXPECT_EQ(p[6], decay ? 1.f - 0.1f * 0.7f : 1.f) << "padding";
+  }
+}
