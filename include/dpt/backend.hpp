@@ -78,7 +78,8 @@ struct PoolGeom {
 
 // What a backend without batch norm, residual blocks, padded or global pooling says when a
 // model needs them (the Backend defaults below throw it as an InputError).
-extern const char* const kNeedsResnetOps;
+inline constexpr const char* kNeedsResnetOps =
+    "bn / residual blocks need the cuDNN path of the CUDA backend, not built yet; use device.type = cpu";
 // Inverted dropout of one micro-batch. Sample i's element e (its index in the sample's NCHW
 // order) is kept when dropout_keep(dropout_key(seed, layer, step, first + i), e, threshold)
 // (dropout.hpp), step being ctl->step, read where the op runs: the mask depends on nothing else,

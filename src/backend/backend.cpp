@@ -11,9 +11,6 @@
 
 namespace dpt {
 
-const char* const kNeedsResnetOps =
-    "bn / residual blocks need the cuDNN path of the CUDA backend, not built yet; use device.type = cpu";
-
 namespace {
 [[noreturn]] void needs_resnet_ops() { throw InputError(kNeedsResnetOps); }
 }  // namespace
