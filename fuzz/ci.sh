@@ -17,8 +17,8 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 
 t0=$SECONDS
 cmake -S . -B build-asan -DDPT_SANITIZE=ON -DDPT_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
-cmake --build build-asan -j"$jobs" --target test_core test_layers test_data test_data_order test_ckpt test_parallel
-(cd build-asan && ctest --output-on-failure --timeout 900 -R '^test_(core|layers|data|data_order|ckpt|parallel)$')
+cmake --build build-asan -j"$jobs" --target test_core test_layers test_data test_data_order test_ckpt test_parallel test_resnet test_parallel_resnet
+(cd build-asan && ctest --output-on-failure --timeout 900 -R '^test_(core|layers|data|data_order|ckpt|parallel|resnet|parallel_resnet)$')
 echo "fuzz/ci.sh: sanitizer build and tests took $((SECONDS - t0)) s"
 
 t0=$SECONDS
