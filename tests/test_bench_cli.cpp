@@ -12,29 +12,17 @@
 #include <sstream>
 #include <string>
 
+#include "cli_util.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Outcome {
-  int code = -1;
-  std::string out;
-};
+using cli::mpirun;
+using cli::Outcome;
 
-Outcome sh(const std::string& cmd) {
-  Outcome r;
-  FILE* p = popen(("timeout -k 5 240 " + cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (p && fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = p ? pclose(p) : -1;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-std::string mpirun(int ranks) {
-  return std::string(DPT_MPIEXEC) + " -np " + std::to_string(ranks) + (::geteuid() == 0 ? " --allow-run-as-root" : "") +
-         " --oversubscribe --bind-to none ";
-}
+// Every command under a hard 240 s limit.
+Outcome sh(const std::string& cmd) { return cli::sh(cmd, 240); }
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);

@@ -13,33 +13,19 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Outcome {
-  int code = -1;
-  std::string out;
-  double seconds = 0;
-};
+using cli::Outcome;
 
-// Runs a shell command under a hard 60 s limit (timeout(1) exits 124 on a hang).
-Outcome sh(const std::string& cmd) {
-  Outcome r;
-  auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen(("timeout -k 5 60 " + cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (p && fgets(buf, sizeof buf, p)) r.out += buf;
-  int status = p ? pclose(p) : -1;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
+// Every command under a hard 60 s limit.
+Outcome sh(const std::string& cmd) { return cli::sh(cmd, 60); }
 
 std::string dptrain(int ranks, const std::string& args) {
-  return std::string(DPT_MPIEXEC) + " -np " + std::to_string(ranks) +
-         (::geteuid() == 0 ? " --allow-run-as-root" : "") + " --oversubscribe --bind-to none " +
-         DPT_BINARY_DIR + "/dptrain " + args;
+  return cli::mpirun(ranks) + DPT_BINARY_DIR + "/dptrain " + args;
 }
 
 class Cli : public ::testing::Test {

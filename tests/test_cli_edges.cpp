@@ -12,32 +12,18 @@
 #include <thread>
 #include <vector>
 
+#include "cli_util.hpp"
 #include "dpt/cpu_threads.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Outcome {
-  int code = -1;
-  std::string out;
-};
+using cli::mpirun;
+using cli::Outcome;
 
-// A command under a hard 60 s limit (timeout(1) exits 124 on a hang), run in folder cwd.
-Outcome sh(const std::string& cmd, const std::string& cwd = ".") {
-  Outcome r;
-  FILE* p = popen(("cd '" + cwd + "' && timeout -k 5 60 " + cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (p && fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = p ? pclose(p) : -1;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-std::string mpirun(int ranks, const std::string& opts = "--bind-to none") {
-  return std::string(DPT_MPIEXEC) + " -np " + std::to_string(ranks) +
-         (::geteuid() == 0 ? " --allow-run-as-root" : "") + " --oversubscribe " + opts + " ";
-}
+// Every command under a hard 60 s limit, in folder cwd.
+Outcome sh(const std::string& cmd, const std::string& cwd = ".") { return cli::sh(cmd, 60, cwd); }
 
 const std::string kBin = DPT_BINARY_DIR;
 
