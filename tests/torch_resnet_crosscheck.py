@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -90,19 +89,8 @@ CASES = [
 STEPS, LR, MOMENTUM, WD = int(os.environ.get("DPT_XCHECK_STEPS", 6)), 0.002, 0.9, 5e-3
 
 
-class Mismatch(Exception):
-    pass
-
-
-class SetupError(Exception):
-    pass
-
-
-def run(cmd, what):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        raise SetupError(f"{what} failed (exit {p.returncode}):\n  $ {' '.join(cmd)}\n" + p.stdout[-4000:])
-    return p.stdout
+# The layer-list cross-check's harness: its errors and its way of running a command.
+from torch_crosscheck import Mismatch, SetupError, run  # noqa: E402
 
 
 def make_datasets(tmp):
@@ -265,7 +253,7 @@ def run_case(c, tmp, tools, data, mpirun, perturb):
     ini, ckdir, metrics = os.path.join(d, "run.ini"), os.path.join(d, "ck"), os.path.join(d, "m.jsonl")
     write_ini(ini, c, data, ckdir, metrics)
     t0 = time.time()
-    run([mpirun, "-np", str(c["ranks"]), "--bind-to", "none", tools["dptrain"], "--config", ini], "dptrain")
+    run([mpirun, "-np", str(c["ranks"]), "--bind-to", "none", tools["dptrain"], "--config", ini], what="dptrain")
     seconds = time.time() - t0
     losses = []
     with open(metrics) as f:
@@ -278,7 +266,7 @@ def run_case(c, tmp, tools, data, mpirun, perturb):
     ck = lambda step: read_ckpt(os.path.join(ckdir, f"ckpt-{step:09d}.h5"))
     final = os.path.join(ckdir, f"ckpt-{STEPS:09d}.h5")
     out = run([mpirun, "-np", str(c["ranks"]), "--bind-to", "none", tools["dptrain"], "--eval",
-               "--checkpoint", final, "--data.test", data["test"][0]], "dptrain --eval")
+               "--checkpoint", final, "--data.test", data["test"][0]], what="dptrain --eval")
     m = re.search(r"loss ([0-9.eE+-]+), accuracy", out)
     if not m:
         raise SetupError(f"no loss in dptrain --eval's output:\n{out[-2000:]}")
