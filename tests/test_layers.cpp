@@ -17,19 +17,12 @@
 #include "dpt/data.hpp"
 #include "dpt/dropout.hpp"
 #include "dpt/layer_spec.hpp"
+#include "layer_util.hpp"
 
 using namespace dpt;
+using namespace layer_util;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 Invocation parse(const std::string& ini, std::vector<std::string> args = {}) {
   std::vector<const char*> argv{"dptrain"};
@@ -39,13 +32,6 @@ Invocation parse(const std::string& ini, std::vector<std::string> args = {}) {
 
 std::string config_error(const std::string& ini) {
   return error_of([&] { parse(ini); });
-}
-
-std::vector<float> rnd(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  SplitMix64 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = lo + float(g.uniform()) * (hi - lo);
-  return v;
 }
 
 const char* kCnn =
@@ -274,30 +260,6 @@ std::string what(const ConvGeom& g) {
   return "batch " + std::to_string(g.batch) + " " + std::to_string(g.c) + "x" + std::to_string(g.h) + "x" +
          std::to_string(g.w) + " -> " + std::to_string(g.out) + " k" + std::to_string(g.k) + " s" +
          std::to_string(g.stride) + " p" + std::to_string(g.pad);
-}
-
-// Central differences of L(v) = Σ r·f(v) against the analytic gradient, every element of v.
-// h = 1e-2 in float32: truncation O(h²) and rounding ~1e-7/h stay under 2e-3 + 2%.
-void expect_fd(std::vector<float>& v, const std::vector<float>& analytic,
-               const std::function<double()>& loss, const std::string& label) {
-  const float h = 1e-2f;
-  ASSERT_EQ(v.size(), analytic.size()) << label;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const float keep = v[i];
-    v[i] = keep + h;
-    const double up = loss();
-    v[i] = keep - h;
-    const double down = loss();
-    v[i] = keep;
-    const double numeric = (up - down) / (2 * h);
-    EXPECT_NEAR(analytic[i], numeric, 2e-3 + 0.02 * std::fabs(numeric)) << label << " element " << i;
-  }
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-  return s;
 }
 
 }  // namespace

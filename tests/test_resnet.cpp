@@ -13,50 +13,12 @@
 #include "dpt/layer_spec.hpp"
 #include "dpt/nn.hpp"
 #include "dpt/optim.hpp"
+#include "layer_util.hpp"
 
 using namespace dpt;
+using namespace layer_util;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::vector<float> rnd(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  SplitMix64 g(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = lo + float(g.uniform()) * (hi - lo);
-  return v;
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
-  return s;
-}
-
-// Central differences against the analytic gradient at every element of v (float32 values,
-// losses summed in double): h = 1e-2 keeps truncation O(h²) and rounding ~1e-7/h under the
-// tolerance of 2e-3 + 2%.
-void expect_fd(float* v, size_t n, const float* analytic, const std::function<double()>& loss,
-               const std::string& label, size_t stride = 1) {
-  const float h = 1e-2f;
-  for (size_t i = 0; i < n; i += stride) {
-    const float keep = v[i];
-    v[i] = keep + h;
-    const double up = loss();
-    v[i] = keep - h;
-    const double down = loss();
-    v[i] = keep;
-    const double numeric = (up - down) / (2 * h);
-    EXPECT_NEAR(analytic[i], numeric, 2e-3 + 0.02 * std::fabs(numeric)) << label << " element " << i;
-  }
-}
 
 const PlannedLayer* find_named(const ModelPlan& m, const std::string& name) {
   for (const PlannedLayer& p : m.layers)
