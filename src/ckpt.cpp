@@ -60,11 +60,6 @@ struct Reader {
   }
 };
 
-std::string join_dir(const std::string& dir, const std::string& name) {
-  if (dir.empty()) return name;
-  return dir.back() == '/' ? dir + name : dir + "/" + name;
-}
-
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "(";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -423,8 +418,8 @@ void write_checkpoint(const std::string& path, const Checkpoint& ck) {
 
   // Same folder as the final name, so rename(2) is atomic; the leading dot and the suffix keep
   // list_checkpoints from ever seeing it.
-  std::string tmp = join_dir(dir, "." + final_path.filename().string() + ".tmp." +
-                                      std::to_string(::getpid()));
+  std::string tmp = (fs::path(dir) / ("." + final_path.filename().string() + ".tmp." +
+                                         std::to_string(::getpid()))).string();
   try {
     write_hdf5(tmp, ck);
     fsync_path(tmp, false);

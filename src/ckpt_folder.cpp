@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <random>
 
@@ -29,14 +28,7 @@ std::string describe_files(const std::vector<std::string>& newest_first) {
          std::to_string(newest_first.size()) + " files)";
 }
 
-std::string utc_stamp() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
-  return buf;
-}
+std::string utc_stamp() { return log::utc_time("%Y%m%dT%H%M%SZ"); }
 
 // A save killed by SIGKILL/OOM/preemption leaves ".ckpt-*.h5.tmp.<pid>" behind, as large as a
 // checkpoint. A save in progress rewrites its file continuously and fsyncs within minutes, so a

@@ -1,6 +1,7 @@
 #include "dpt/log.hpp"
 
 #include <cstdio>
+#include <ctime>
 
 #include "dpt/check.hpp"
 
@@ -28,6 +29,15 @@ void warn(const std::string& msg) {
 void error(const std::string& msg) {
   std::fprintf(stderr, "dptrain error (%s): %s\n", where().c_str(), msg.c_str());
   std::fflush(stderr);
+}
+
+std::string utc_time(const char* format) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
+  return buf;
 }
 
 }  // namespace dpt::log

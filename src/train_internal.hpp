@@ -3,12 +3,12 @@
 #pragma once
 #include <mpi.h>
 
-#include <ctime>
 #include <string>
 #include <vector>
 
 #include "dpt/check.hpp"
 #include "dpt/comm.hpp"
+#include "dpt/log.hpp"
 #include "dpt/watchdog.hpp"
 
 namespace dpt {
@@ -48,14 +48,7 @@ inline std::string layers_text(const std::vector<int>& v) {
 }
 
 // "2026-12-01T15:04:05Z"
-inline std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+inline std::string utc_now() { return log::utc_time("%Y-%m-%dT%H:%M:%SZ"); }
 
 }  // namespace train_detail
 }  // namespace dpt

@@ -13,4 +13,8 @@ void info(const std::string& msg);   // rank 0 only, stdout
 void warn(const std::string& msg);   // any rank, stderr, prefixed with where()
 void error(const std::string& msg);  // any rank, stderr, prefixed with where()
 
+// The current UTC time in strftime's `format` ("%Y-%m-%dT%H:%M:%SZ" for the metrics' start
+// records, "%Y%m%dT%H%M%SZ" for folder names).
+std::string utc_time(const char* format);
+
 }  // namespace dpt::log
