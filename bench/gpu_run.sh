@@ -14,7 +14,10 @@ if ! ldconfig -p | grep -q libopenblas.so.0 && [ -f .gpu/gpulibs.tar.xz ]; then
   mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
 fi
 what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sections below (tests, e2e, mps,
-# layouts, bench, epilogues, profile, scaling, multi, cnn, grid, startup, scale12, one12, samebits)
+# layouts, bench, epilogues, profile, scaling, multi, cnn, resnet, grid, startup, scale12, one12, samebits)
+# cuDNN: the version built against (9.19) is PyTorch's copy there; the machine's default is older.
+CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
+[ -d $CUDNN_LIB ] && export LD_LIBRARY_PATH=$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits) || ,$what, == *,$1,* ]]; }
 # EXTRA_ENV="NAME=VALUE ...": variables for dptrain's runs in scale12 (all of them) and one12
 # (bench-step a second time with them, A/B in one call); forwarded to every rank with mpirun -x.
@@ -40,7 +43,8 @@ if want tests; then
     t mpirun -np 1 $B/test_core; echo "rc=$?"; t mpirun -np 4 --oversubscribe $B/test_parallel; echo "rc=$?";
     t mpirun -np 1 $B/test_gpu_conv; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_train_cnn; echo "rc=$?";
     t mpirun -np 2 $B/test_gpu_train_cnn; echo "rc=$?"; t mpirun -np 1 $B/test_layers; echo "rc=$?";
-    t mpirun -np 4 --oversubscribe $B/test_parallel_cnn; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
+    t mpirun -np 4 --oversubscribe $B/test_parallel_cnn; echo "rc=$?";
+    t mpirun -np 1 $B/test_gpu_resnet; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
 fi
 if want e2e; then
@@ -64,6 +68,44 @@ if want e2e; then
   # Two ranks sharing the one GPU over the MPI transport (MPS-style layout), 2 epochs.
   mpirun -np 2 $B/dptrain --config inputs/run.ini --train.epochs 2 --checkpoint.dir "" --comm.backend mpi > "$OUT/e2e-shared.log" 2>&1
   grep -E "final|done|error|transport" "$OUT/e2e-shared.log"
+fi
+if want resnet; then
+  # Residual networks and convolutions on cuDNN, bf16, data resident: bench-step beside the
+  # PyTorch peer (bench/torch_cnn.py: torchvision's models for the presets, channels_last, cuDNN
+  # autotuned; eager and the whole step in a CUDA graph, PyTorch's best modes for these networks
+  # on 2026-12-01, and torch.compile of the whole step for the compute-bound CNN, its best there)
+  # in the same call: resnet50 3x224x224 b256, resnet18(stem=small) 1x28x28 b512, the compute-bound
+  # CNN of section cnn and inputs/cnn.ini's, those two also with DPT_CONV=im2col (the GEMM path).
+  # Then inputs/resnet.ini on Fashion-MNIST on the GPU (1 rank, batch 256, bf16).
+  BIG="conv(128,3,pad=1) relu conv(128,3,pad=1) relu maxpool(2) conv(256,3,pad=1) relu conv(256,3,pad=1) relu maxpool(2) flatten linear(10)"
+  CNN="conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(256) relu dropout(0.25) linear(10)"
+  mp=(mpirun -np 1 -x LD_LIBRARY_PATH)
+  "${mp[@]}" $B/bench-step --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --precision bf16 --warmup 5 --steps 20 > "$OUT/rn50-ours.log" 2>&1
+  "${mp[@]}" $B/bench-step --layers "resnet18(stem=small,classes=10)" --input 1,28,28 --batch 512 --precision bf16 --warmup 10 --steps 50 > "$OUT/rn18-ours.log" 2>&1
+  "${mp[@]}" $B/bench-step --layers "$BIG" --input 3,64,64 --batch 256 --precision bf16 --warmup 10 --steps 50 > "$OUT/big-ours.log" 2>&1
+  "${mp[@]}" -x DPT_CONV=im2col $B/bench-step --layers "$BIG" --input 3,64,64 --batch 256 --precision bf16 --warmup 10 --steps 50 > "$OUT/big-ours-im2col.log" 2>&1
+  "${mp[@]}" $B/bench-step --layers "$CNN" --input 1,28,28 --batch 256 --precision bf16 > "$OUT/small-ours.log" 2>&1
+  "${mp[@]}" -x DPT_CONV=im2col $B/bench-step --layers "$CNN" --input 1,28,28 --batch 256 --precision bf16 > "$OUT/small-ours-im2col.log" 2>&1
+  grep -hE "bench-step|rror" "$OUT"/rn50-ours.log "$OUT"/rn18-ours.log "$OUT"/big-ours*.log "$OUT"/small-ours*.log | cut -c1-400
+  if [[ ${SKIP_TORCH:-0} != 1 ]]; then
+    tp() { timeout "${CNN_PEER_S:-150}" python3 bench/torch_cnn.py --precision bf16 --formats nhwc "$@"; }
+    tp --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --modes eager,graph --steps 20 --repeat 2 > "$OUT/rn50-torch.jsonl" 2>&1
+    tp --layers "resnet18(stem=small,classes=10)" --input 1,28,28 --batch 512 --modes eager,graph --steps 50 > "$OUT/rn18-torch.jsonl" 2>&1
+    tp --layers "$BIG" --input 3,64,64 --batch 256 --modes graph,compile-step --steps 30 > "$OUT/big-torch.jsonl" 2>&1
+    tp --layers "$CNN" --input 1,28,28 --batch 256 --modes graph,compile-step > "$OUT/small-torch.jsonl" 2>&1
+    grep -h samples_per_s "$OUT"/*-torch.jsonl | python3 -c "
+import json, sys
+for l in sys.stdin:
+    d = json.loads(l); print(d['layers'][:40], d['mode'], d['samples_per_s'], d['ms_per_step'])"
+  fi
+  if [[ ${RESNET_E2E:-1} == 1 ]]; then
+    mkdir -p data && [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+    rm -rf /tmp/ck-rn
+    /usr/bin/time -f "wall %e s" "${mp[@]}" $B/dptrain --config inputs/resnet.ini --device.type cuda --train.precision bf16 \
+      --train.batch_per_rank 256 --checkpoint.dir /tmp/ck-rn --log.metrics $OUT/resnet-e2e-metrics.jsonl \
+      --log.every_steps 50 > "$OUT/resnet-e2e.log" 2>&1
+    grep -E "wall|final|done|rror|eval" "$OUT/resnet-e2e.log" | tail -14
+  fi
 fi
 if want samebits; then
   # A refactor's check: the same runs with the executable built before it (.gpu/before/dptrain)

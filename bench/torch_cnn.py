@@ -27,8 +27,43 @@ import torch.nn as nn
 from torch_step import graphed, step_fn, time_ms
 
 
+def preset(layers, shape):
+    """torchvision's ResNet for a preset word of dptrain's lists ("resnet50", "resnet18(stem=small)"),
+    the input channels from the data, 10 classes; None for any other list. The small stem is a 3x3
+    stride-1 conv without bias and no max pool (dptrain's stem=small)."""
+    m = re.fullmatch(r"\s*(resnet(?:18|34|50))(?:\(([^)]*)\))?\s*", layers)
+    if not m:
+        return None
+    import torchvision
+    kw = dict(a.strip().split("=") for a in (m.group(2) or "").split(",") if "=" in a)
+    net = getattr(torchvision.models, m.group(1))(num_classes=int(kw.get("classes", 10)))
+    if kw.get("stem") == "small":
+        net.conv1 = nn.Conv2d(shape[0], 64, 3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    elif shape[0] != 3:
+        net.conv1 = nn.Conv2d(shape[0], 64, 7, stride=2, padding=3, bias=False)
+    # Forward multiply-adds of convs and linears, counted on one sample (as build() counts them).
+    macs = [0]
+    def hook(mod, inp, out):
+        if isinstance(mod, nn.Conv2d):
+            macs[0] += out[0].numel() * (mod.in_channels // mod.groups * mod.kernel_size[0] * mod.kernel_size[1]
+                                         + (mod.bias is not None))
+        else:
+            macs[0] += mod.out_features * (mod.in_features + 1)
+    hs = [mod.register_forward_hook(hook) for mod in net.modules() if isinstance(mod, (nn.Conv2d, nn.Linear))]
+    with torch.no_grad():
+        net.eval()(torch.zeros((1,) + tuple(shape)))
+    for h in hs:
+        h.remove()
+    return net.train(), int(kw.get("classes", 10)), macs[0]
+
+
 def build(layers, shape):
-    """nn.Sequential of a layer list on (C, H, W) inputs, and its forward multiply-adds."""
+    """nn.Sequential of a layer list on (C, H, W) inputs (or a preset's torchvision ResNet), and
+    its forward multiply-adds."""
+    p = preset(layers, shape)
+    if p:
+        return p
     acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": lambda: nn.GELU(approximate="none")}
     mods, macs = [], 0
     for tok in re.findall(r"[a-z]+(?:\([^)]*\))?", layers):

@@ -180,6 +180,8 @@ void make_backend_for(const Config& cfg, MPI_Comm c, Runtime& rt) {
   opt.precision = parse_precision(cfg.precision);
   opt.local_rank = rt.node.local_rank;
   opt.local_size = rt.node.local_size;
+  opt.conv_heuristic = cfg.conv_tuning == "heuristic";
+  opt.conv_workspace_bytes = size_t(cfg.conv_workspace_mb) << 20;
   const int gpus = cfg.device_type == "cpu" ? 0 : cuda_device_count();
   if (gpus == 0) {  // the cpu backend: threads from the allocation
     ThreadSources ts = read_thread_sources(cfg.threads);

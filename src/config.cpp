@@ -108,6 +108,10 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("device.threads", &c.threads,
         "cpu: BLAS threads per rank (0 = from the CPU affinity mask, SLURM_CPUS_PER_TASK, "
         "OMP_NUM_THREADS / OPENBLAS_NUM_THREADS, in that order, else cores / ranks)");
+  t.add("device.conv_tuning", &c.conv_tuning,
+        "cuda: cuDNN convolution algorithms chosen by timing them at start-up (time) or by "
+        "cuDNN's heuristic (heuristic: the same choice every run)");
+  t.add("device.conv_workspace_mb", &c.conv_workspace_mb, "cuda: most cuDNN workspace per convolution, MB");
   t.add("checkpoint.dir", &c.ckpt_dir, "folder for checkpoints (empty = none)");
   t.add("checkpoint.every_steps", &c.ckpt_every, "steps between checkpoints (0 = end only)");
   t.add("checkpoint.keep", &c.ckpt_keep, "newest checkpoints kept (0 = all)");
@@ -287,6 +291,7 @@ void validate(const Config& c) {
   one_of("comm.backend", c.comm_backend, {"auto", "nccl", "mpi"}, c);
   one_of("comm.grad_dtype", c.grad_dtype, {"fp32", "bf16"}, c);
   one_of("device.type", c.device_type, {"auto", "cuda", "cpu"}, c);
+  one_of("device.conv_tuning", c.conv_tuning, {"time", "heuristic"}, c);
   at_least("train.epochs", c.epochs, 1, c);
   at_least<int64_t>("train.steps", c.steps, 0, c);
   at_least("train.batch_per_rank", c.batch_per_rank, 1, c);
@@ -316,6 +321,7 @@ void validate(const Config& c) {
   if (!(c.bucket_mb > 0 && c.bucket_mb <= 4096)) bad("comm.bucket_mb", show(c.bucket_mb), c, "must be in (0, 4096]");
   if (!(c.timeout_s > 0 && c.timeout_s <= 1e6)) bad("comm.timeout_s", show(c.timeout_s), c, "must be in (0, 1e6]");
   at_least("device.threads", c.threads, 0, c);
+  at_least("device.conv_workspace_mb", c.conv_workspace_mb, 0, c);
   at_least("comm.nccl_max_ctas", c.nccl_max_ctas, 0, c);
   if (c.nccl_max_ctas > 1024) bad("comm.nccl_max_ctas", show(c.nccl_max_ctas), c, "too large");
   if (c.shard_optimizer && c.sync == "parameters")

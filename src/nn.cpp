@@ -267,7 +267,7 @@ void Model::build_ops() {
         g.c = int(p.in.c); g.h = int(p.in.h); g.w = int(p.in.w);
         g.out = l.out; g.k = l.k; g.stride = l.stride; g.pad = l.pad;
         g.batch = max_batch_;
-        op->cols = Buffer<float>(be_, size_t(g.rows()) * size_t(g.cols()));
+        op->cols = Buffer<float>(be_, be_.conv_cols(g));
         op->z = buf(p.out);
         // relu, tanh and sigmoid differentiate from a alone (relu: a > 0 exactly where z > 0),
         // so a overwrites z in place: one pass over the output less. gelu needs z.
@@ -381,6 +381,11 @@ std::vector<BnState> Model::bn_states() {
     if (op->kind == OpKind::bn)
       s.push_back({slices_[size_t(op->param)].name, int(op->in.c), op->rmean.data(), op->rvar.data(), &op->tracked});
   return s;
+}
+
+void Model::count_bn_passes(int64_t n) {
+  for (auto& op : ops_)
+    if (op->kind == OpKind::bn) op->tracked += n;
 }
 
 std::vector<float> Model::packed(const std::vector<float>& arena) const {
@@ -563,7 +568,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       g.batch = batch;
       const LayerSlice& s = slices_[size_t(op.param)];
       const float* a = op.a.data() ? op.a.data() : op.z.data();
-      be_.conv_backward(params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
+      be_.conv_backward(in, params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
                         grads_.data() + s.w_off, s.has_bias ? grads_.data() + s.b_off : nobias_db_.data(),
                         first ? nullptr : grad_[nxt].data(), accumulate);
       // conv_backward makes the gradients and the input gradient in one call: both reports follow.

@@ -330,6 +330,7 @@ void Trainer::enqueue_step(GradSync* sync) {
   const bool poison = fault::in_step(step_ + 1);
   be_.fill(stats_.data(), 2, 0.f);
   bn_apart_ = !cfg_.sync_bn;
+  step_enqueued_ = true;
   for (int a = 0; a < A; ++a) {
     const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
     // The host's copy of the rows, for a backend that streams the data rather than holding it.
@@ -536,7 +537,13 @@ TrainResult Trainer::run() {
         watchdog::Phase phase("computing", step_ + 1);
         const bool early = step_ - first_step < 2;  // the eager first step, then the capture
         const double t = early ? timing::now() : 0;
+        step_enqueued_ = false;
         runner->run();
+        // A replayed graph ran the batch norm passes without the host seeing them.
+        if (!step_enqueued_) {
+          model_->count_bn_passes(cfg_.accumulate);
+          bn_apart_ = !cfg_.sync_bn;
+        }
         if (early) timing::add(timing::Phase::first_steps, timing::now() - t);
       }
       ++step_;

@@ -290,11 +290,11 @@ TEST(ConvCpu, ActivationInPlaceOfItsInput) {
     std::vector<float> dw(w.size()), db(b.size()), dx(x.size()), dw2(w.size()), db2(b.size()), dx2(x.size());
     be->conv_forward(x.data(), w.data(), b.data(), cols.data(), z.data(), a.data(), g, act);
     std::vector<float> d = r;
-    be->conv_backward(w.data(), z.data(), a.data(), d.data(), cols.data(), g, act, dw.data(), db.data(), dx.data(), false);
+    be->conv_backward(x.data(), w.data(), z.data(), a.data(), d.data(), cols.data(), g, act, dw.data(), db.data(), dx.data(), false);
     be->conv_forward(x.data(), w.data(), b.data(), cols.data(), za.data(), za.data(), g, act);
     EXPECT_EQ(za, a) << act_name(act);
     d = r;
-    be->conv_backward(w.data(), za.data(), za.data(), d.data(), cols.data(), g, act, dw2.data(), db2.data(), dx2.data(), false);
+    be->conv_backward(x.data(), w.data(), za.data(), za.data(), d.data(), cols.data(), g, act, dw2.data(), db2.data(), dx2.data(), false);
     EXPECT_EQ(dw2, dw) << act_name(act);
     EXPECT_EQ(db2, db) << act_name(act);
     EXPECT_EQ(dx2, dx) << act_name(act);
@@ -329,7 +329,7 @@ TEST(ConvCpu, GradientsMatchFiniteDifferences) {
       };
       loss();
       std::vector<float> da = r, dw(w.size()), db(b.size()), dx(x.size());
-      be->conv_backward(w.data(), z.data(), a.data(), da.data(), cols.data(), g, act, dw.data(),
+      be->conv_backward(x.data(), w.data(), z.data(), a.data(), da.data(), cols.data(), g, act, dw.data(),
                         db.data(), dx.data(), false);
       const std::string label = what(g) + " " + act_name(act);
       expect_fd(w, dw, loss, "dw " + label);
@@ -338,7 +338,7 @@ TEST(ConvCpu, GradientsMatchFiniteDifferences) {
       // accumulate adds to what is there; no dx leaves the columns alone.
       loss();
       std::vector<float> da2 = r, dw2 = dw, db2 = db;
-      be->conv_backward(w.data(), z.data(), a.data(), da2.data(), cols.data(), g, act, dw2.data(),
+      be->conv_backward(x.data(), w.data(), z.data(), a.data(), da2.data(), cols.data(), g, act, dw2.data(),
                         db2.data(), nullptr, true);
       for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw2[i], 2 * dw[i], 1e-5 * (1 + std::fabs(dw[i]))) << label;
       for (size_t i = 0; i < db.size(); ++i) EXPECT_NEAR(db2[i], 2 * db[i], 1e-5 * (1 + std::fabs(db[i]))) << label;

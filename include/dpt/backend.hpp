@@ -205,15 +205,18 @@ class Backend {
   // copied it to (overwritten, not added to).
   virtual void col2im(const float* dcols, const ConvGeom& g, float* dx) = 0;
   // z (rows, out) = im2col(x)·Wᵀ + b and a = act(z), w (out, k, k, c); cols (rows, cols) is
-  // kept for conv_backward (a backend may keep it in its own form). Default: im2col +
-  // linear_forward.
+  // kept for conv_backward (a backend may keep it in its own form, or need none: conv_cols).
+  // Default: im2col + linear_forward.
   virtual void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z,
                             float* a, const ConvGeom& g, Act act);
+  // The elements of the cols buffer conv_forward and conv_backward need for g: rows·cols for
+  // the im2col path, 0 for a backend that convolves without it (cuda: cuDNN).
+  virtual size_t conv_cols(const ConvGeom& g) const { return size_t(g.rows()) * size_t(g.cols()); }
   // da (rows, out) holds dLoss/da and becomes dz; dw, db as linear_backward's (added to when
-  // accumulate); dx (batch, h, w, c) unless nullptr. cols is the last conv_forward's, and is
-  // overwritten (it holds the input gradient's columns before col2im). Default:
-  // linear_backward on cols + col2im.
-  virtual void conv_backward(const float* w, const float* z, const float* a, float* da, float* cols,
+  // accumulate); dx (batch, h, w, c) unless nullptr. x is the last conv_forward's input, cols
+  // its cols, which is overwritten (it holds the input gradient's columns before col2im).
+  // Default: linear_backward on cols + col2im.
+  virtual void conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
                              const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                              bool accumulate);
   // y (batch, oh, ow, c) = max or mean of each k×k window. Max: argmax (same shape) = the
@@ -435,6 +438,10 @@ struct BackendOptions {
   // Only valid with the MPI transport (NCCL refuses two ranks on one GPU); when false, such a
   // rank is an InputError.
   bool share_gpus = false;
+  // cuda: cuDNN's convolution algorithms from its heuristic (the same every run) rather than
+  // timed at the first call of each shape; the most workspace one convolution may take.
+  bool conv_heuristic = false;
+  size_t conv_workspace_bytes = size_t(1) << 30;
 };
 
 // Number of CUDA devices this process can use; 0 where the build has no CUDA or no driver.

@@ -132,6 +132,9 @@ class Model {
 
   // Batch norm's running statistics, in list order (empty without bn).
   std::vector<BnState> bn_states();
+  // n training passes ran without forward() being called (a replayed step graph): every bn
+  // layer's num_batches_tracked moves by n, as forward() moves it by one.
+  void count_bn_passes(int64_t n);
   // sync_bn: how the statistics are added over the ranks in training passes (empty: each rank's
   // micro-batch alone).
   void set_bn_reduce(BnReduce r) { bn_reduce_ = std::move(r); }

@@ -117,6 +117,7 @@ class Trainer {
   void claim_run(const std::string& resumed, const std::string& resumed_id);
   void average_parameters();
   bool bn_apart_ = false;  // training passes moved the ranks' running statistics apart
+  bool step_enqueued_ = false;  // enqueue_step ran in this step (not a replay of its graph)
   void prepare_run(int64_t per_epoch);
   void start_epoch();
   void enqueue_step(class GradSync* sync);

@@ -129,9 +129,10 @@ void Backend::conv_forward(const float* x, const float* w, const float* b, float
 
 // The input gradient's columns go into cols once the weight gradient has read it (both in
 // linear_backward, in that order on one stream).
-void Backend::conv_backward(const float* w, const float* z, const float* a, float* da, float* cols,
+void Backend::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
                             const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                             bool accumulate) {
+  (void)x;  // im2col's columns hold it
   linear_backward(cols, w, z, a, da, g.rows(), g.cols(), g.out, act, dw, db, dx ? cols : nullptr,
                   accumulate);
   if (dx) col2im(cols, g, dx);

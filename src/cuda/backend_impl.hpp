@@ -5,7 +5,9 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -49,6 +51,28 @@ struct LtPlan {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+// One convolution shape's cuDNN descriptors (NHWC tensors, the filter (out, k, k, c) = our
+// weight layout) and the algorithm of each direction, chosen on first use (cudnn_conv.cpp). Each
+// direction has its own convolution descriptor: the chosen algorithm's math type is set on it.
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t fwd_desc = nullptr, data_desc = nullptr, filter_desc = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t data{};
+  cudnnConvolutionBwdFilterAlgo_t filter{};
+  size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
+  bool has_fwd = false, has_data = false, has_filter = false;
+  float fwd_ms = -1, data_ms = -1, filter_ms = -1;  // timed (conv_tuning = time), else -1
+  bool said = false;
+  ConvPlan() = default;
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+  ~ConvPlan();
+};
+struct CudnnDel { void operator()(cudnnHandle_t h) const noexcept { cudnnDestroy(h); } };
+using Cudnn = std::unique_ptr<cudnnContext, CudnnDel>;
+
 using DevPtr = std::unique_ptr<void, DevDel>;
 using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 
@@ -189,6 +213,13 @@ class CudaBackendImpl final : public CudaBackend {
   void mlp_forward(const float* x, int batch, const std::vector<LinearArgs>& L) override;
   void mlp_backward(const float* x, int batch, const std::vector<LinearArgs>& L, float* d0, float* d1,
                     bool accumulate, const PassHooks& hooks, float* dx0) override;
+
+  // ---- convolutions through cuDNN (cudnn_conv.cpp); DPT_CONV=im2col: conv_path.cpp's ----
+  size_t conv_cols(const ConvGeom& g) const override;
+  void conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
+                     const ConvGeom& g, Act act, float* dw, float* db, float* dx, bool accumulate) override;
+  void cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a, const ConvGeom& g,
+                          Act act);
 
   // ---- convolutional networks (conv_path.cpp) ----
   void im2col(const float* x, const ConvGeom& g, float* cols) override;
@@ -333,6 +364,15 @@ class CudaBackendImpl final : public CudaBackend {
   // gather.cpp
   const Resident& resident(const Dataset& ds);
 
+  // cudnn_conv.cpp
+  cudnnHandle_t cudnn();
+  ConvPlan& conv_plan(const ConvGeom& g);
+  void choose_fwd(ConvPlan& p, const ConvGeom& g, const void* x, const void* w, void* y);
+  void choose_data(ConvPlan& p, const ConvGeom& g, const void* w, const void* dy, void* dx);
+  void choose_filter(ConvPlan& p, const ConvGeom& g, const void* x, const void* dy);
+  void* conv_workspace(size_t bytes);
+  void say_conv_plan(ConvPlan& p, const ConvGeom& g);
+
   Precision precision_;
   int dev_ = 0;
   std::string describe_;
@@ -361,6 +401,13 @@ class CudaBackendImpl final : public CudaBackend {
   static constexpr int kMaxTransposeRows = 65535 * 32;  // the transpose kernel's grid
   std::map<const Dataset*, Resident> resident_;
   std::map<uintptr_t, size_t> allocs_;  // alloc_bytes: address -> bytes
+  // cuDNN (cudnn_conv.cpp): its handle, made on the first convolution; plans per shape.
+  Cudnn cudnn_;
+  bool im2col_convs_ = false;     // DPT_CONV=im2col: convolutions as im2col + cuBLASLt GEMMs
+  bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
+  size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
+  std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
+  Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
 };

@@ -1,5 +1,6 @@
 // Convolutional networks on the CUDA backend: conv.cu's kernels (im2col / col2im, pooling,
-// activations, NHWC <-> NCHW, dropout, augmentation); the GEMMs are linear.cpp's.
+// activations, NHWC <-> NCHW, dropout, augmentation). Convolutions go through cuDNN
+// (cudnn_conv.cpp); with DPT_CONV=im2col, as im2col and linear.cpp's GEMMs (kept to measure).
 #include "backend_impl.hpp"
 #include "conv_kernels.cuh"
 #include "kernels.cuh"
@@ -16,6 +17,10 @@ void CudaBackendImpl::im2col(const float* x, const ConvGeom& g, float* cols) {
 // linear_forward and then conv_backward's linear_backward take as their input operand.
 void CudaBackendImpl::conv_forward(const float* x, const float* w, const float* b, float* cols, float* z, float* a,
                                    const ConvGeom& g, Act act) {
+  if (!im2col_convs_) {
+    cudnn_conv_forward(x, w, b, z, a, g, act);
+    return;
+  }
   const size_t n = size_t(g.rows()) * size_t(g.cols());
   void* c16 = bf16() ? twin_slot(cols, n) : nullptr;
   if (!c16) {

@@ -153,6 +153,10 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   stream_data_ = env_int("DPT_STREAM_DATA", 0) != 0;
   fuse_ = env_int("DPT_LT_FUSE", 1) != 0;
   tf32_transpose_ = std::max(0, std::min(2, env_int("DPT_TF32_TRANSPOSE", 1)));
+  const char* conv = std::getenv("DPT_CONV");
+  im2col_convs_ = conv && std::string(conv) == "im2col";
+  conv_heuristic_ = opt.conv_heuristic;
+  conv_ws_limit_ = opt.conv_workspace_bytes;
   describe_ = make_description();
 }
 
@@ -224,6 +228,10 @@ std::string CudaBackendImpl::make_description() const {
          : !bf16() ? "cuBLASLt (bias epilogue)"
          : fuse_ ? "cuBLASLt (bias epilogue; hidden ReLU layers: RELU_BIAS epilogue, bf16 activations only)"
                  : "cuBLASLt (bias epilogue; DPT_LT_FUSE=0)")
+     << "; convolutions: "
+     << (im2col_convs_ ? std::string("im2col + GEMMs (DPT_CONV=im2col)")
+                       : "cuDNN " + version_string(int(cudnnGetVersion()), 10000) + " (algorithms " +
+                             (conv_heuristic_ ? "from its heuristic" : "timed") + ")")
      << "; math: " << math_mode(precision_);
   return os.str();
 }

@@ -1,0 +1,277 @@
+// Convolutions on the CUDA backend through cuDNN 9's convolution API, NHWC throughout: the input
+// (batch, h, w, c), the output (batch, oh, ow, out) and the filter (out, k, k, c), which is the
+// layout the model's arena already holds, so nothing is transposed.
+//
+// Precision: fp32 — fp32 data with cuDNN's FMA math (no tensor cores, no TF32) and no FFT or
+// Winograd algorithm, whose transforms round differently from a direct sum; tf32 — fp32 data,
+// cuDNN's default math (TF32 tensor cores); bf16 — bf16 copies of the input (its twin) and of the
+// weights (the arena's shadow), fp32 accumulation, bf16 outputs (cuDNN's BFLOAT16 config, as
+// PyTorch's autocast), widened to fp32 where the model keeps fp32: z, dx, and dw (added to the fp32
+// gradient). The bias and the activation run in one pass after the convolution (bias_act_forward),
+// and backward dz, bf16(dz) and the bias gradient in one pass before it (act_backward_bgrad).
+//
+// Algorithms: per shape and direction, chosen the first time the shape runs (the eager first
+// step, before the step is captured) and reused: timed by cudnnFind*AlgorithmEx on the real
+// buffers (device.conv_tuning = time, like PyTorch's cudnn.benchmark), or cuDNN's heuristic
+// (heuristic: no timing, the same choice on every run, so a resumed run repeats the bits of an
+// uninterrupted one). Only deterministic algorithms, within device.conv_workspace_mb of
+// workspace. A shape first met while a step is being captured takes the heuristic. The choice is
+// printed once per shape.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "backend_impl.hpp"
+#include "dpt/cuda_check.hpp"
+#include "dpt/log.hpp"
+#include "kernels.cuh"
+
+#define DPT_CHECK_CUDNN(call)                                                                           \
+  do {                                                                                                  \
+    cudnnStatus_t dpt_rc_ = (call);                                                                     \
+    if (dpt_rc_ != CUDNN_STATUS_SUCCESS)                                                                \
+      ::dpt::throw_call_error("cuDNN", #call, cudnnGetErrorString(dpt_rc_), __FILE__, __LINE__);       \
+  } while (0)
+
+namespace dpt::cuda {
+// dst (n, fp32) = (accumulate ? dst : 0) + src (n, bf16). cudnn_kernels.cu.
+void widen_bf16(const void* src, float* dst, size_t n, bool accumulate, cudaStream_t s);
+}  // namespace dpt::cuda
+
+namespace dpt::cuda_impl {
+
+ConvPlan::~ConvPlan() {
+  if (x) cudnnDestroyTensorDescriptor(x);
+  if (y) cudnnDestroyTensorDescriptor(y);
+  if (w) cudnnDestroyFilterDescriptor(w);
+  for (auto* d : {fwd_desc, data_desc, filter_desc})
+    if (d) cudnnDestroyConvolutionDescriptor(d);
+}
+
+namespace {
+
+std::string shape_of(const ConvGeom& g) {
+  char b[160];
+  std::snprintf(b, sizeof b, "%dx%dx%d -> %d, k%d s%d p%d, batch %d", g.c, g.h, g.w, g.out, g.k, g.stride, g.pad,
+                g.batch);
+  return b;
+}
+
+// fp32 keeps to algorithms that sum the products directly (IEEE fp32 like the CPU's GEMMs).
+bool fwd_ok(cudnnConvolutionFwdAlgo_t a, bool fp32) {
+  return !fp32 || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+bool data_ok(cudnnConvolutionBwdDataAlgo_t a, bool fp32) {
+  return !fp32 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+bool filter_ok(cudnnConvolutionBwdFilterAlgo_t a, bool fp32) {
+  return !fp32 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+// The first usable result (cuDNN returns them fastest first): succeeded, deterministic, within
+// the workspace limit, allowed for the precision. -1 when none is.
+template <class Perf, class Ok> int pick(const Perf* p, int n, size_t limit, Ok ok) {
+  for (int i = 0; i < n; ++i)
+    if (p[i].status == CUDNN_STATUS_SUCCESS && p[i].determinism == CUDNN_DETERMINISTIC && p[i].memory <= limit &&
+        ok(p[i].algo))
+      return i;
+  return -1;
+}
+
+[[noreturn]] void no_algorithm(const char* dir, const ConvGeom& g, size_t limit) {
+  throw Error("cuDNN offers no deterministic " + std::string(dir) + " algorithm for the convolution " + shape_of(g) +
+              " within " + std::to_string(limit >> 20) + " MB of workspace (device.conv_workspace_mb)");
+}
+
+}  // namespace
+
+cudnnHandle_t CudaBackendImpl::cudnn() {
+  if (!cudnn_) {
+    cudnnHandle_t h = nullptr;
+    DPT_CHECK_CUDNN(cudnnCreate(&h));
+    cudnn_.reset(h);
+    DPT_CHECK_CUDNN(cudnnSetStream(h, stream_.get()));
+  }
+  return cudnn_.get();
+}
+
+size_t CudaBackendImpl::conv_cols(const ConvGeom& g) const {
+  return im2col_convs_ ? Backend::conv_cols(g) : 0;
+}
+
+void* CudaBackendImpl::conv_workspace(size_t bytes) { return conv_ws_.get(std::max<size_t>(bytes, 256), stream_.get()); }
+
+ConvPlan& CudaBackendImpl::conv_plan(const ConvGeom& g) {
+  const std::array<int, 8> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad};
+  auto it = conv_plans_.find(key);
+  if (it != conv_plans_.end()) return *it->second;
+  auto p = std::make_unique<ConvPlan>();
+  const cudnnDataType_t dt = bf16() ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  DPT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->x));
+  DPT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NHWC, dt, g.batch, g.c, g.h, g.w));
+  DPT_CHECK_CUDNN(cudnnCreateTensorDescriptor(&p->y));
+  DPT_CHECK_CUDNN(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, dt, g.batch, g.out, g.oh(), g.ow()));
+  DPT_CHECK_CUDNN(cudnnCreateFilterDescriptor(&p->w));
+  DPT_CHECK_CUDNN(cudnnSetFilter4dDescriptor(p->w, dt, CUDNN_TENSOR_NHWC, g.out, g.c, g.k, g.k));
+  const cudnnMathType_t math = precision_ == Precision::fp32 ? CUDNN_FMA_MATH
+                               : bf16()                      ? CUDNN_TENSOR_OP_MATH
+                                                             : CUDNN_DEFAULT_MATH;
+  for (auto* d : {&p->fwd_desc, &p->data_desc, &p->filter_desc}) {
+    DPT_CHECK_CUDNN(cudnnCreateConvolutionDescriptor(d));
+    DPT_CHECK_CUDNN(cudnnSetConvolution2dDescriptor(*d, g.pad, g.pad, g.stride, g.stride, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(*d, math));
+  }
+  int n = 0, c = 0, h = 0, w = 0;
+  DPT_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->fwd_desc, p->x, p->w, &n, &c, &h, &w));
+  if (n != g.batch || c != g.out || h != g.oh() || w != g.ow())
+    throw Error("cuDNN's output shape for the convolution " + shape_of(g) + " is not the model's");
+  return *conv_plans_.emplace(key, std::move(p)).first->second;
+}
+
+// Timed (or heuristic) choice of each direction's algorithm. Timing runs the candidates on the
+// buffers given (their contents are overwritten later by the real call) with the largest
+// workspace allowed, then the workspace shrinks back to what the choice needs.
+void CudaBackendImpl::choose_fwd(ConvPlan& p, const ConvGeom& g, const void* x, const void* w, void* y) {
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int n = 0;
+  const bool fp32 = precision_ == Precision::fp32;
+  const bool timed = !conv_heuristic_ && !capturing();
+  if (timed)
+    DPT_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(cudnn(), p.x, x, p.w, w, p.fwd_desc, p.y, y,
+                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf,
+                                                           conv_workspace(conv_ws_limit_), conv_ws_limit_));
+  else
+    DPT_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(cudnn(), p.x, p.w, p.fwd_desc, p.y,
+                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
+  const int i = pick(perf, n, conv_ws_limit_, [&](cudnnConvolutionFwdAlgo_t a) { return fwd_ok(a, fp32); });
+  if (i < 0) no_algorithm("forward", g, conv_ws_limit_);
+  p.fwd = perf[i].algo;
+  p.fwd_ws = perf[i].memory;
+  p.fwd_ms = timed ? perf[i].time : -1.f;
+  DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(p.fwd_desc, perf[i].mathType));
+  p.has_fwd = true;
+}
+
+void CudaBackendImpl::choose_data(ConvPlan& p, const ConvGeom& g, const void* w, const void* dy, void* dx) {
+  cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  int n = 0;
+  const bool fp32 = precision_ == Precision::fp32;
+  const bool timed = !conv_heuristic_ && !capturing();
+  if (timed)
+    DPT_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
+        cudnn(), p.w, w, p.y, dy, p.data_desc, p.x, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf,
+        conv_workspace(conv_ws_limit_), conv_ws_limit_));
+  else
+    DPT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn(), p.w, p.y, p.data_desc, p.x,
+                                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
+  const int i = pick(perf, n, conv_ws_limit_, [&](cudnnConvolutionBwdDataAlgo_t a) { return data_ok(a, fp32); });
+  if (i < 0) no_algorithm("backward-data", g, conv_ws_limit_);
+  p.data = perf[i].algo;
+  p.data_ws = perf[i].memory;
+  p.data_ms = timed ? perf[i].time : -1.f;
+  DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(p.data_desc, perf[i].mathType));
+  p.has_data = true;
+}
+
+// The filter gradient is timed into scratch, not into dw (which may hold a sum being accumulated).
+void CudaBackendImpl::choose_filter(ConvPlan& p, const ConvGeom& g, const void* x, const void* dy) {
+  cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  int n = 0;
+  const bool fp32 = precision_ == Precision::fp32;
+  const bool timed = !conv_heuristic_ && !capturing();
+  if (timed) {
+    void* probe = conv_probe_.get(size_t(g.out) * size_t(g.cols()) * sizeof(float), stream_.get());
+    DPT_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        cudnn(), p.x, x, p.y, dy, p.filter_desc, p.w, probe, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf,
+        conv_workspace(conv_ws_limit_), conv_ws_limit_));
+  } else {
+    DPT_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        cudnn(), p.x, p.y, p.filter_desc, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
+  }
+  const int i = pick(perf, n, conv_ws_limit_, [&](cudnnConvolutionBwdFilterAlgo_t a) { return filter_ok(a, fp32); });
+  if (i < 0) no_algorithm("backward-filter", g, conv_ws_limit_);
+  p.filter = perf[i].algo;
+  p.filter_ws = perf[i].memory;
+  p.filter_ms = timed ? perf[i].time : -1.f;
+  DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(p.filter_desc, perf[i].mathType));
+  p.has_filter = true;
+}
+
+// One line per shape once all three directions are chosen (or forward alone, for evaluation).
+void CudaBackendImpl::say_conv_plan(ConvPlan& p, const ConvGeom& g) {
+  if (p.said || !p.has_fwd || !p.has_filter) return;
+  p.said = true;
+  auto ms = [](float t) { return t < 0 ? std::string() : " " + std::to_string(t).substr(0, 5) + " ms"; };
+  std::string s = "cuda: conv " + shape_of(g) + ": forward algo " + std::to_string(int(p.fwd)) + ms(p.fwd_ms) +
+                  ", filter algo " + std::to_string(int(p.filter)) + ms(p.filter_ms);
+  if (p.has_data) s += ", data algo " + std::to_string(int(p.data)) + ms(p.data_ms);
+  const size_t ws = std::max({p.fwd_ws, p.data_ws, p.filter_ws});
+  s += ", workspace " + std::to_string((ws + (1 << 20) - 1) >> 20) + " MB";
+  log::info(s);
+}
+
+void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a,
+                                         const ConvGeom& g, Act act) {
+  cudaStream_t s = stream_.get();
+  ConvPlan& p = conv_plan(g);
+  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
+  const void* xin = bf16() ? as_bf16(x, nx, bf16_b_) : static_cast<const void*>(x);
+  const void* win = bf16() ? as_bf16(w, nw, bf16_a_) : static_cast<const void*>(w);
+  note_write(z, ny * sizeof(float));
+  if (a != z) note_write(a, ny * sizeof(float));
+  void* y = bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
+  if (!p.has_fwd) choose_fwd(p, g, xin, win, y);
+  const float one = 1.f, zero = 0.f;
+  DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd,
+                                          conv_workspace(p.fwd_ws), p.fwd_ws, &zero, p.y, y));
+  if (bf16()) cuda::from_bf16(y, z, ny, nullptr, s);
+  cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
+}
+
+void CudaBackendImpl::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da,
+                                    float* cols, const ConvGeom& g, Act act, float* dw, float* db, float* dx,
+                                    bool accumulate) {
+  if (im2col_convs_) {
+    Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
+    return;
+  }
+  cudaStream_t s = stream_.get();
+  ConvPlan& p = conv_plan(g);
+  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
+  // The operands' bf16 copies are looked up before the outputs' notes drop any copy they hit.
+  const void* xin = bf16() ? as_bf16(x, nx, bf16_b_) : static_cast<const void*>(x);
+  const void* win = bf16() && dx ? as_bf16(w, nw, bf16_a_) : static_cast<const void*>(w);
+  note_write(da, ny * sizeof(float));
+  note_write(dw, nw * sizeof(float));
+  note_write(db, size_t(g.out) * sizeof(float));
+  if (dx) note_write(dx, nx * sizeof(float));
+  // dz over da, bf16(dz) and the bias gradient in one pass.
+  void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, ny) * 2, s) : nullptr;
+  cuda::act_backward_bgrad(da, z, a, g.rows(), g.out, act, db, accumulate, bgrad_partial(g.rows(), g.out), dz16, s);
+  const void* dy = bf16() ? dz16 : static_cast<const void*>(da);
+  const float one = 1.f, zero = 0.f;
+  if (!p.has_filter) choose_filter(p, g, xin, dy);
+  if (bf16()) {
+    void* dw16 = conv_dw16_.get(nw * 2, s);
+    DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc, p.filter,
+                                                   conv_workspace(p.filter_ws), p.filter_ws, &zero, p.w, dw16));
+    cuda::widen_bf16(dw16, dw, nw, accumulate, s);
+  } else {
+    const float beta = accumulate ? 1.f : 0.f;
+    DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc, p.filter,
+                                                   conv_workspace(p.filter_ws), p.filter_ws, &beta, p.w, dw));
+  }
+  if (dx) {
+    void* out = bf16() ? conv_dx16_.get(nx * 2, s) : static_cast<void*>(dx);
+    if (!p.has_data) choose_data(p, g, win, dy, out);
+    DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data,
+                                                 conv_workspace(p.data_ws), p.data_ws, &zero, p.x, out));
+    if (bf16()) cuda::widen_bf16(out, dx, nx, false, s);
+  }
+  say_conv_plan(p, g);
+}
+
+}  // namespace dpt::cuda_impl
