@@ -454,8 +454,8 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         g.batch = batch;
         const LayerSlice& s = slices_[size_t(op.param)];
         float* a = op.a.data() ? op.a.data() : op.z.data();
-        // A conv without bias adds its bias slot's zeros.
-        be_.conv_forward(cur, params_.data() + s.w_off, params_.data() + s.b_off, op.cols.data(), op.z.data(), a, g, op.act);
+        be_.conv_forward(cur, params_.data() + s.w_off, s.has_bias ? params_.data() + s.b_off : nullptr,
+                         op.cols.data(), op.z.data(), a, g, op.act);
         cur = a;
         break;
       }

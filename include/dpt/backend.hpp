@@ -204,7 +204,8 @@ class Backend {
   // dx (batch, h, w, c) = for every input element, the sum of the entries of dcols that im2col
   // copied it to (overwritten, not added to).
   virtual void col2im(const float* dcols, const ConvGeom& g, float* dx) = 0;
-  // z (rows, out) = im2col(x)·Wᵀ + b and a = act(z), w (out, k, k, c); cols (rows, cols) is
+  // z (rows, out) = im2col(x)·Wᵀ + b and a = act(z), w (out, k, k, c), b nullptr for a conv
+  // without bias (linear_forward takes a nullptr b the same way); cols (rows, cols) is
   // kept for conv_backward (a backend may keep it in its own form, or need none: conv_cols).
   // Default: im2col + linear_forward.
   virtual void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z,

@@ -65,6 +65,10 @@ DPT_SIMD void relu_backward(float* __restrict da, const float* __restrict z, siz
 }
 
 DPT_SIMD void broadcast_rows(float* __restrict z, const float* __restrict b, int rows, int cols) {
+  if (!b) {  // no bias
+    std::memset(z, 0, size_t(rows) * size_t(cols) * sizeof(float));
+    return;
+  }
   for (int r = 0; r < rows; ++r)
     for (int j = 0; j < cols; ++j) z[size_t(r) * cols + j] = b[j];
 }

@@ -3,6 +3,7 @@
 // (cudnn_conv.cpp); with DPT_CONV=im2col, as im2col and linear.cpp's GEMMs (kept to measure).
 #include "backend_impl.hpp"
 #include "conv_kernels.cuh"
+#include "cudnn_kernels.cuh"
 #include "kernels.cuh"
 
 namespace dpt::cuda_impl {
@@ -51,8 +52,16 @@ void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, floa
   cuda::pool_backward(dy, argmax, dx, g, max, stream_.get());
 }
 
+// bf16: a ReLU's output is most often a convolution's input (ResNet's blocks): its bf16 twin is
+// written in the same pass, so that convolution does not convert it.
 void CudaBackendImpl::act_forward(const float* z, float* a, size_t n, Act act) {
   note_write(a, n * sizeof(float));
+  if (bf16() && act == Act::relu && a != z && !im2col_convs_)
+    if (void* a16 = twin_slot(a, n)) {
+      cuda::act_forward_twin(z, a, a16, n, act, stream_.get());
+      twins_[a].valid = n;
+      return;
+    }
   cuda::act_forward(z, a, n, act, stream_.get());
 }
 

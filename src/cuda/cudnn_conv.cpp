@@ -22,6 +22,7 @@
 #include <string>
 
 #include "backend_impl.hpp"
+#include "cudnn_kernels.cuh"
 #include "dpt/cuda_check.hpp"
 #include "dpt/log.hpp"
 #include "kernels.cuh"
@@ -32,11 +33,6 @@
     if (dpt_rc_ != CUDNN_STATUS_SUCCESS)                                                                \
       ::dpt::throw_call_error("cuDNN", #call, cudnnGetErrorString(dpt_rc_), __FILE__, __LINE__);       \
   } while (0)
-
-namespace dpt::cuda {
-// dst (n, fp32) = (accumulate ? dst : 0) + src (n, bf16). cudnn_kernels.cu.
-void widen_bf16(const void* src, float* dst, size_t n, bool accumulate, cudaStream_t s);
-}  // namespace dpt::cuda
 
 namespace dpt::cuda_impl {
 
@@ -227,8 +223,8 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   const float one = 1.f, zero = 0.f;
   DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd,
                                           conv_workspace(p.fwd_ws), p.fwd_ws, &zero, p.y, y));
-  if (bf16()) cuda::from_bf16(y, z, ny, nullptr, s);
-  cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
+  if (bf16()) cuda::conv_epilogue_bf16(y, b, z, a, size_t(g.rows()), g.out, act, s);
+  else cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
 }
 
 void CudaBackendImpl::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da,
