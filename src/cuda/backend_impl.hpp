@@ -237,6 +237,30 @@ class CudaBackendImpl final : public CudaBackend {
   void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
                const int32_t* draws, const StepCtl* ctl, int64_t offset) override;
 
+  // ---- batch norm, residual blocks, padded and global pooling (resnet_ops.cpp) ----
+  bool has_resnet_ops() const override { return true; }
+  void bn_sums(const float* x, int64_t rows, int c, double* sums) override;
+  void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
+                  const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                  float* running_mean, float* running_var) override;
+  void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+                const float* running_var, const float* w, const float* b, float eps) override;
+  void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
+                        double* sums) override;
+  void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
+                      bool accumulate) override;
+  void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
+                   const float* mean, const float* invstd, const float* w) override;
+  void add(const float* x, float* y, size_t n) override;
+  void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override;
+  void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override;
+  void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
+                           bool max) override;
+  void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+                            bool max) override;
+  void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                             float grad_scale, float* dlogits, float* stats, float eps) override;
+
   // ---- the optimizers' launches (optim_launch.cpp) ----
   void optimizer_step(float* p, const float* g, float* s1, float* s2, size_t n,
                       const OptimStep& h) override;
@@ -301,6 +325,8 @@ class CudaBackendImpl final : public CudaBackend {
   const void* as_bf16(const float* p, size_t n, Scratch& fallback);
   // graph.cpp
   bool capturing() const;
+  // resnet_ops.cpp
+  double* bn_partial(int64_t rows, int c);
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
   static constexpr int kLtCandidates = 8;  // heuristic results asked for (DPT_LT_ALGO < this)
@@ -396,6 +422,8 @@ class CudaBackendImpl final : public CudaBackend {
   bool fusion_said_ = false;                     // the fused path's start-up line was logged
   std::map<const float*, Fusion> fusions_;       // per model, keyed by its logits buffer
   Scratch layer_partial_;  // LARS/LAMB: per-block partial sums of squares
+  Scratch bn_partial_;              // batch norm's sums: per-block partial sums (double)
+  Scratch xent_loss_, xent_ok_;     // softmax_xent_smoothed: per-row loss (double) and hit
   Scratch tposed_x_, tposed_dz_;  // tf32: K-major copies of the weight gradient's operands
   int tf32_transpose_ = 1;        // DPT_TF32_TRANSPOSE: 0 none, 1 the smaller operand, 2 both
   static constexpr int kMaxTransposeRows = 65535 * 32;  // the transpose kernel's grid

@@ -1,0 +1,56 @@
+// Launchers for the CUDA backend's kernels of residual networks (defined in norm.cu): batch
+// norm's reductions and elementwise passes, the residual sum, global and padded pooling, and
+// the label-smoothed softmax cross-entropy. Layouts and semantics are Backend's (backend.hpp);
+// each launcher takes the stream it enqueues on, returns at once and checks the launch; pointers
+// are device memory, sums included. Every reduction runs in a fixed order (no atomics): the same
+// inputs give the same bits on every run.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dpt/backend.hpp"
+
+namespace dpt::cuda {
+
+// Doubles of scratch that bn_sums / bn_backward_sums need for (rows, c): per-block partial sums,
+// (chunks, 2c), chunks a function of rows and c only.
+size_t bn_partial_doubles(int64_t rows, int c);
+// sums (2c + 1) = [Σx (c), Σx² (c), rows], in double: per-block partials into `partial`
+// (bn_partial_doubles(rows, c)), then summed over the blocks in block order.
+void bn_sums(const float* x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s);
+// sums (2c + 1) = [Σdy (c), Σdy·(x − mean) (c), rows], the same way.
+void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
+                      double* sums, double* partial, cudaStream_t s);
+// Backend::bn_forward: mean, var, invstd from the sums in double; the running stats (when not
+// nullptr) moved once per channel.
+void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
+                const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                float* running_mean, float* running_var, cudaStream_t s);
+void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+              const float* running_var, const float* w, const float* b, float eps, cudaStream_t s);
+void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
+                    bool accumulate, cudaStream_t s);
+// dx may equal dy.
+void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
+                 const float* mean, const float* invstd, const float* w, cudaStream_t s);
+// y (n) += x (n).
+void add(const float* x, float* y, size_t n, cudaStream_t s);
+void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c, cudaStream_t s);
+void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c, cudaStream_t s);
+// Pooling with g.pad >= 0: windows clipped to the input (the CPU backend's padded_pool_*). The
+// backward pass is a gather per input element over the windows holding it, in increasing output
+// order (the CPU's scatter order).
+void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max,
+                         cudaStream_t s);
+void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+                          bool max, cudaStream_t s);
+// Per row b: row_loss[b] (double) = the smoothed loss, row_ok[b] = argmax == label, dlogits as
+// Backend::softmax_xent_smoothed unless nullptr. Then, when stats is set, stats[0] += float(Σ
+// row_loss) summed in double, stats[1] += Σ row_ok, by one block in a fixed order.
+void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
+                           float grad_scale, float eps, float* dlogits, double* row_loss,
+                           int* row_ok, float* stats, cudaStream_t s);
+
+}  // namespace dpt::cuda

@@ -1,0 +1,106 @@
+// Batch norm, residual blocks, padded and global pooling, and the label-smoothed loss on the CUDA
+// backend: norm.cu's kernels on the compute stream. Every op is stream-ordered and can be
+// captured into the step graph: no host synchronisation, and scratch (the reductions' per-block
+// partials, the loss's per-row values) comes from Scratch buffers sized on the first, eager call.
+#include <algorithm>
+
+#include "backend_impl.hpp"
+#include "norm_kernels.cuh"
+
+namespace dpt::cuda_impl {
+
+// Scratch for the per-block partial sums of a batch-norm reduction over (rows, c).
+double* CudaBackendImpl::bn_partial(int64_t rows, int c) {
+  const size_t n = std::max<size_t>(1, cuda::bn_partial_doubles(rows, c));
+  return static_cast<double*>(bn_partial_.get(n * sizeof(double), stream_.get()));
+}
+
+void CudaBackendImpl::bn_sums(const float* x, int64_t rows, int c, double* sums) {
+  double* partial = bn_partial(rows, c);
+  note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
+  cuda::bn_sums(x, rows, c, sums, partial, stream_.get());
+}
+
+void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums,
+                                 const float* w, const float* b, float eps, float momentum,
+                                 float* save_mean, float* save_invstd, float* running_mean,
+                                 float* running_var) {
+  note_write(y, size_t(rows) * size_t(c) * sizeof(float));
+  note_write(save_mean, size_t(c) * sizeof(float));
+  note_write(save_invstd, size_t(c) * sizeof(float));
+  note_write(running_mean, size_t(c) * sizeof(float));
+  note_write(running_var, size_t(c) * sizeof(float));
+  cuda::bn_forward(x, y, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean,
+                   running_var, stream_.get());
+}
+
+void CudaBackendImpl::bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+                               const float* running_var, const float* w, const float* b, float eps) {
+  note_write(y, size_t(rows) * size_t(c) * sizeof(float));
+  cuda::bn_infer(x, y, rows, c, running_mean, running_var, w, b, eps, stream_.get());
+}
+
+void CudaBackendImpl::bn_backward_sums(const float* dy, const float* x, int64_t rows, int c,
+                                       const float* mean, double* sums) {
+  double* partial = bn_partial(rows, c);
+  note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
+  cuda::bn_backward_sums(dy, x, rows, c, mean, sums, partial, stream_.get());
+}
+
+void CudaBackendImpl::bn_param_grads(const double* sums, const float* invstd, int c, float* dw,
+                                     float* db, bool accumulate) {
+  note_write(dw, size_t(c) * sizeof(float));
+  note_write(db, size_t(c) * sizeof(float));
+  cuda::bn_param_grads(sums, invstd, c, dw, db, accumulate, stream_.get());
+}
+
+void CudaBackendImpl::bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
+                                  const double* sums, const float* mean, const float* invstd,
+                                  const float* w) {
+  note_write(dx, size_t(rows) * size_t(c) * sizeof(float));
+  cuda::bn_backward(dy, x, dx, rows, c, sums, mean, invstd, w, stream_.get());
+}
+
+void CudaBackendImpl::add(const float* x, float* y, size_t n) {
+  note_write(y, n * sizeof(float));
+  cuda::add(x, y, n, stream_.get());
+}
+
+void CudaBackendImpl::global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
+  note_write(y, size_t(batch) * size_t(c) * sizeof(float));
+  cuda::global_avgpool_forward(x, y, batch, hw, c, stream_.get());
+}
+
+void CudaBackendImpl::global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) {
+  note_write(dx, size_t(batch) * size_t(hw) * size_t(c) * sizeof(float));
+  cuda::global_avgpool_backward(dy, dx, batch, hw, c, stream_.get());
+}
+
+void CudaBackendImpl::padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
+                                          bool max) {
+  const size_t n = size_t(g.batch) * size_t(g.oh()) * size_t(g.ow()) * size_t(g.c);
+  note_write(y, n * sizeof(float));
+  if (max) note_write(argmax, n * sizeof(int32_t));
+  cuda::padded_pool_forward(x, y, argmax, g, max, stream_.get());
+}
+
+void CudaBackendImpl::padded_pool_backward(const float* dy, const int32_t* argmax, float* dx,
+                                           const PoolGeom& g, bool max) {
+  note_write(dx, size_t(g.batch) * size_t(g.h) * size_t(g.w) * size_t(g.c) * sizeof(float));
+  cuda::padded_pool_backward(dy, argmax, dx, g, max, stream_.get());
+}
+
+void CudaBackendImpl::softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch,
+                                            int classes, float grad_scale, float* dlogits,
+                                            float* stats, float eps) {
+  cudaStream_t s = stream_.get();
+  const size_t rows = std::max<size_t>(1, size_t(std::max(batch, 0)));
+  auto* row_loss = static_cast<double*>(xent_loss_.get(rows * sizeof(double), s));
+  auto* row_ok = static_cast<int*>(xent_ok_.get(rows * sizeof(int), s));
+  if (dlogits) note_write(dlogits, size_t(batch) * size_t(classes) * sizeof(float));
+  if (stats) note_write(stats, 2 * sizeof(float));
+  cuda::softmax_xent_smoothed(logits, labels, batch, classes, grad_scale, eps, dlogits, row_loss,
+                              row_ok, stats, s);
+}
+
+}  // namespace dpt::cuda_impl

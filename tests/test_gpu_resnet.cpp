@@ -1,0 +1,378 @@
+// The CUDA backend's residual-network ops (batch norm, the residual sum, global and padded
+// pooling, the label-smoothed cross-entropy) against the CPU backend (the oracle), op by op, on
+// random data. Every test skips where no CUDA device is visible.
+//
+// Tolerances (relative error ‖gpu − cpu‖₂ / ‖cpu‖₂ of a whole output, unless said otherwise):
+//   exact   the residual sum and global average pooling's backward (one IEEE add or multiply
+//           per element); global average pooling's forward (double sums in the CPU's order,
+//           one IEEE division); padded max pooling and its argmax (a selection); padded avg
+//           pooling and both backward passes (the same float terms added in the same order as the
+//           CPU: a gather in increasing output order, with __fdiv_rn); bn_param_grads from the
+//           same sums (one double product rounded once, then one float add). Inputs are O(1):
+//           no denormals, which --use_fast_math would flush.
+//   1e-10   batch norm's sums, each half [Σ (c)] and [Σ (c)] on its own (their scales differ),
+//           the count exactly: both sum in double, in different orders, so they differ by
+//           rounding of order rows·2⁻⁵³ relative at worst, far below 1e-10.
+//   1e-6    batch norm's outputs (y, saved mean and invstd, running stats, dx): statistics in
+//           double rounded to float once (a last-bit flip, 6e-8, where the sums' last double bits
+//           differ), then the CPU's float operations in its order.
+//   1e-6    the smoothed cross-entropy's loss and dlogits: exp and the sums in double (another
+//           summation order), dlogits from float(exp(double)) against glibc's expf, at most an ulp
+//           apart; the accuracy count exactly.
+// Outputs are poisoned (NaN, or −7 for argmax) on the GPU first, so an element the GPU forgets
+// fails. Channels get different means and scales, so a kernel that mixes up channels fails too.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpt/backend.hpp"
+#include "dpt/data.hpp"
+#include "gpu_util.hpp"
+
+namespace {
+using namespace dpt;
+using namespace dpt::gpu_test;
+
+constexpr double kSumsTol = 1e-10;
+constexpr double kBnTol = 1e-6;
+constexpr double kXentTol = 1e-6;
+
+const double kNaNd = std::numeric_limits<double>::quiet_NaN();
+
+// One channel, rows of 1..3 channels (the narrow tiles), an odd width (a tile of 32 plus one
+// channel), ResNet's 64 channels at 200000 rows, 2048 channels at 7x7 (batch 64), more than 800k
+// rows, and a single row (n = 1: the running variance takes the biased one).
+struct BnShape {
+  int64_t rows;
+  int c;
+};
+const BnShape kBnShapes[] = {{5000, 1},  {5000, 3},    {4999, 33},   {200000, 64},
+                             {200001, 3}, {3136, 2048}, {802817, 2}, {1, 5}};
+
+std::string what(const BnShape& s) {
+  return "rows " + std::to_string(s.rows) + " c " + std::to_string(s.c);
+}
+
+// x (rows, c) with channel j scaled by 0.5 + 0.1·(j % 13) and shifted by 0.2·(j % 5) − 0.3 around
+// uniform [−0.5, 1.5); parameters and running stats near their usual values.
+struct BnData {
+  std::vector<float> x, dy, w, b, rmean, rvar;
+  BnData(const BnShape& s, uint64_t seed)
+      : x(uniform(size_t(s.rows) * s.c, seed, -0.5f, 1.5f)),
+        dy(uniform(size_t(s.rows) * s.c, seed + 1)),
+        w(uniform(size_t(s.c), seed + 2, 0.5f, 1.5f)),
+        b(uniform(size_t(s.c), seed + 3, -0.5f, 0.5f)),
+        rmean(uniform(size_t(s.c), seed + 4, -0.2f, 0.2f)),
+        rvar(uniform(size_t(s.c), seed + 5, 0.5f, 2.f)) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const int j = int(i % size_t(s.c));
+      x[i] = x[i] * (0.5f + 0.1f * float(j % 13)) + 0.2f * float(j % 5) - 0.3f;
+    }
+  }
+};
+
+Buffer<double> poisoned_sums(Backend& be, int c) {
+  return put(be, std::vector<double>(2 * size_t(c) + 1, kNaNd));
+}
+
+// ‖got − want‖ / ‖want‖ over [lo, hi); infinity where got holds a NaN or Inf.
+double rel_err_d(const std::vector<double>& got, const std::vector<double>& want, size_t lo, size_t hi) {
+  double d = 0, w = 0;
+  for (size_t i = lo; i < hi; ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    d += (got[i] - want[i]) * (got[i] - want[i]);
+    w += want[i] * want[i];
+  }
+  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
+}
+
+void expect_sums_near(const std::vector<double>& got, const std::vector<double>& want, int c,
+                      const std::string& label) {
+  ASSERT_EQ(got.size(), want.size()) << label;
+  const size_t n = size_t(c);
+  EXPECT_LE(rel_err_d(got, want, 0, n), kSumsTol) << "first half of the sums, " << label;
+  EXPECT_LE(rel_err_d(got, want, n, 2 * n), kSumsTol) << "second half of the sums, " << label;
+  EXPECT_EQ(got[2 * n], want[2 * n]) << "count, " << label;
+}
+
+template <class T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+PoolGeom pool(int batch, int c, int h, int w, int k, int stride, int pad) {
+  PoolGeom g;
+  g.batch = batch; g.c = c; g.h = h; g.w = w; g.k = k; g.stride = stride; g.pad = pad;
+  return g;
+}
+
+// ResNet's stem pool (3/2/1 on 112x112, 64 channels) at batch 2, odd sizes and channel counts,
+// overlapping windows (stride 1), k = 2 with pad 1, a pad of 2, and no padding.
+const PoolGeom kPools[] = {
+    pool(2, 64, 112, 112, 3, 2, 1), pool(3, 5, 9, 11, 3, 2, 1), pool(2, 1, 7, 7, 2, 1, 1),
+    pool(2, 3, 8, 8, 3, 1, 1),      pool(1, 4, 6, 5, 5, 3, 2),  pool(2, 64, 7, 7, 3, 2, 0),
+};
+
+std::string what(const PoolGeom& g, bool max) {
+  return std::string(max ? "max" : "avg") + " batch " + std::to_string(g.batch) + " " +
+         std::to_string(g.c) + "x" + std::to_string(g.h) + "x" + std::to_string(g.w) + " k" +
+         std::to_string(g.k) + " s" + std::to_string(g.stride) + " p" + std::to_string(g.pad);
+}
+
+size_t in_size(const PoolGeom& g) { return size_t(g.batch) * g.h * g.w * g.c; }
+size_t out_size(const PoolGeom& g) { return size_t(g.batch) * g.oh() * g.ow() * g.c; }
+
+// Forward (y, argmax) and backward (dx from the GPU's own argmax) against the CPU's, exactly.
+void check_pool(Backend& cpu, Backend& gpu, const PoolGeom& g, bool max, const std::vector<float>& x,
+                const std::string& label) {
+  const size_t ni = in_size(g), no = out_size(g);
+  std::vector<float> y(no), dx(ni);
+  std::vector<int32_t> arg(max ? no : 0);
+  cpu.padded_pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, g, max);
+  auto gx = put(gpu, x);
+  auto gy = poisoned(gpu, no);
+  auto garg = put(gpu, std::vector<int32_t>(max ? no : 0, -7));
+  gpu.padded_pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, g, max);
+  EXPECT_TRUE(same_bits(get(gpu, gy), y)) << "y " << label;
+  if (max) {
+    EXPECT_EQ(get(gpu, garg), arg) << "argmax " << label;
+  }
+
+  const std::vector<float> dy = uniform(no, 77);
+  cpu.padded_pool_backward(dy.data(), max ? arg.data() : nullptr, dx.data(), g, max);
+  auto gdy = put(gpu, dy);
+  auto gdx = poisoned(gpu, ni);
+  gpu.padded_pool_backward(gdy.data(), max ? garg.data() : nullptr, gdx.data(), g, max);
+  EXPECT_TRUE(same_bits(get(gpu, gdx), dx)) << "dx " << label;
+}
+
+}  // namespace
+
+TEST(CudaResnet, HasResnetOps) {
+  SKIP_WITHOUT_GPU();
+  EXPECT_TRUE(gpu()->has_resnet_ops());
+}
+
+// bn_sums, then bn_forward in training from those sums (with and without running stats).
+TEST(CudaResnet, BatchNormForwardTraining) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  const float eps = 1e-5f, momentum = 0.1f;
+  for (const BnShape& s : kBnShapes) {
+    const std::string label = what(s);
+    const BnData d(s, 100 + uint64_t(s.c));
+    const size_t n = d.x.size(), c = size_t(s.c);
+    std::vector<double> sums(2 * c + 1);
+    std::vector<float> y(n), mean(c), invstd(c), rmean = d.rmean, rvar = d.rvar;
+    cpu->bn_sums(d.x.data(), s.rows, s.c, sums.data());
+    cpu->bn_forward(d.x.data(), y.data(), s.rows, s.c, sums.data(), d.w.data(), d.b.data(), eps, momentum,
+                    mean.data(), invstd.data(), rmean.data(), rvar.data());
+
+    auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
+    auto gsums = poisoned_sums(*g, s.c);
+    g->bn_sums(gx.data(), s.rows, s.c, gsums.data());
+    expect_sums_near(get(*g, gsums), sums, s.c, label);
+
+    auto gy = poisoned(*g, n), gmean = poisoned(*g, c), ginv = poisoned(*g, c);
+    auto grm = put(*g, d.rmean), grv = put(*g, d.rvar);
+    g->bn_forward(gx.data(), gy.data(), s.rows, s.c, gsums.data(), gw.data(), gb.data(), eps, momentum,
+                  gmean.data(), ginv.data(), grm.data(), grv.data());
+    EXPECT_LE(rel_err(get(*g, gy), y), kBnTol) << "y " << label;
+    EXPECT_LE(rel_err(get(*g, gmean), mean), kBnTol) << "save_mean " << label;
+    EXPECT_LE(rel_err(get(*g, ginv), invstd), kBnTol) << "save_invstd " << label;
+    EXPECT_LE(rel_err(get(*g, grm), rmean), kBnTol) << "running_mean " << label;
+    EXPECT_LE(rel_err(get(*g, grv), rvar), kBnTol) << "running_var " << label;
+
+    // No running stats (the forward pass of a model whose stats are frozen): the same y.
+    auto gy2 = poisoned(*g, n);
+    g->bn_forward(gx.data(), gy2.data(), s.rows, s.c, gsums.data(), gw.data(), gb.data(), eps, momentum,
+                  gmean.data(), ginv.data(), nullptr, nullptr);
+    EXPECT_EQ(get(*g, gy2), get(*g, gy)) << "y without running stats " << label;
+  }
+}
+
+TEST(CudaResnet, BatchNormInfer) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  const float eps = 1e-5f;
+  for (const BnShape& s : kBnShapes) {
+    const BnData d(s, 200 + uint64_t(s.c));
+    std::vector<float> y(d.x.size());
+    cpu->bn_infer(d.x.data(), y.data(), s.rows, s.c, d.rmean.data(), d.rvar.data(), d.w.data(), d.b.data(), eps);
+    auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b), grm = put(*g, d.rmean), grv = put(*g, d.rvar);
+    auto gy = poisoned(*g, d.x.size());
+    g->bn_infer(gx.data(), gy.data(), s.rows, s.c, grm.data(), grv.data(), gw.data(), gb.data(), eps);
+    EXPECT_LE(rel_err(get(*g, gy), y), kBnTol) << what(s);
+  }
+}
+
+// bn_backward_sums, bn_param_grads (written and accumulated) and bn_backward (in place, dx == dy,
+// and out of place from the GPU's own sums). Each op is fed the CPU's inputs (mean and invstd
+// of the CPU's forward pass, the CPU's sums) so that it is held on its own.
+TEST(CudaResnet, BatchNormBackward) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  for (const BnShape& s : kBnShapes) {
+    const std::string label = what(s);
+    const BnData d(s, 300 + uint64_t(s.c));
+    const size_t n = d.x.size(), c = size_t(s.c);
+    std::vector<double> fsums(2 * c + 1), sums(2 * c + 1);
+    std::vector<float> y(n), mean(c), invstd(c), dx(n);
+    cpu->bn_sums(d.x.data(), s.rows, s.c, fsums.data());
+    cpu->bn_forward(d.x.data(), y.data(), s.rows, s.c, fsums.data(), d.w.data(), d.b.data(), 1e-5f, 0.1f,
+                    mean.data(), invstd.data(), nullptr, nullptr);
+    cpu->bn_backward_sums(d.dy.data(), d.x.data(), s.rows, s.c, mean.data(), sums.data());
+    cpu->bn_backward(d.dy.data(), d.x.data(), dx.data(), s.rows, s.c, sums.data(), mean.data(), invstd.data(),
+                     d.w.data());
+
+    auto gx = put(*g, d.x), gdy = put(*g, d.dy), gmean = put(*g, mean), ginv = put(*g, invstd), gw = put(*g, d.w);
+    auto gsums = poisoned_sums(*g, s.c);
+    g->bn_backward_sums(gdy.data(), gx.data(), s.rows, s.c, gmean.data(), gsums.data());
+    expect_sums_near(get(*g, gsums), sums, s.c, label);
+
+    auto csums = put(*g, sums);
+    for (bool acc : {false, true}) {
+      std::vector<float> dw = uniform(c, 31), db = uniform(c, 32);
+      auto gdw = acc ? put(*g, dw) : poisoned(*g, c), gdb = acc ? put(*g, db) : poisoned(*g, c);
+      cpu->bn_param_grads(sums.data(), invstd.data(), s.c, dw.data(), db.data(), acc);
+      g->bn_param_grads(csums.data(), ginv.data(), s.c, gdw.data(), gdb.data(), acc);
+      EXPECT_EQ(get(*g, gdw), dw) << "dw " << (acc ? "accumulated " : "") << label;
+      EXPECT_EQ(get(*g, gdb), db) << "db " << (acc ? "accumulated " : "") << label;
+    }
+
+    auto gd = put(*g, d.dy);
+    g->bn_backward(gd.data(), gx.data(), gd.data(), s.rows, s.c, csums.data(), gmean.data(), ginv.data(), gw.data());
+    EXPECT_LE(rel_err(get(*g, gd), dx), kBnTol) << "dx in place " << label;
+
+    auto gdx = poisoned(*g, n);
+    g->bn_backward(gdy.data(), gx.data(), gdx.data(), s.rows, s.c, gsums.data(), gmean.data(), ginv.data(), gw.data());
+    EXPECT_LE(rel_err(get(*g, gdx), dx), kBnTol) << "dx from the GPU's sums " << label;
+  }
+}
+
+// The same inputs give the same bits: the reductions have a fixed order (no atomics).
+TEST(CudaResnet, BatchNormSumsAreDeterministic) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu();
+  for (const BnShape& s : {BnShape{200000, 64}, BnShape{802817, 2}, BnShape{3136, 2048}}) {
+    const BnData d(s, 400);
+    auto gx = put(*g, d.x), gdy = put(*g, d.dy);
+    auto gmean = put(*g, uniform(size_t(s.c), 401, 0.f, 0.5f));
+    std::vector<std::vector<double>> fwd, bwd;
+    for (int run = 0; run < 2; ++run) {
+      auto a = poisoned_sums(*g, s.c), b = poisoned_sums(*g, s.c);
+      g->bn_sums(gx.data(), s.rows, s.c, a.data());
+      g->bn_backward_sums(gdy.data(), gx.data(), s.rows, s.c, gmean.data(), b.data());
+      fwd.push_back(get(*g, a));
+      bwd.push_back(get(*g, b));
+    }
+    EXPECT_TRUE(same_bits(fwd[0], fwd[1])) << "bn_sums " << what(s);
+    EXPECT_TRUE(same_bits(bwd[0], bwd[1])) << "bn_backward_sums " << what(s);
+  }
+}
+
+// y += x, on the float4 path (aligned) and the scalar one (offset by one float), and its tail.
+TEST(CudaResnet, Add) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  for (size_t n : {size_t(1), size_t(3), size_t(4), size_t(1000003)})
+    for (size_t off : {size_t(0), size_t(1)}) {
+      const std::vector<float> x = uniform(n + 1, 50);
+      std::vector<float> y = uniform(n + 1, 51);
+      auto gx = put(*g, x), gy = put(*g, y);
+      cpu->add(x.data() + off, y.data() + off, n);
+      g->add(gx.data() + off, gy.data() + off, n);
+      EXPECT_EQ(get(*g, gy), y) << "n " << n << " offset " << off;
+    }
+}
+
+TEST(CudaResnet, GlobalAvgPool) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  struct Shape { int batch, hw, c; };
+  for (const Shape& s : {Shape{4, 49, 2048}, Shape{3, 1, 5}, Shape{2, 3136, 64}, Shape{5, 10, 3}, Shape{300, 49, 33}}) {
+    const std::string label = "batch " + std::to_string(s.batch) + " hw " + std::to_string(s.hw) + " c " +
+                              std::to_string(s.c);
+    const size_t ni = size_t(s.batch) * s.hw * s.c, no = size_t(s.batch) * s.c;
+    const std::vector<float> x = uniform(ni, 60), dy = uniform(no, 61);
+    std::vector<float> y(no), dx(ni);
+    cpu->global_avgpool_forward(x.data(), y.data(), s.batch, s.hw, s.c);
+    cpu->global_avgpool_backward(dy.data(), dx.data(), s.batch, s.hw, s.c);
+    auto gx = put(*g, x), gdy = put(*g, dy);
+    auto gy = poisoned(*g, no), gdx = poisoned(*g, ni);
+    g->global_avgpool_forward(gx.data(), gy.data(), s.batch, s.hw, s.c);
+    g->global_avgpool_backward(gdy.data(), gdx.data(), s.batch, s.hw, s.c);
+    EXPECT_EQ(get(*g, gy), y) << "forward " << label;
+    EXPECT_EQ(get(*g, gdx), dx) << "backward " << label;
+  }
+}
+
+TEST(CudaResnet, PaddedPool) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  for (const PoolGeom& p : kPools)
+    for (bool max : {true, false}) check_pool(*cpu, *g, p, max, uniform(in_size(p), 70), what(p, max));
+}
+
+// Max pooling's selection rules: ties (values on a coarse grid) go to the first tap in row-major
+// order; a NaN wins; negative inputs show that the padding is not a zero.
+TEST(CudaResnet, PaddedMaxPoolTiesNaNAndNegatives) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  for (const PoolGeom& p : {pool(2, 5, 9, 9, 3, 2, 1), pool(2, 64, 112, 112, 3, 2, 1), pool(2, 3, 8, 8, 3, 1, 1)}) {
+    std::vector<float> ties = uniform(in_size(p), 80);
+    for (float& v : ties) v = std::floor(v * 2.f) / 2.f;
+    check_pool(*cpu, *g, p, true, ties, "ties " + what(p, true));
+    std::vector<float> nans = ties;
+    for (size_t i = 0; i < nans.size(); i += 37) nans[i] = kNaN;
+    check_pool(*cpu, *g, p, true, nans, "NaNs " + what(p, true));
+    check_pool(*cpu, *g, p, true, uniform(in_size(p), 81, -2.f, -1.f), "negative " + what(p, true));
+    check_pool(*cpu, *g, p, false, uniform(in_size(p), 82, -2.f, -1.f), "negative " + what(p, false));
+  }
+}
+
+// Smoothed cross-entropy at eps 0.1 and 0: the loss and accuracy added to stats, dlogits (also
+// the call without dlogits, the evaluation's).
+TEST(CudaResnet, SmoothedCrossEntropy) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu();
+  struct Shape { int batch, classes; float spread; };
+  for (const Shape& s : {Shape{256, 1000, 4.f}, Shape{37, 10, 3.f}, Shape{5, 1, 1.f}, Shape{64, 100, 12.f}})
+    for (float eps : {0.1f, 0.f}) {
+      const std::string label = "batch " + std::to_string(s.batch) + " classes " + std::to_string(s.classes) +
+                                " eps " + std::to_string(eps);
+      const size_t n = size_t(s.batch) * s.classes;
+      const std::vector<float> logits = uniform(n, 90, -s.spread, s.spread);
+      std::vector<int32_t> labels(size_t(s.batch));
+      SplitMix64 r(91);
+      for (auto& l : labels) l = int32_t(r.below(uint64_t(s.classes)));
+      const float scale = 1.f / float(s.batch);
+      std::vector<float> dl(n), stats = {0.25f, 3.f}, stats2 = {0.25f, 3.f};
+      cpu->softmax_xent_smoothed(logits.data(), labels.data(), s.batch, s.classes, scale, dl.data(), stats.data(), eps);
+      cpu->softmax_xent_smoothed(logits.data(), labels.data(), s.batch, s.classes, scale, nullptr, stats2.data(), eps);
+
+      auto gl = put(*g, logits);
+      auto gy = put(*g, labels);
+      auto gdl = poisoned(*g, n);
+      auto gs = put(*g, std::vector<float>{0.25f, 3.f}), gs2 = put(*g, std::vector<float>{0.25f, 3.f});
+      g->softmax_xent_smoothed(gl.data(), gy.data(), s.batch, s.classes, scale, gdl.data(), gs.data(), eps);
+      g->softmax_xent_smoothed(gl.data(), gy.data(), s.batch, s.classes, scale, nullptr, gs2.data(), eps);
+      EXPECT_LE(rel_err(get(*g, gdl), dl), kXentTol) << "dlogits " << label;
+      const std::vector<float> st = get(*g, gs), st2 = get(*g, gs2);
+      EXPECT_LE(std::fabs(double(st[0]) - stats[0]), kXentTol * std::fabs(stats[0])) << "loss " << label;
+      EXPECT_EQ(st[1], stats[1]) << "correct " << label;
+      EXPECT_EQ(st2, st) << "stats without dlogits " << label;
+    }
+}
