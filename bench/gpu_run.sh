@@ -106,6 +106,21 @@ for l in sys.stdin:
       --log.every_steps 50 > "$OUT/resnet-e2e.log" 2>&1
     grep -E "wall|final|done|rror|eval" "$OUT/resnet-e2e.log" | tail -14
   fi
+  # inputs/cnn.ini and the default MLP job (inputs/run.ini, 20 epochs) end to end with this build
+  # and with the one before it (.gpu/before/dptrain, im2col convolutions), alternating, twice.
+  if [ -x .gpu/before/dptrain ]; then
+    for r in 1 2; do
+      for v in before after; do
+        exe=$B/dptrain; [ $v = before ] && exe=.gpu/before/dptrain
+        for cfg in cnn run; do
+          rm -rf /tmp/ck-cmp
+          /usr/bin/time -f "wall %e s" "${mp[@]}" $exe --config inputs/$cfg.ini --checkpoint.dir /tmp/ck-cmp \
+            --log.metrics "" > "$OUT/cmp-$cfg-$v-$r.log" 2>&1
+          echo "$cfg $v $r: $(grep -hE 'wall|final' "$OUT/cmp-$cfg-$v-$r.log" | tr '\n' ' ' | cut -c1-300)"
+        done
+      done
+    done
+  fi
 fi
 if want samebits; then
   # A refactor's check: the same runs with the executable built before it (.gpu/before/dptrain)
