@@ -422,8 +422,8 @@ class CudaBackendImpl final : public CudaBackend {
   bool fusion_said_ = false;                     // the fused path's start-up line was logged
   std::map<const float*, Fusion> fusions_;       // per model, keyed by its logits buffer
   Scratch layer_partial_;  // LARS/LAMB: per-block partial sums of squares
-  Scratch bn_partial_;              // batch norm's sums: per-block partial sums (double)
-  Scratch xent_loss_, xent_ok_;     // softmax_xent_smoothed: per-row loss (double) and hit
+  Scratch bn_partial_;  // batch norm's sums: per-block partial sums (double)
+  Scratch xent_loss_, xent_ok_;  // softmax_xent_smoothed: per-row loss (double) and hit
   Scratch tposed_x_, tposed_dz_;  // tf32: K-major copies of the weight gradient's operands
   int tf32_transpose_ = 1;        // DPT_TF32_TRANSPOSE: 0 none, 1 the smaller operand, 2 both
   static constexpr int kMaxTransposeRows = 65535 * 32;  // the transpose kernel's grid

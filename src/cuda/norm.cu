@@ -7,7 +7,7 @@
 // by its channels. A block is tc × lanes = 256 threads: threadIdx.x is a channel of a tile of tc
 // (the smallest power of two covering c, at most 32), threadIdx.y one of lanes = 256 / tc rows,
 // and blockIdx.y picks the tile. A warp reads consecutive channels of consecutive rows (coalesced
-// for any c), and a thread keeps one channel throughout, so there is no per-element division.
+// for any c), and a thread keeps one channel throughout: no division by c.
 //
 // Determinism. A reduction is per-thread sums in a fixed row order, a fixed tree over the
 // block's row lanes, per-block partials in scratch, then a second kernel that sums the partials
@@ -36,6 +36,33 @@ constexpr int kTileMax = 32;             // channels per tile at most: one warp'
 constexpr int kMaxTiles = 65535;         // gridDim.y
 constexpr int64_t kReduceBlocks = 1024;  // a reduction's blocks, about 8 per SM of an H200
 constexpr int64_t kPassBlocks = 4096;    // an elementwise pass's blocks at most (grid-stride)
+// Pooling indexes pixels in 32 bits (Div): they and the grid-stride loop's last step fit in 2^31.
+constexpr int64_t kMaxPoolPixels = (int64_t(1) << 31) - kPassBlocks * kThreads;
+
+// Division by a divisor fixed for the launch, as a multiply-high and a shift (conv.cu's Div, the
+// Granlund-Montgomery form of CUTLASS's FastDivmod): exact for 0 <= n < 2^31, d >= 1. The pooling
+// kernels split every pixel index into coordinates and find the windows holding a pixel by
+// dividing by the stride; a hardware-emulated division each would cost more than their loads.
+struct Div {
+  int d = 1;
+  unsigned mul = 0, shr = 0;
+  Div() = default;
+  explicit Div(int divisor) : d(divisor) {
+    if (d == 1) return;
+    int l = 0;  // ceil(log2 d)
+    while ((1ll << l) < d) ++l;
+    const unsigned p = 31u + unsigned(l);
+    mul = unsigned(((1ull << p) + unsigned(d) - 1) / unsigned(d));
+    shr = p - 32u;
+  }
+  __device__ __forceinline__ int div(int n) const { return d == 1 ? n : int(__umulhi(unsigned(n), mul) >> shr); }
+  // n = q·d + r: q returned, r out.
+  __device__ __forceinline__ int divmod(int n, int& r) const {
+    const int q = div(n);
+    r = n - q * d;
+    return q;
+  }
+};
 
 // ============================== kernels ==============================
 
@@ -225,87 +252,87 @@ __global__ void gap_bwd_kernel(const float* __restrict__ dy, float* __restrict__
 // A bit test, immune to fast math's assumption that NaNs do not occur.
 __device__ __forceinline__ bool is_nan(float v) { return (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u; }
 
-// One thread per output row (n, oh) and channel, ow ascending. The window's taps inside the input,
-// in row-major order (padding skipped: PyTorch's clipped window, the same as padding with −inf
-// for max). Max: the first maximum, a NaN replaces it, argmax = the tap kh·k + kw. Avg: summed
-// from the first valid tap, divided by k² (the padding's zeros counted, count_include_pad). A
-// window with no valid tap (pad >= k, which PyTorch refuses) gives max −inf, argmax −1; avg 0.
+// The pooling kernels take one thread per pixel and channel, pixels indexed in 32 bits.
+//
+// Forward: one output pixel (n, oh, ow). The window's taps inside the input, in row-major order
+// (padding skipped: PyTorch's clipped window, the same as padding with −inf for max). Max: the
+// first maximum, a NaN replaces it, argmax = the tap kh·k + kw. Avg: summed from the first valid
+// tap, divided by k² (the padding's zeros counted, count_include_pad). A window with no valid tap
+// (pad >= k, which PyTorch refuses) gives max −inf, argmax −1; avg 0.
 template <bool MAX>
 __global__ void padded_pool_fwd_kernel(const float* __restrict__ x, float* __restrict__ y,
-                                       int32_t* __restrict__ argmax, PoolGeom g, int oh_n, int ow_n) {
+                                       int32_t* __restrict__ argmax, PoolGeom g, Div plane, Div ow_n,
+                                       int pixels) {
   const int j = channel();
   if (j >= g.c) return;
   const float area = float(g.k * g.k);
-  const int64_t rows = int64_t(g.batch) * oh_n;
-  for (int64_t r = first_row(); r < rows; r += row_step()) {
-    const int64_t n = r / oh_n;
-    const int h0 = int(r - n * oh_n) * g.stride - g.pad;
-    for (int ow = 0; ow < ow_n; ++ow) {
-      const int w0 = ow * g.stride - g.pad;
-      float best = 0.f;
-      int idx = -1;
-      for (int kh = 0; kh < g.k; ++kh) {
-        const int ih = h0 + kh;
-        if (ih < 0 || ih >= g.h) continue;
-        for (int kw = 0; kw < g.k; ++kw) {
-          const int iw = w0 + kw;
-          if (iw < 0 || iw >= g.w) continue;
-          const float v = x[((size_t(n) * size_t(g.h) + size_t(ih)) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j)];
-          const int tap = kh * g.k + kw;
-          if (idx < 0) {
+  for (int p = int(first_row()); p < pixels; p += int(row_step())) {
+    int q, ow;
+    const int n = plane.divmod(p, q);
+    const int oh = ow_n.divmod(q, ow);
+    const int h0 = oh * g.stride - g.pad, w0 = ow * g.stride - g.pad;
+    float best = 0.f;
+    int idx = -1;
+    for (int kh = 0; kh < g.k; ++kh) {
+      const int ih = h0 + kh;
+      if (ih < 0 || ih >= g.h) continue;
+      for (int kw = 0; kw < g.k; ++kw) {
+        const int iw = w0 + kw;
+        if (iw < 0 || iw >= g.w) continue;
+        const float v = x[((size_t(n) * size_t(g.h) + size_t(ih)) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j)];
+        const int tap = kh * g.k + kw;
+        if (idx < 0) {
+          best = v;
+          idx = tap;
+        } else if (MAX) {
+          if (v > best || is_nan(v)) {
             best = v;
             idx = tap;
-          } else if (MAX) {
-            if (v > best || is_nan(v)) {
-              best = v;
-              idx = tap;
-            }
-          } else {
-            best += v;
           }
+        } else {
+          best += v;
         }
       }
-      const size_t o = (size_t(r) * size_t(ow_n) + size_t(ow)) * size_t(g.c) + size_t(j);
-      if (MAX) {
-        y[o] = idx < 0 ? -INFINITY : best;
-        argmax[o] = idx;
-      } else {
-        y[o] = __fdiv_rn(best, area);
-      }
+    }
+    const size_t o = size_t(p) * size_t(g.c) + size_t(j);
+    if (MAX) {
+      y[o] = idx < 0 ? -INFINITY : best;
+      argmax[o] = idx;
+    } else {
+      y[o] = __fdiv_rn(best, area);
     }
   }
 }
 
-// One thread per input row (n, ih) and channel, iw ascending: the sum over the windows holding
-// the element, oh then ow ascending (the CPU's scatter order, so the same sums bit for bit). Max:
-// dy where the window's argmax is this element's tap; avg: dy / k².
+// Backward: one input pixel (n, ih, iw), the sum over the windows holding it, oh then ow
+// ascending (the CPU's scatter order, so the same sums bit for bit). Max: dy where the window's
+// argmax is this element's tap; avg: dy / k².
 template <bool MAX>
 __global__ void padded_pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                       float* __restrict__ dx, PoolGeom g, int oh_n, int ow_n) {
+                                       float* __restrict__ dx, PoolGeom g, Div plane, Div w_n, Div st,
+                                       int oh_n, int ow_n, int pixels) {
   const int j = channel();
   if (j >= g.c) return;
   const float area = float(g.k * g.k);
-  const int64_t rows = int64_t(g.batch) * g.h;
-  for (int64_t r = first_row(); r < rows; r += row_step()) {
-    const int64_t n = r / g.h;
+  for (int p = int(first_row()); p < pixels; p += int(row_step())) {
+    int q, iw;
+    const int n = plane.divmod(p, q);
+    const int ih = w_n.divmod(q, iw);
     // Window oh holds row ih when its tap kh = yh − oh·s lies in [0, k): yh − k < oh·s <= yh.
-    const int yh = int(r - n * g.h) + g.pad;
-    const int oh0 = yh < g.k ? 0 : (yh - g.k) / g.stride + 1, oh1 = min(oh_n - 1, yh / g.stride);
-    for (int iw = 0; iw < g.w; ++iw) {
-      const int yw = iw + g.pad;
-      const int ow0 = yw < g.k ? 0 : (yw - g.k) / g.stride + 1, ow1 = min(ow_n - 1, yw / g.stride);
-      float s = 0.f;
-      for (int oh = oh0; oh <= oh1; ++oh)
-        for (int ow = ow0; ow <= ow1; ++ow) {
-          const size_t o = ((size_t(n) * size_t(oh_n) + size_t(oh)) * size_t(ow_n) + size_t(ow)) * size_t(g.c) + size_t(j);
-          if (MAX) {
-            if (argmax[o] == (yh - oh * g.stride) * g.k + (yw - ow * g.stride)) s += dy[o];
-          } else {
-            s += __fdiv_rn(dy[o], area);
-          }
+    const int yh = ih + g.pad, yw = iw + g.pad;
+    const int oh0 = yh < g.k ? 0 : st.div(yh - g.k) + 1, oh1 = min(oh_n - 1, st.div(yh));
+    const int ow0 = yw < g.k ? 0 : st.div(yw - g.k) + 1, ow1 = min(ow_n - 1, st.div(yw));
+    float s = 0.f;
+    for (int oh = oh0; oh <= oh1; ++oh)
+      for (int ow = ow0; ow <= ow1; ++ow) {
+        const size_t o = ((size_t(n) * size_t(oh_n) + size_t(oh)) * size_t(ow_n) + size_t(ow)) * size_t(g.c) + size_t(j);
+        if (MAX) {
+          if (argmax[o] == (yh - oh * g.stride) * g.k + (yw - ow * g.stride)) s += dy[o];
+        } else {
+          s += __fdiv_rn(dy[o], area);
         }
-      dx[(size_t(r) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j)] = s;
-    }
+      }
+    dx[size_t(p) * size_t(g.c) + size_t(j)] = s;
   }
 }
 
@@ -528,9 +555,12 @@ void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGe
                          cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.oh() <= 0 || g.ow() <= 0) return;
   const Tiles t = tiles_for(g.c, "padded_pool_forward");
-  const dim3 grid = pass_grid(t, int64_t(g.batch) * g.oh());
-  if (max) padded_pool_fwd_kernel<true><<<grid, block_of(t), 0, s>>>(x, y, argmax, g, g.oh(), g.ow());
-  else padded_pool_fwd_kernel<false><<<grid, block_of(t), 0, s>>>(x, y, nullptr, g, g.oh(), g.ow());
+  const int64_t pixels = int64_t(g.batch) * g.oh() * g.ow();
+  if (pixels >= kMaxPoolPixels) throw Error("padded_pool_forward: " + std::to_string(pixels) + " output pixels exceed 2^31");
+  const dim3 grid = pass_grid(t, pixels), block = block_of(t);
+  const Div plane(g.oh() * g.ow()), ow_n(g.ow());
+  if (max) padded_pool_fwd_kernel<true><<<grid, block, 0, s>>>(x, y, argmax, g, plane, ow_n, int(pixels));
+  else padded_pool_fwd_kernel<false><<<grid, block, 0, s>>>(x, y, nullptr, g, plane, ow_n, int(pixels));
   DPT_CHECK_LAUNCH("padded_pool_fwd_kernel");
 }
 
@@ -538,9 +568,12 @@ void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, con
                           cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.h <= 0 || g.w <= 0) return;
   const Tiles t = tiles_for(g.c, "padded_pool_backward");
-  const dim3 grid = pass_grid(t, int64_t(g.batch) * g.h);
-  if (max) padded_pool_bwd_kernel<true><<<grid, block_of(t), 0, s>>>(dy, argmax, dx, g, g.oh(), g.ow());
-  else padded_pool_bwd_kernel<false><<<grid, block_of(t), 0, s>>>(dy, nullptr, dx, g, g.oh(), g.ow());
+  const int64_t pixels = int64_t(g.batch) * g.h * g.w;
+  if (pixels >= kMaxPoolPixels) throw Error("padded_pool_backward: " + std::to_string(pixels) + " input pixels exceed 2^31");
+  const dim3 grid = pass_grid(t, pixels), block = block_of(t);
+  const Div plane(g.h * g.w), w_n(g.w), st(g.stride);
+  if (max) padded_pool_bwd_kernel<true><<<grid, block, 0, s>>>(dy, argmax, dx, g, plane, w_n, st, g.oh(), g.ow(), int(pixels));
+  else padded_pool_bwd_kernel<false><<<grid, block, 0, s>>>(dy, nullptr, dx, g, plane, w_n, st, g.oh(), g.ow(), int(pixels));
   DPT_CHECK_LAUNCH("padded_pool_bwd_kernel");
 }
 
