@@ -82,11 +82,13 @@ if want resnet; then
   mp=(mpirun -np 1 -x LD_LIBRARY_PATH)
   "${mp[@]}" $B/bench-step --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --precision bf16 --warmup 5 --steps 20 > "$OUT/rn50-ours.log" 2>&1
   "${mp[@]}" $B/bench-step --layers "resnet18(stem=small,classes=10)" --input 1,28,28 --batch 512 --precision bf16 --warmup 10 --steps 50 > "$OUT/rn18-ours.log" 2>&1
+  # ResNet-50's 1x1 convolutions on cuDNN instead of cuBLASLt's GEMMs, to compare.
+  "${mp[@]}" -x DPT_CONV1X1=cudnn $B/bench-step --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --precision bf16 --warmup 5 --steps 20 > "$OUT/rn50-ours-1x1cudnn.log" 2>&1
   "${mp[@]}" $B/bench-step --layers "$BIG" --input 3,64,64 --batch 256 --precision bf16 --warmup 10 --steps 50 > "$OUT/big-ours.log" 2>&1
   "${mp[@]}" -x DPT_CONV=im2col $B/bench-step --layers "$BIG" --input 3,64,64 --batch 256 --precision bf16 --warmup 10 --steps 50 > "$OUT/big-ours-im2col.log" 2>&1
   "${mp[@]}" $B/bench-step --layers "$CNN" --input 1,28,28 --batch 256 --precision bf16 > "$OUT/small-ours.log" 2>&1
   "${mp[@]}" -x DPT_CONV=im2col $B/bench-step --layers "$CNN" --input 1,28,28 --batch 256 --precision bf16 > "$OUT/small-ours-im2col.log" 2>&1
-  grep -hE "bench-step|rror" "$OUT"/rn50-ours.log "$OUT"/rn18-ours.log "$OUT"/big-ours*.log "$OUT"/small-ours*.log | cut -c1-400
+  grep -hE "bench-step|rror" "$OUT"/rn50-ours*.log "$OUT"/rn18-ours.log "$OUT"/big-ours*.log "$OUT"/small-ours*.log | cut -c1-400
   if [[ ${SKIP_TORCH:-0} != 1 ]]; then
     tp() { timeout "${CNN_PEER_S:-150}" python3 bench/torch_cnn.py --precision bf16 --formats nhwc "$@"; }
     tp --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --modes eager,graph --steps 20 --repeat 2 > "$OUT/rn50-torch.jsonl" 2>&1

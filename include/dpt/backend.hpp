@@ -79,7 +79,7 @@ struct PoolGeom {
 // What a backend without batch norm, residual blocks, padded or global pooling says when a
 // model needs them (the Backend defaults below throw it as an InputError).
 inline constexpr const char* kNeedsResnetOps =
-    "bn / residual blocks need the cuDNN path of the CUDA backend, not built yet; use device.type = cpu";
+    "this backend has no batch norm, residual blocks, padded or global pooling";
 // Inverted dropout of one micro-batch. Sample i's element e (its index in the sample's NCHW
 // order) is kept when dropout_keep(dropout_key(seed, layer, step, first + i), e, threshold)
 // (dropout.hpp), step being ctl->step, read where the op runs: the mask depends on nothing else,

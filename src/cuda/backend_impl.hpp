@@ -220,6 +220,7 @@ class CudaBackendImpl final : public CudaBackend {
                      const ConvGeom& g, Act act, float* dw, float* db, float* dx, bool accumulate) override;
   void cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a, const ConvGeom& g,
                           Act act);
+  bool pointwise_gemm(const ConvGeom& g) const;  // a 1x1 stride-1 conv taken as a Linear layer
 
   // ---- convolutional networks (conv_path.cpp) ----
   void im2col(const float* x, const ConvGeom& g, float* cols) override;
@@ -432,6 +433,7 @@ class CudaBackendImpl final : public CudaBackend {
   // cuDNN (cudnn_conv.cpp): its handle, made on the first convolution; plans per shape.
   Cudnn cudnn_;
   bool im2col_convs_ = false;     // DPT_CONV=im2col: convolutions as im2col + cuBLASLt GEMMs
+  bool gemm_1x1_ = true;          // DPT_CONV1X1=cudnn: 1x1 stride-1 convs on cuDNN too
   bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;

@@ -155,6 +155,8 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   tf32_transpose_ = std::max(0, std::min(2, env_int("DPT_TF32_TRANSPOSE", 1)));
   const char* conv = std::getenv("DPT_CONV");
   im2col_convs_ = conv && std::string(conv) == "im2col";
+  const char* pw = std::getenv("DPT_CONV1X1");
+  gemm_1x1_ = !(pw && std::string(pw) == "cudnn");
   conv_heuristic_ = opt.conv_heuristic;
   conv_ws_limit_ = opt.conv_workspace_bytes;
   describe_ = make_description();

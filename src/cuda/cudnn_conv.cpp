@@ -10,6 +10,11 @@
 // gradient). The bias and the activation run in one pass after the convolution (bias_act_forward),
 // and backward dz, bf16(dz) and the bias gradient in one pass before it (act_backward_bgrad).
 //
+// A 1×1 convolution with stride 1 and no padding is a Linear layer over the (batch·h·w, c) pixels
+// of its NHWC input: it takes linear.cpp's cuBLASLt GEMMs (with the bias in their epilogue),
+// which measured faster than cuDNN's algorithms for ResNet-50's 1×1 shapes on the H200
+// (DPT_CONV1X1=cudnn keeps them on cuDNN, to measure).
+//
 // Algorithms: per shape and direction, chosen the first time the shape runs (the eager first
 // step, before the step is captured) and reused: timed by cudnnFind*AlgorithmEx on the real
 // buffers (device.conv_tuning = time, like PyTorch's cudnn.benchmark), or cuDNN's heuristic
@@ -209,8 +214,16 @@ void CudaBackendImpl::say_conv_plan(ConvPlan& p, const ConvGeom& g) {
   log::info(s);
 }
 
+bool CudaBackendImpl::pointwise_gemm(const ConvGeom& g) const {
+  return g.k == 1 && g.stride == 1 && g.pad == 0 && gemm_1x1_;
+}
+
 void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a,
                                          const ConvGeom& g, Act act) {
+  if (pointwise_gemm(g)) {
+    linear_fwd(x, w, b, z, a, g.rows(), g.c, g.out, act, false);
+    return;
+  }
   cudaStream_t s = stream_.get();
   ConvPlan& p = conv_plan(g);
   const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
@@ -232,6 +245,10 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
                                     bool accumulate) {
   if (im2col_convs_) {
     Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
+    return;
+  }
+  if (pointwise_gemm(g)) {
+    linear_backward(x, w, z, a, da, g.rows(), g.c, g.out, act, dw, db, dx, accumulate);
     return;
   }
   cudaStream_t s = stream_.get();
