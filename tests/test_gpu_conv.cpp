@@ -108,16 +108,18 @@ TEST(CudaConv, ForwardAndBackward) {
     auto g = gpu(p);
     for (const ConvGeom& c : kConvs)
       for (Act act : {Act::none, Act::relu, Act::tanh})
-        for (bool acc : {false, true}) {
+        for (int path = 0; path < 4; ++path) {
+          const bool acc = path % 2, cudnn = path >= 2;  // cuDNN (or a 1x1 GEMM): no columns
           const std::string label = std::string(pname(p)) + " " + act_name(act) + " " + what(c) +
-                                    (acc ? " accumulate" : "");
+                                    (acc ? " accumulate" : "") + (cudnn ? " cuDNN" : " im2col");
           const ConvData d(c, 20 + uint64_t(c.out));
           const size_t n = size_t(c.rows()) * c.out, nc = size_t(c.rows()) * c.cols();
           std::vector<float> cols(nc), z(n), a(n);
           cpu->conv_forward(d.x.data(), d.w.data(), d.b.data(), cols.data(), z.data(), a.data(), c, act);
           auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
           auto gcols = poisoned(*g, nc), gz = poisoned(*g, n), ga = poisoned(*g, n);
-          g->conv_forward(gx.data(), gw.data(), gb.data(), gcols.data(), gz.data(), ga.data(), c, act);
+          float* gc = cudnn ? nullptr : gcols.data();
+          g->conv_forward(gx.data(), gw.data(), gb.data(), gc, gz.data(), ga.data(), c, act);
           EXPECT_LE(rel_err(get(*g, gz), z), tolerance(p)) << "z " << label;
           EXPECT_LE(rel_err(get(*g, ga), a), tolerance(p)) << "a " << label;
 
@@ -135,7 +137,7 @@ TEST(CudaConv, ForwardAndBackward) {
           Buffer<float> gdw = acc ? put(*g, dw0) : poisoned(*g, dw0.size());
           Buffer<float> gdb = acc ? put(*g, db0) : poisoned(*g, db0.size());
           auto gdx = poisoned(*g, d.x.size());
-          g->conv_backward(gx.data(), gw.data(), gz.data(), ga.data(), gda.data(), gcols.data(), c, act,
+          g->conv_backward(gx.data(), gw.data(), gz.data(), ga.data(), gda.data(), gc, c, act,
                            gdw.data(), gdb.data(), gdx.data(), acc);
           EXPECT_LE(rel_err(get(*g, gdb), cdb), tolerance(p)) << "db " << label;
           EXPECT_LE(rel_err(get(*g, gdw), cdw), tolerance(p)) << "dw " << label;
@@ -144,11 +146,11 @@ TEST(CudaConv, ForwardAndBackward) {
           // The model lets a overwrite z for relu and tanh (they differentiate from a): the
           // same bits as with z apart.
           auto gza = poisoned(*g, n);
-          g->conv_forward(gx.data(), gw.data(), gb.data(), gcols.data(), gza.data(), gza.data(), c, act);
+          g->conv_forward(gx.data(), gw.data(), gb.data(), gc, gza.data(), gza.data(), c, act);
           EXPECT_EQ(get(*g, gza), get(*g, ga)) << "a in place of z " << label;
           auto gda2 = put(*g, da);
           auto gdw2 = poisoned(*g, dw0.size()), gdb2 = poisoned(*g, db0.size()), gdx2 = poisoned(*g, d.x.size());
-          g->conv_backward(gx.data(), gw.data(), gza.data(), gza.data(), gda2.data(), gcols.data(), c, act, gdw2.data(),
+          g->conv_backward(gx.data(), gw.data(), gza.data(), gza.data(), gda2.data(), gc, c, act, gdw2.data(),
                            gdb2.data(), gdx2.data(), false);
           EXPECT_EQ(get(*g, gdw2), get(*g, gdw)) << "dw, a in place of z " << label;
           EXPECT_EQ(get(*g, gdx2), get(*g, gdx)) << "dx, a in place of z " << label;
@@ -169,21 +171,26 @@ TEST(CudaConv, Bf16ColumnsFollowEveryWrite) {
     auto gcols = poisoned(*g, nc), gz = poisoned(*g, n), ga = poisoned(*g, n);
     auto gw = poisoned(*g, size_t(c.out) * c.cols()), gb = poisoned(*g, size_t(c.out));
     auto gx = poisoned(*g, size_t(c.batch) * c.h * c.w * c.c);
-    for (uint64_t round = 0; round < 2; ++round) {
-      const std::string label = what(c) + " round " + std::to_string(round);
-      const ConvData d(c, 40 + 10 * round);
+    // Rounds 0, 1: im2col's columns (the GEMMs' fp32 outputs: 1e-4); 2, 3: cuDNN (no columns).
+    for (uint64_t round = 0; round < 4; ++round) {
+      const bool cudnn = round >= 2;
+      float* gc = cudnn ? nullptr : gcols.data();
+      const double tol = cudnn ? kBf16Out : 1e-4;
+      auto out16 = [&](const std::vector<float>& v) { return cudnn ? bf16_round(v) : v; };
+      const std::string label = what(c) + " round " + std::to_string(round) + (cudnn ? " cuDNN" : " im2col");
+      const ConvData d(c, 40 + 10 * (round % 2));
       const auto xr = bf16_round(d.x), wr = bf16_round(d.w);
       // cuDNN's bf16 convolutions write bf16 (as PyTorch's autocast does): the oracle is the
       // CPU's convolution rounded to bf16, then the bias added in fp32.
       std::vector<float> cols(nc), z(n), a(n), nob(d.b.size(), 0.f);
       cpu->conv_forward(xr.data(), wr.data(), nob.data(), cols.data(), z.data(), a.data(), c, Act::none);
-      for (size_t i = 0; i < n; ++i) z[i] = bf16_round(z[i]) + d.b[i % size_t(c.out)];
+      for (size_t i = 0; i < n; ++i) z[i] = (cudnn ? bf16_round(z[i]) : z[i]) + d.b[i % size_t(c.out)];
       a = z;
       g->upload(gx.data(), d.x.data(), d.x.size() * 4);
       g->upload(gw.data(), d.w.data(), d.w.size() * 4);
       g->upload(gb.data(), d.b.data(), d.b.size() * 4);
-      g->conv_forward(gx.data(), gw.data(), gb.data(), gcols.data(), gz.data(), ga.data(), c, Act::none);
-      EXPECT_LE(rel_err(get(*g, gz), z), kBf16Out) << "z " << label;
+      g->conv_forward(gx.data(), gw.data(), gb.data(), gc, gz.data(), ga.data(), c, Act::none);
+      EXPECT_LE(rel_err(get(*g, gz), z), tol) << "z " << label;
 
       const auto da = bf16_round(uniform(n, 50 + round));  // act none: dz = da, rounded alike
       std::vector<float> cda = da, cdw(d.w.size()), cdb(d.b.size()), cdx(d.x.size());
@@ -191,11 +198,11 @@ TEST(CudaConv, Bf16ColumnsFollowEveryWrite) {
                          cdw.data(), cdb.data(), cdx.data(), false);
       auto gda = put(*g, da);
       auto gdw = poisoned(*g, cdw.size()), gdb = poisoned(*g, cdb.size()), gdx = poisoned(*g, cdx.size());
-      g->conv_backward(gx.data(), gw.data(), gz.data(), ga.data(), gda.data(), gcols.data(), c, Act::none,
+      g->conv_backward(gx.data(), gw.data(), gz.data(), ga.data(), gda.data(), gc, c, Act::none,
                        gdw.data(), gdb.data(), gdx.data(), false);
-      EXPECT_LE(rel_err(get(*g, gdw), bf16_round(cdw)), kBf16Out) << "dw " << label;
+      EXPECT_LE(rel_err(get(*g, gdw), out16(cdw)), tol) << "dw " << label;
       EXPECT_LE(rel_err(get(*g, gdb), cdb), 1e-5) << "db " << label;
-      EXPECT_LE(rel_err(get(*g, gdx), bf16_round(cdx)), kBf16Out) << "dx " << label;
+      EXPECT_LE(rel_err(get(*g, gdx), out16(cdx)), tol) << "dx " << label;
     }
     // fp32 columns written by im2col, then a Linear GEMM on them: bf16 of these columns.
     const ConvData d(c, 70);

@@ -215,7 +215,7 @@ class CudaBackendImpl final : public CudaBackend {
                     bool accumulate, const PassHooks& hooks, float* dx0) override;
 
   // ---- convolutions through cuDNN (cudnn_conv.cpp); DPT_CONV=im2col: conv_path.cpp's ----
-  size_t conv_cols(const ConvGeom& g) const override;
+  size_t conv_cols(const ConvGeom& g) override;
   void conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
                      const ConvGeom& g, Act act, float* dw, float* db, float* dx, bool accumulate) override;
   void cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a, const ConvGeom& g,
@@ -330,7 +330,8 @@ class CudaBackendImpl final : public CudaBackend {
   double* bn_partial(int64_t rows, int c);
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
-  static constexpr int kLtCandidates = 8;  // heuristic results asked for (DPT_LT_ALGO < this)
+  static constexpr int kLtCandidates = 8;
+  static constexpr size_t kIm2colMaxBytes = size_t(1) << 30;  // conv_cols: one layer's columns  // heuristic results asked for (DPT_LT_ALGO < this)
 
   // cuda_backend.cpp
   static int pick_device(const BackendOptions& opt);
@@ -399,6 +400,7 @@ class CudaBackendImpl final : public CudaBackend {
   void choose_filter(ConvPlan& p, const ConvGeom& g, const void* x, const void* dy);
   void* conv_workspace(size_t bytes);
   void say_conv_plan(ConvPlan& p, const ConvGeom& g);
+  bool im2col_wins(const ConvGeom& g);
 
   Precision precision_;
   int dev_ = 0;
@@ -437,6 +439,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
+  std::map<std::array<int, 8>, bool> im2col_choice_;  // conv_cols's timed choice per shape
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only

@@ -18,7 +18,7 @@ void CudaBackendImpl::im2col(const float* x, const ConvGeom& g, float* cols) {
 // linear_forward and then conv_backward's linear_backward take as their input operand.
 void CudaBackendImpl::conv_forward(const float* x, const float* w, const float* b, float* cols, float* z, float* a,
                                    const ConvGeom& g, Act act) {
-  if (!im2col_convs_) {
+  if (!cols) {  // cuDNN, or a GEMM without columns (conv_cols)
     cudnn_conv_forward(x, w, b, z, a, g, act);
     return;
   }

@@ -98,8 +98,58 @@ cudnnHandle_t CudaBackendImpl::cudnn() {
   return cudnn_.get();
 }
 
-size_t CudaBackendImpl::conv_cols(const ConvGeom& g) const {
-  return im2col_convs_ ? Backend::conv_cols(g) : 0;
+// im2col + GEMMs (conv_path.cpp) or cuDNN, per shape: with conv_tuning = time, both are timed on
+// scratch buffers (forward, then backward with the input gradient, 3 times after a warm-up) and
+// the faster kept; the columns then take rows·k²·c floats per layer, so only shapes whose
+// columns fit in kIm2colMaxBytes are candidates. heuristic: cuDNN (no timing). 1x1 stride-1
+// convolutions are GEMMs without columns either way. DPT_CONV=im2col: im2col everywhere.
+size_t CudaBackendImpl::conv_cols(const ConvGeom& g) {
+  const size_t full = Backend::conv_cols(g);
+  if (im2col_convs_) return full;
+  if (pointwise_gemm(g) || conv_heuristic_ || full * sizeof(float) > kIm2colMaxBytes || capturing()) return 0;
+  const std::array<int, 8> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad};
+  auto it = im2col_choice_.find(key);
+  if (it == im2col_choice_.end()) it = im2col_choice_.emplace(key, im2col_wins(g)).first;
+  return it->second ? full : 0;
+}
+
+bool CudaBackendImpl::im2col_wins(const ConvGeom& g) {
+  cudaStream_t s = stream_.get();
+  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
+  std::vector<Buffer<float>> bufs;
+  auto buf = [&](size_t n) {
+    bufs.emplace_back(*this, n);
+    fill(bufs.back().data(), n, 0.01f);
+    return bufs.back().data();
+  };
+  float* x = buf(nx);
+  float* w = buf(nw);
+  float* z = buf(ny);
+  float* da = buf(ny);
+  float* dw = buf(nw);
+  float* db = buf(size_t(g.out));
+  float* dx = buf(nx);
+  float* cols = buf(Backend::conv_cols(g));
+  Event t0 = make_event(), t1 = make_event();
+  auto time = [&](float* c) {
+    float best = 1e30f;
+    for (int rep = 0; rep < 4; ++rep) {  // the first a warm-up (cuDNN's algorithms chosen there)
+      DPT_CHECK_CUDA(cudaEventRecord(t0.get(), s));
+      conv_forward(x, w, nullptr, c, z, z, g, Act::none);
+      conv_backward(x, w, z, z, da, c, g, Act::none, dw, db, dx, false);
+      DPT_CHECK_CUDA(cudaEventRecord(t1.get(), s));
+      DPT_CHECK_CUDA(cudaEventSynchronize(t1.get()));
+      float ms = 0;
+      DPT_CHECK_CUDA(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
+      if (rep) best = std::min(best, ms);
+    }
+    return best;
+  };
+  const float ms_cudnn = time(nullptr), ms_im2col = time(cols);
+  log::info("cuda: conv " + shape_of(g) + ": forward + backward " + std::to_string(ms_cudnn).substr(0, 5) +
+            " ms on cuDNN, " + std::to_string(ms_im2col).substr(0, 5) + " ms as im2col + GEMMs: " +
+            (ms_im2col < ms_cudnn ? "im2col" : "cuDNN"));
+  return ms_im2col < ms_cudnn;
 }
 
 void* CudaBackendImpl::conv_workspace(size_t bytes) { return conv_ws_.get(std::max<size_t>(bytes, 256), stream_.get()); }
@@ -243,7 +293,7 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
 void CudaBackendImpl::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da,
                                     float* cols, const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                                     bool accumulate) {
-  if (im2col_convs_) {
+  if (cols) {  // the im2col path (conv_cols)
     Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
     return;
   }
