@@ -82,8 +82,8 @@ if want resnet; then
   mp=(mpirun -np 1 -x LD_LIBRARY_PATH)
   "${mp[@]}" $B/bench-step --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --precision bf16 --warmup 5 --steps 20 > "$OUT/rn50-ours.log" 2>&1
   "${mp[@]}" $B/bench-step --layers "resnet18(stem=small,classes=10)" --input 1,28,28 --batch 512 --precision bf16 --warmup 10 --steps 50 > "$OUT/rn18-ours.log" 2>&1
-  # ResNet-50's 1x1 convolutions on cuDNN instead of cuBLASLt's GEMMs, to compare.
-  "${mp[@]}" -x DPT_CONV1X1=cudnn $B/bench-step --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --precision bf16 --warmup 5 --steps 20 > "$OUT/rn50-ours-1x1cudnn.log" 2>&1
+  # ResNet-50's 1x1 convolutions on cuDNN instead of cuBLASLt's GEMMs, to compare (RN50_1X1=1).
+  [[ ${RN50_1X1:-0} == 1 ]] && "${mp[@]}" -x DPT_CONV1X1=cudnn $B/bench-step --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --precision bf16 --warmup 5 --steps 20 > "$OUT/rn50-ours-1x1cudnn.log" 2>&1
   "${mp[@]}" $B/bench-step --layers "$BIG" --input 3,64,64 --batch 256 --precision bf16 --warmup 10 --steps 50 > "$OUT/big-ours.log" 2>&1
   "${mp[@]}" -x DPT_CONV=im2col $B/bench-step --layers "$BIG" --input 3,64,64 --batch 256 --precision bf16 --warmup 10 --steps 50 > "$OUT/big-ours-im2col.log" 2>&1
   "${mp[@]}" $B/bench-step --layers "$CNN" --input 1,28,28 --batch 256 --precision bf16 > "$OUT/small-ours.log" 2>&1
@@ -94,7 +94,7 @@ if want resnet; then
     tp --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --modes eager,graph --steps 20 --repeat 2 > "$OUT/rn50-torch.jsonl" 2>&1
     tp --layers "resnet18(stem=small,classes=10)" --input 1,28,28 --batch 512 --modes eager,graph --steps 50 > "$OUT/rn18-torch.jsonl" 2>&1
     tp --layers "$BIG" --input 3,64,64 --batch 256 --modes graph,compile-step --steps 30 > "$OUT/big-torch.jsonl" 2>&1
-    tp --layers "$CNN" --input 1,28,28 --batch 256 --modes graph,compile-step > "$OUT/small-torch.jsonl" 2>&1
+    tp --layers "$CNN" --input 1,28,28 --batch 256 --modes ${SMALL_MODES:-graph,compile-step} > "$OUT/small-torch.jsonl" 2>&1
     grep -h samples_per_s "$OUT"/*-torch.jsonl | python3 -c "
 import json, sys
 for l in sys.stdin:
@@ -107,6 +107,12 @@ for l in sys.stdin:
       --train.batch_per_rank 256 --checkpoint.dir /tmp/ck-rn --log.metrics $OUT/resnet-e2e-metrics.jsonl \
       --log.every_steps 50 > "$OUT/resnet-e2e.log" 2>&1
     grep -E "wall|final|done|rror|eval" "$OUT/resnet-e2e.log" | tail -14
+    # The same with label smoothing 0.1 and 16 epochs.
+    rm -rf /tmp/ck-rn
+    /usr/bin/time -f "wall %e s" "${mp[@]}" $B/dptrain --config inputs/resnet.ini --device.type cuda --train.precision bf16 \
+      --train.batch_per_rank 256 --train.epochs 16 --train.label_smoothing 0.1 --checkpoint.dir /tmp/ck-rn \
+      --log.metrics $OUT/resnet-e2e16-metrics.jsonl --log.every_steps 50 > "$OUT/resnet-e2e16.log" 2>&1
+    grep -E "wall|final|done|rror|eval" "$OUT/resnet-e2e16.log" | tail -18
   fi
   # inputs/cnn.ini and the default MLP job (inputs/run.ini, 20 epochs) end to end with this build
   # and with the one before it (.gpu/before/dptrain, im2col convolutions), alternating, twice.
