@@ -91,9 +91,10 @@ if want resnet; then
   grep -hE "bench-step|rror" "$OUT"/rn50-ours*.log "$OUT"/rn18-ours.log "$OUT"/big-ours*.log "$OUT"/small-ours*.log | cut -c1-400
   if [[ ${SKIP_TORCH:-0} != 1 ]]; then
     tp() { timeout "${CNN_PEER_S:-150}" python3 bench/torch_cnn.py --precision bf16 --formats nhwc "$@"; }
-    tp --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --modes eager,graph --steps 20 --repeat 2 > "$OUT/rn50-torch.jsonl" 2>&1
-    tp --layers "resnet18(stem=small,classes=10)" --input 1,28,28 --batch 512 --modes eager,graph --steps 50 > "$OUT/rn18-torch.jsonl" 2>&1
-    tp --layers "$BIG" --input 3,64,64 --batch 256 --modes graph,compile-step --steps 30 > "$OUT/big-torch.jsonl" 2>&1
+    # The modes to run: PyTorch's best for each network on 2026-12-01 always among the defaults.
+    tp --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 --modes ${RN50_MODES:-eager,graph} --steps 20 --repeat 2 > "$OUT/rn50-torch.jsonl" 2>&1
+    tp --layers "resnet18(stem=small,classes=10)" --input 1,28,28 --batch 512 --modes ${RN18_MODES:-eager,graph} --steps 50 > "$OUT/rn18-torch.jsonl" 2>&1
+    tp --layers "$BIG" --input 3,64,64 --batch 256 --modes ${BIG_MODES:-graph,compile-step} --steps 30 > "$OUT/big-torch.jsonl" 2>&1
     tp --layers "$CNN" --input 1,28,28 --batch 256 --modes ${SMALL_MODES:-graph,compile-step} > "$OUT/small-torch.jsonl" 2>&1
     grep -h samples_per_s "$OUT"/*-torch.jsonl | python3 -c "
 import json, sys
@@ -117,7 +118,7 @@ for l in sys.stdin:
   # inputs/cnn.ini and the default MLP job (inputs/run.ini, 20 epochs) end to end with this build
   # and with the one before it (.gpu/before/dptrain, im2col convolutions), alternating, twice.
   if [ -x .gpu/before/dptrain ]; then
-    for r in 1 2; do
+    for r in $(seq "${CMP_REPS:-2}"); do
       for v in before after; do
         exe=$B/dptrain; [ $v = before ] && exe=.gpu/before/dptrain
         for cfg in cnn run; do

@@ -322,3 +322,45 @@ TEST(CudaConv, ActivationsLayoutDropoutAugment) {
   g->augment(gimg.data(), gout.data(), ab, ac, ah, aw, pad, gdraws.data(), gctl.data(), 3);
   EXPECT_EQ(get(*g, gout), out);
 }
+
+// conv_cols times both paths on scratch buffers for a shape (conv_tuning = time) and keeps the
+// faster: im2col's columns (rows·cols) or none (cuDNN); the same answer when asked again; a 1x1
+// stride-1 convolution is a GEMM without columns; conv_tuning = heuristic never asks for columns.
+// Then a forward and backward through whichever path it chose match the CPU.
+TEST(CudaConv, ConvColsChoosesAPathByTiming) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  BackendOptions o;
+  o.type = "cuda";
+  o.precision = Precision::fp32;
+  auto g = make_backend(o);
+  o.conv_heuristic = true;
+  auto h = make_backend(o);
+  for (const ConvGeom& c : {kConvs[0], kConvs[1], kConvs[3], kConvs[5]}) {
+    const size_t full = size_t(c.rows()) * c.cols(), got = g->conv_cols(c);
+    if (c.k == 1 && c.stride == 1 && c.pad == 0) EXPECT_EQ(got, 0u) << what(c);
+    else EXPECT_TRUE(got == 0 || got == full) << what(c) << ": " << got;
+    EXPECT_EQ(g->conv_cols(c), got) << what(c);
+    EXPECT_EQ(h->conv_cols(c), 0u) << what(c);
+    const ConvData d(c, 90);
+    const size_t n = size_t(c.rows()) * c.out;
+    std::vector<float> cols(full), z(n), a(n);
+    cpu->conv_forward(d.x.data(), d.w.data(), d.b.data(), cols.data(), z.data(), a.data(), c, Act::relu);
+    auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
+    Buffer<float> gcols(*g, got);
+    auto gz = poisoned(*g, n);
+    g->conv_forward(gx.data(), gw.data(), gb.data(), gcols.data(), gz.data(), gz.data(), c, Act::relu);
+    EXPECT_LE(rel_err(get(*g, gz), a), tolerance(Precision::fp32)) << what(c) << (got ? " im2col" : " cuDNN");
+    const std::vector<float> da = uniform(n, 91);
+    std::vector<float> cda = da, cdw(d.w.size()), cdb(d.b.size()), cdx(d.x.size());
+    const std::vector<float> ag = get(*g, gz);
+    cpu->conv_backward(d.x.data(), d.w.data(), ag.data(), ag.data(), cda.data(), cols.data(), c, Act::relu,
+                       cdw.data(), cdb.data(), cdx.data(), false);
+    auto gda = put(*g, da);
+    auto gdw = poisoned(*g, cdw.size()), gdb = poisoned(*g, cdb.size()), gdx = poisoned(*g, cdx.size());
+    g->conv_backward(gx.data(), gw.data(), gz.data(), gz.data(), gda.data(), gcols.data(), c, Act::relu,
+                     gdw.data(), gdb.data(), gdx.data(), false);
+    EXPECT_LE(rel_err(get(*g, gdw), cdw), tolerance(Precision::fp32)) << "dw " << what(c);
+    EXPECT_LE(rel_err(get(*g, gdx), cdx), tolerance(Precision::fp32)) << "dx " << what(c);
+  }
+}

@@ -130,7 +130,11 @@ bool CudaBackendImpl::im2col_wins(const ConvGeom& g) {
   float* db = buf(size_t(g.out));
   float* dx = buf(nx);
   float* cols = buf(Backend::conv_cols(g));
-  Event t0 = make_event(), t1 = make_event();
+  cudaEvent_t e0 = nullptr, e1 = nullptr;  // timing events (make_event's do not time)
+  DPT_CHECK_CUDA(cudaEventCreate(&e0));
+  Event t0(e0);
+  DPT_CHECK_CUDA(cudaEventCreate(&e1));
+  Event t1(e1);
   auto time = [&](float* c) {
     float best = 1e30f;
     for (int rep = 0; rep < 4; ++rep) {  // the first a warm-up (cuDNN's algorithms chosen there)
