@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
-"""The PyTorch DDP peer for bench-scaling: the same MLP, optimizer, batch per GPU and precision as
+"""The PyTorch DDP peer for bench-scaling: the same model, optimizer, batch per GPU and precision as
 dptrain's scaling rows, data on the GPU, one process per GPU under torchrun.
 
     torchrun --standalone --nproc_per_node=2 bench/torch_ddp.py --layers 784,4096,4096,4096,4096,10 \\
         --batch 4096 --precision bf16
+    torchrun --standalone --nproc_per_node=2 bench/torch_ddp.py --layers "resnet50(classes=10)" \\
+        --input 3,224,224 --batch 256 --precision bf16
     python3 bench/torch_ddp.py --batch 4096 --precision bf16      # one process: no DDP wrapper
+
+The model: --layers as MLP widths (784,4096,10: nn.Linear layers, --activation between them); or,
+with --input C,H,W (or a --layers that is not widths), a layer list of dptrain's syntax built by
+torch_cnn.build: "conv(32,3,pad=1) relu maxpool(2) flatten linear(10)" as nn.Sequential, a preset
+("resnet18(stem=small,classes=10)", resnet34, resnet50) as torchvision's ResNet; the model and the
+random images (batch, C, H, W) in channels_last, labels in [0, classes).
 
 Each step: zero_grad(set_to_none=True), forward (bf16: under torch.autocast), cross-entropy,
 backward, optimizer step. Rows, each timed with CUDA events over --repeat windows of --steps steps
@@ -33,6 +41,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # torch_cnn.py beside this script
+
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU}
 
 
@@ -47,6 +57,22 @@ def mlp(widths, activation, device):
         if i + 2 < len(widths):
             layers.append(ACTIVATIONS[activation]())
     return nn.Sequential(*layers).to(device)
+
+
+def is_widths(layers):
+    return all(w.strip().isdigit() for w in layers.split(","))
+
+
+def net(a, shape, device):
+    """(model on device, classes, forward multiply-adds per sample): an MLP of --layers' widths
+    (shape None; its multiply-adds, the parameters, are counted in main), else torch_cnn.build's
+    network of a layer list or preset on (C, H, W) images, in channels_last."""
+    if shape is None:
+        widths = [int(w) for w in a.layers.split(",")]
+        return mlp(widths, a.activation, device), widths[-1], None
+    import torch_cnn  # imported here: the MLP path needs neither it nor torchvision
+    model, classes, macs = torch_cnn.build(a.layers, shape)
+    return model.to(device).to(memory_format=torch.channels_last), classes, macs
 
 
 def optimizer(a, params):
@@ -117,9 +143,9 @@ def make_step(model, opt, x, y, autocast_dev, bf16):
     return step
 
 
-def build(a, widths, device, local_rank, world, bucket_mb):
+def build(a, shape, device, local_rank, world, bucket_mb):
     torch.manual_seed(0)
-    model = mlp(widths, a.activation, device)
+    model = net(a, shape, device)[0]
     if world > 1:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=bucket_mb,
@@ -127,14 +153,14 @@ def build(a, widths, device, local_rank, world, bucket_mb):
     return model, optimizer(a, model.parameters())
 
 
-def run_row(a, kind, bucket_mb, widths, x, y, device, local_rank, world):
+def run_row(a, kind, bucket_mb, shape, macs, x, y, device, local_rank, world):
     cuda = device.type == "cuda"
     row = {"kind": kind, "ddp": world > 1, "bucket_mb": bucket_mb if world > 1 else None}
     if kind != "eager" and not hasattr(torch, "compile"):
         row["error"] = f"torch.compile not in torch {torch.__version__}"
         return row
     try:
-        model, opt = build(a, widths, device, local_rank, world, bucket_mb)
+        model, opt = build(a, shape, device, local_rank, world, bucket_mb)
         if kind == "compile-model":
             model = torch.compile(model)
         step = make_step(model, opt, x, y, device.type, a.precision == "bf16")
@@ -148,10 +174,9 @@ def run_row(a, kind, bucket_mb, widths, x, y, device, local_rank, world):
             dist.barrier()
         return row
     samples = a.batch * world / (ms * 1e-3)
-    params = sum((widths[i] + 1) * widths[i + 1] for i in range(len(widths) - 1))
     row.update({"ms_per_step": round(ms, 5), "ms_min": round(lo, 5), "ms_max": round(hi, 5),
                 "per_rank_ms": [round(v, 5) for v in per_rank], "samples_per_s": round(samples, 1),
-                "model_tflops": round(6 * params * samples / 1e12, 2)})
+                "model_tflops": round(6 * macs * samples / 1e12, 2)})
     log(f"{kind} bucket {bucket_mb}: {ms:.4f} ms/step")
     return row
 
@@ -164,18 +189,18 @@ def unpin():
         pass
 
 
-def report(a, rank, world, cuda, local_rank, rows, partial):
+def report(a, rank, world, cuda, local_rank, rows, partial, error=""):
     """Rank 0 writes the rows so far to --json-out (a launch cut short by its time limit still
     leaves its finished rows) and, once complete, prints them as one JSON line."""
     if rank != 0:
         return
     timed = [r for r in rows if "ms_per_step" in r]
     eager = [r for r in timed if r["kind"] == "eager"]
-    out = {"bench": "torch-ddp", "error": "" if timed or partial else "no row could be timed",
+    out = {"bench": "torch-ddp", "error": error or ("" if timed or partial else "no row could be timed"),
            "partial": partial, "torch": torch.__version__,
            "device": torch.cuda.get_device_name(local_rank) if cuda else "cpu",
-           "world_size": world, "layers": a.layers, "activation": a.activation, "batch_per_gpu": a.batch,
-           "global_batch": a.batch * world, "precision": a.precision, "optimizer": a.optimizer,
+           "world_size": world, "layers": a.layers, "input": a.input, "activation": a.activation,
+           "batch_per_gpu": a.batch, "global_batch": a.batch * world, "precision": a.precision, "optimizer": a.optimizer,
            "warmup": a.warmup, "steps": a.steps, "repeat": a.repeat,
            "best_bucket_mb": min(eager, key=lambda r: r["ms_per_step"])["bucket_mb"] if eager and world > 1 else None,
            "rows": rows, "strongest": min(timed, key=lambda r: r["ms_per_step"]) if timed else None}
@@ -190,7 +215,9 @@ def report(a, rank, world, cuda, local_rank, rows, partial):
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--layers", default="784,4096,4096,4096,4096,10")
+    p.add_argument("--layers", default="784,4096,4096,4096,4096,10",
+                   help="MLP widths, or a layer list / preset of dptrain's syntax (with --input)")
+    p.add_argument("--input", help="C,H,W of a layer list's images (default 1,28,28 for a list)")
     p.add_argument("--activation", default="relu", choices=sorted(ACTIVATIONS))
     p.add_argument("--batch", type=int, default=4096, help="samples per process (GPU)")
     p.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16"])
@@ -206,7 +233,12 @@ def parse():
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--unpin", action="store_true", help="reset the inherited CPU binding")
     p.add_argument("--json-out", help="rank 0 also writes its JSON line to this file")
-    return p.parse_args()
+    a = p.parse_args()
+    if a.input is None and not is_widths(a.layers):
+        a.input = "1,28,28"  # torch_cnn.py's default
+    if a.input is not None and is_widths(a.layers):
+        p.error("--input goes with a layer list; --layers " + a.layers + " are MLP widths")
+    return a
 
 
 def main():
@@ -226,22 +258,38 @@ def main():
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo")
-    widths = [int(w) for w in a.layers.split(",")]
+    shape = tuple(int(v) for v in a.input.split(",")) if a.input else None
+    if shape is None:
+        widths = [int(w) for w in a.layers.split(",")]
+        classes, macs = widths[-1], sum((widths[i] + 1) * widths[i + 1] for i in range(len(widths) - 1))
+    else:
+        try:  # the network once, for its classes and multiply-adds: a list it cannot build is named
+            _, classes, macs = net(a, shape, torch.device("cpu"))
+        except Exception as e:
+            why = f"torch_cnn.build cannot build {a.layers!r}: {type(e).__name__}: {e}"[:300]
+            log(why)
+            report(a, rank, world, cuda, local_rank, [], partial=False, error=why)
+            if world > 1:
+                dist.destroy_process_group()
+            sys.exit(1)
     torch.manual_seed(1 + rank)  # each process its own batch, as each dptrain rank its own rows
-    x = torch.randn(a.batch, widths[0], device=device)
-    y = torch.randint(0, widths[-1], (a.batch,), device=device)
+    if shape is None:
+        x = torch.randn(a.batch, widths[0], device=device)
+    else:
+        x = torch.randn((a.batch,) + shape, device=device).to(memory_format=torch.channels_last)
+    y = torch.randint(0, classes, (a.batch,), device=device)
 
     buckets = [float(b) for b in a.buckets.split(",")] if world > 1 else [None]
     kinds = {"none": [], "model": ["compile-model"], "step": ["compile-step"],
              "both": ["compile-model", "compile-step"]}[a.compile]
     rows = []
     for b in buckets:
-        rows.append(run_row(a, "eager", b, widths, x, y, device, local_rank, world))
+        rows.append(run_row(a, "eager", b, shape, macs, x, y, device, local_rank, world))
         report(a, rank, world, cuda, local_rank, rows, partial=True)
     timed = [r for r in rows if "ms_per_step" in r]
     best_bucket = min(timed, key=lambda r: r["ms_per_step"])["bucket_mb"] if timed else buckets[0]
     for k in kinds:
-        rows.append(run_row(a, k, best_bucket, widths, x, y, device, local_rank, world))
+        rows.append(run_row(a, k, best_bucket, shape, macs, x, y, device, local_rank, world))
         report(a, rank, world, cuda, local_rank, rows, partial=k != kinds[-1])
     if not kinds:
         report(a, rank, world, cuda, local_rank, rows, partial=False)

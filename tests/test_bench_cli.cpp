@@ -2,7 +2,8 @@
 // with a config and overrides, and `./bench-scaling` alone (singleton MPI, one rank), each
 // writing the table to stdout and the report folder; the variants of the gradient path, the
 // reduce-scatter and all-gather sweeps and the PyTorch DDP peer (torchrun over gloo, where
-// /usr/bin/python3 imports torch) on CPU ranks; a bad key or variant is rejected with its name.
+// /usr/bin/python3 imports torch) on CPU ranks, with MLPs and layer lists; a bad key or variant
+// is rejected with its name.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -150,6 +151,36 @@ TEST_F(BenchCli, VariantsCollectivesAndThePyTorchPeerOnCpuRanks) {
   // eager rows are timed beside dptrain's; one strongest per mode and n.
   EXPECT_NE(c.out.find("peer 10 6 4"), std::string::npos) << c.out << r.out;
   EXPECT_TRUE(fs::exists(out / "ddp-peer" / "small-n2-b8.log"));
+}
+
+// Layer lists beside dptrain's rows: a CNN the peer builds (torch_cnn.build, --input C,H,W, the
+// list one argument) and one with batch norm it cannot, named once and not launched again.
+TEST_F(BenchCli, ThePyTorchPeerBuildsLayerLists) {
+  if (std::system("/usr/bin/python3 -c 'import torch, torch.distributed' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "/usr/bin/python3 has no torch";
+  const fs::path out = dir / "peer-lists";
+  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
+                 out.string() + " --report.sections scaling --report.plots false --scaling.models "
+                 "'cnn@1,8,8:conv(4,3,pad=1) relu maxpool(2) flatten linear(4); bnnet@1,8,8:conv(4,3,pad=1) bn relu "
+                 "flatten linear(4)' --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR +
+                 "/bench/torch_ddp.py --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1"
+                 " --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 --ddp.compile none");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("builds MLPs only"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("PyTorch DDP peer, bnnet on 1: torch_cnn.build cannot build"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(not run again)"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(out / "ddp-peer" / "bnnet-n1-b8.log"));
+  EXPECT_FALSE(fs::exists(out / "ddp-peer" / "bnnet-n2-b8.log"));
+  EXPECT_NE(slurp(out / "ddp-peer" / "cnn-n2-b8.log")
+                .find("--layers 'conv(4,3,stride=1,pad=1) relu maxpool(2,stride=2) flatten linear(4)' --input 1,8,8 "),
+            std::string::npos);
+  // cnn: weak on 1 and 2 processes, strong on 1 (its own batch) and 2 (the weak run again), every
+  // row timed and set beside dptrain's; bnnet: none.
+  const Outcome c = sh("/usr/bin/python3 -c \"import json,sys; p=json.load(open(sys.argv[1]))['tables']['ddp_peer']['rows']; "
+                       "print('peer', len(p), sum(1 for r in p if r['model'] == 'cnn' and (r['peer_step_ms'] or 0) > 0 "
+                       "and (r['ratio'] or 0) > 0))\" " + (out / "records.json").string());
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("peer 4 4"), std::string::npos) << c.out << r.out;
 }
 
 TEST_F(BenchCli, UnknownSweepKeyIsNamed) {

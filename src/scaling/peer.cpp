@@ -121,13 +121,26 @@ std::string layers_text(const std::vector<int>& l) {
   return o;
 }
 
-// The torchrun command of one peer run.
+// torch_ddp.py's error when torch_cnn.build cannot build a layer list (it knows no bn, res(...) or
+// avgpool(global)).
+constexpr const char* kCannotBuild = "torch_cnn.build cannot build";
+
+// The model's arguments: MLP widths as they are; a layer list (its normalised text, a preset such
+// as "resnet50(classes=10)" as written) quoted as one shell word, with its images' shape.
+std::string model_args(const ModelSpec& m) {
+  if (!m.is_list()) return "--layers " + layers_text(m.layers);
+  std::string shape;
+  for (size_t i = 0; i < m.input.size(); ++i) shape += (i ? "," : "") + std::to_string(m.input[i]);
+  return "--layers " + quote(m.list) + " --input " + shape;
+}
+
+// The torchrun command of one peer run (a shell command: run_capture runs it with popen).
 std::string peer_command(const Settings& s, const ModelSpec& m, int procs, int batch, bool gpu, const std::string& json) {
   const Config& c = s.base;
   std::ostringstream o;
   o << "timeout -k 10 " << fmt("%.0f", s.ddp_timeout_s) << " " << quote(s.ddp_python) << " -m torch.distributed.run "
     << s.ddp_torchrun_args << " --nproc_per_node=" << procs << " " << quote(s.ddp_script)
-    << " --layers " << layers_text(m.layers) << " --activation " << c.activation << " --batch " << batch
+    << " " << model_args(m) << " --activation " << c.activation << " --batch " << batch
     << " --precision " << c.precision << " --optimizer " << c.optimizer << " --lr 0.001 --momentum "
     << fmt("%g", c.momentum) << " --weight-decay " << fmt("%g", c.weight_decay) << " --buckets "
     << list(s.ddp_buckets_mb) << " --compile " << s.ddp_compile << " --warmup " << s.ddp_warmup << " --steps "
@@ -253,18 +266,18 @@ std::vector<PeerRun> run_ddp_peer(Context& cx, std::vector<std::string>& notes,
       std::map<std::tuple<std::string, int, int>, bool> ran;
       // Weak first, then strong (at 1 GPU its own batch): what a time limit cuts is the least needed.
       for (const ModelSpec& m : s.models) {
-        if (m.is_list()) {  // bench/torch_ddp.py builds MLPs; the CNN peer is bench/torch_cnn.py
-          notes.push_back("PyTorch DDP peer: model " + m.name + " is a layer list; torch_ddp.py builds MLPs only, not run.");
-          continue;
-        }
+        bool unbuildable = false;  // a layer list torch_cnn.build does not know: one launch says so
         for (bool weak : {true, false})
           for (int k : procs) {
-            if (!weak && s.strong_global_batch % k != 0) continue;
+            if (unbuildable || (!weak && s.strong_global_batch % k != 0)) continue;
             const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / k;
             if (ran[{m.name, k, b}]) continue;
             ran[{m.name, k, b}] = true;
             PeerRun run = launch(s, m, k, b, gpu, logs);
-            if (!run.error.empty()) notes.push_back("PyTorch DDP peer, " + m.name + " on " + std::to_string(k) + ": " + run.error);
+            unbuildable = run.rows.empty() && run.error.rfind(kCannotBuild, 0) == 0;
+            if (!run.error.empty())
+              notes.push_back("PyTorch DDP peer, " + m.name + " on " + std::to_string(k) + ": " + run.error +
+                              (unbuildable ? " (not run again)" : ""));
             runs.push_back(run);
             if (done) done(runs);
           }
@@ -349,6 +362,10 @@ Table peer_table(const Settings& s, const Table& sc, const std::vector<PeerRun>&
       "(bf16: autocast), cross-entropy, backward, optimizer step; DDP with gradient_as_bucket_view=True and each bucket_cap_mb "
       "of ddp.buckets_mb; torch.compile rows compile the DDP model (PyTorch's DDPOptimizer splits it at bucket boundaries) or "
       "the whole step. Data: one fixed batch on the GPU (dptrain gathers a new batch each step).",
+      "model: MLP widths as nn.Linear layers; a layer list as bench/torch_cnn.py's build makes it (nn.Sequential of "
+      "conv, pooling, activations, flatten, linear, dropout; a preset resnet18/34/50 as torchvision's ResNet, "
+      "stem=small: a 3x3 stride-1 conv, no max pool), model and images in channels_last; a list it cannot build is "
+      "named in the notes.",
       "step: the slowest process's median over ddp.repeats windows of ddp.steps steps after ddp.warmup steps (CUDA events; "
       "wall time on CPU processes).",
       "eff: the peer's throughput(n) / (n x throughput(1)) of the same kind (eager or compiled) on 1 process; best (*): "
