@@ -274,6 +274,18 @@ TEST(ConvCpu, ForwardMatchesTheDirectConvolution) {
     be->conv_forward(x.data(), w.data(), b.data(), cols.data(), z.data(), a.data(), g, Act::none);
     const auto ref = direct_conv(x, w, b, g);
     for (size_t i = 0; i < z.size(); ++i) EXPECT_NEAR(z[i], ref[i], 1e-5) << what(g) << " " << i;
+    // conv_cols: none for a 1x1 stride-1 convolution, whose input's pixels are the GEMM's rows
+    // (the same bits as through the columns, which copy them); every other needs them all.
+    const bool pointwise = g.k == 1 && g.stride == 1 && g.pad == 0;
+    EXPECT_EQ(be->conv_cols(g), pointwise ? 0 : cols.size()) << what(g);
+    if (pointwise) {
+      std::vector<float> z2(z.size()), a2(z.size());
+      be->conv_forward(x.data(), w.data(), b.data(), nullptr, z2.data(), a2.data(), g, Act::none);
+      EXPECT_EQ(z2, z) << what(g);
+    } else {
+      EXPECT_THROW(be->conv_forward(x.data(), w.data(), b.data(), nullptr, z.data(), a.data(), g, Act::none), Error)
+          << what(g);
+    }
   }
 }
 
@@ -322,14 +334,16 @@ TEST(ConvCpu, GradientsMatchFiniteDifferences) {
       auto w = rnd(size_t(g.out) * g.cols(), 11, -0.4f, 0.4f);
       auto b = rnd(size_t(g.out), 12, -0.2f, 0.2f);
       const auto r = rnd(size_t(g.rows()) * g.out, 13);
-      std::vector<float> cols(size_t(g.rows()) * g.cols()), z(r.size()), a(r.size());
+      // The columns conv_cols asks for: none for the 1x1 stride-1 convolution (its GEMM on x).
+      std::vector<float> cols(be->conv_cols(g)), z(r.size()), a(r.size());
+      float* c = cols.empty() ? nullptr : cols.data();
       auto loss = [&] {
-        be->conv_forward(x.data(), w.data(), b.data(), cols.data(), z.data(), a.data(), g, act);
+        be->conv_forward(x.data(), w.data(), b.data(), c, z.data(), a.data(), g, act);
         return dot(r, a);
       };
       loss();
       std::vector<float> da = r, dw(w.size()), db(b.size()), dx(x.size());
-      be->conv_backward(x.data(), w.data(), z.data(), a.data(), da.data(), cols.data(), g, act, dw.data(),
+      be->conv_backward(x.data(), w.data(), z.data(), a.data(), da.data(), c, g, act, dw.data(),
                         db.data(), dx.data(), false);
       const std::string label = what(g) + " " + act_name(act);
       expect_fd(w, dw, loss, "dw " + label);
@@ -338,7 +352,7 @@ TEST(ConvCpu, GradientsMatchFiniteDifferences) {
       // accumulate adds to what is there; no dx leaves the columns alone.
       loss();
       std::vector<float> da2 = r, dw2 = dw, db2 = db;
-      be->conv_backward(x.data(), w.data(), z.data(), a.data(), da2.data(), cols.data(), g, act, dw2.data(),
+      be->conv_backward(x.data(), w.data(), z.data(), a.data(), da2.data(), c, g, act, dw2.data(),
                         db2.data(), nullptr, true);
       for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw2[i], 2 * dw[i], 1e-5 * (1 + std::fabs(dw[i]))) << label;
       for (size_t i = 0; i < db.size(); ++i) EXPECT_NEAR(db2[i], 2 * db[i], 1e-5 * (1 + std::fabs(db[i]))) << label;

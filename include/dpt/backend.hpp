@@ -211,10 +211,11 @@ class Backend {
   virtual void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z,
                             float* a, const ConvGeom& g, Act act);
   // The elements of the cols buffer conv_forward and conv_backward need for g (its largest
-  // batch): rows·cols for the im2col path, 0 where the backend convolves without it (cuda: cuDNN,
-  // chosen per shape); then they are given cols = nullptr. Called once per layer as a model is
-  // built, never inside a captured step.
-  virtual size_t conv_cols(const ConvGeom& g) { return size_t(g.rows()) * size_t(g.cols()); }
+  // batch): rows·cols for the im2col path, 0 where the backend convolves without it (a 1x1
+  // stride-1 convolution, a GEMM on the input's pixels; cuda: cuDNN, chosen per shape); then
+  // they are given cols = nullptr. Called once per layer as a model is built, never inside a
+  // captured step.
+  virtual size_t conv_cols(const ConvGeom& g);
   // da (rows, out) holds dLoss/da and becomes dz; dw, db as linear_backward's (added to when
   // accumulate); dx (batch, h, w, c) unless nullptr. x is the last conv_forward's input, cols
   // its cols, which is overwritten (it holds the input gradient's columns before col2im).

@@ -121,8 +121,28 @@ void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearAr
   }
 }
 
+namespace {
+// A 1x1 stride-1 convolution without padding: im2col would copy x unchanged.
+bool pointwise(const ConvGeom& g) { return g.k == 1 && g.stride == 1 && g.pad == 0; }
+void need_cols(const float* cols, const ConvGeom& g) {
+  if (!cols && !pointwise(g))
+    throw Error("conv: a " + std::to_string(g.k) + "x" + std::to_string(g.k) + " stride-" + std::to_string(g.stride) +
+                " convolution needs its im2col columns (conv_cols)");
+}
+}  // namespace
+
+size_t Backend::conv_cols(const ConvGeom& g) {
+  return pointwise(g) ? 0 : size_t(g.rows()) * size_t(g.cols());
+}
+
+// Without columns (a 1x1 stride-1 convolution) the input's pixels are the GEMM's rows.
 void Backend::conv_forward(const float* x, const float* w, const float* b, float* cols, float* z,
                            float* a, const ConvGeom& g, Act act) {
+  need_cols(cols, g);
+  if (!cols) {
+    linear_forward(x, w, b, z, a, g.rows(), g.c, g.out, act);
+    return;
+  }
   im2col(x, g, cols);
   linear_forward(cols, w, b, z, a, g.rows(), g.cols(), g.out, act);
 }
@@ -132,7 +152,11 @@ void Backend::conv_forward(const float* x, const float* w, const float* b, float
 void Backend::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
                             const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                             bool accumulate) {
-  (void)x;  // im2col's columns hold it
+  need_cols(cols, g);
+  if (!cols) {
+    linear_backward(x, w, z, a, da, g.rows(), g.c, g.out, act, dw, db, dx, accumulate);
+    return;
+  }
   linear_backward(cols, w, z, a, da, g.rows(), g.cols(), g.out, act, dw, db, dx ? cols : nullptr,
                   accumulate);
   if (dx) col2im(cols, g, dx);

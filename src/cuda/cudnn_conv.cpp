@@ -104,7 +104,7 @@ cudnnHandle_t CudaBackendImpl::cudnn() {
 // columns fit in kIm2colMaxBytes are candidates. heuristic: cuDNN (no timing). 1x1 stride-1
 // convolutions are GEMMs without columns either way. DPT_CONV=im2col: im2col everywhere.
 size_t CudaBackendImpl::conv_cols(const ConvGeom& g) {
-  const size_t full = Backend::conv_cols(g);
+  const size_t full = size_t(g.rows()) * size_t(g.cols());
   if (im2col_convs_) return full;
   if (pointwise_gemm(g) || conv_heuristic_ || full * sizeof(float) > kIm2colMaxBytes || capturing()) return 0;
   const std::array<int, 8> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad};
@@ -129,7 +129,7 @@ bool CudaBackendImpl::im2col_wins(const ConvGeom& g) {
   float* dw = buf(nw);
   float* db = buf(size_t(g.out));
   float* dx = buf(nx);
-  float* cols = buf(Backend::conv_cols(g));
+  float* cols = buf(size_t(g.rows()) * size_t(g.cols()));
   cudaEvent_t e0 = nullptr, e1 = nullptr;  // timing events (make_event's do not time)
   DPT_CHECK_CUDA(cudaEventCreate(&e0));
   Event t0(e0);
