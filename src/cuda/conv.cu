@@ -14,6 +14,7 @@
 
 #include "act.cuh"
 #include "conv_kernels.cuh"
+#include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
 #include "dpt/dropout.hpp"
 
@@ -25,31 +26,6 @@ constexpr int kThreads = 256;
 // arithmetic is 32-bit (64-bit division is emulated on the GPU, ~10x the cost).
 // (Headroom below 2^31 for the grid-stride loop's last increment.)
 constexpr int64_t kMaxChunk = (int64_t(1) << 31) - (int64_t(1) << 24);
-
-// Division by a divisor fixed for the launch, as a multiply-high and a shift (Granlund and
-// Montgomery; the form CUTLASS's FastDivmod uses): exact for 0 <= n < 2^31, d >= 1. The element
-// index of these memory-bound kernels is split into 3-5 coordinates; an integer division each
-// would cost more than the memory access.
-struct Div {
-  int d = 1;
-  unsigned mul = 0, shr = 0;
-  Div() = default;
-  explicit Div(int divisor) : d(divisor) {
-    if (d == 1) return;
-    int l = 0;  // ceil(log2 d)
-    while ((1ll << l) < d) ++l;
-    const unsigned p = 31u + unsigned(l);
-    mul = unsigned(((1ull << p) + unsigned(d) - 1) / unsigned(d));
-    shr = p - 32u;
-  }
-  __device__ __forceinline__ int div(int n) const { return d == 1 ? n : int(__umulhi(unsigned(n), mul) >> shr); }
-  // n = q·d + r: q returned, r out.
-  __device__ __forceinline__ int divmod(int n, int& r) const {
-    const int q = div(n);
-    r = n - q * d;
-    return q;
-  }
-};
 
 // ============================== kernels ==============================
 

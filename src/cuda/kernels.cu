@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "act.cuh"
+#include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
 #include "kernels.cuh"
 
@@ -297,24 +298,6 @@ __global__ void softmax_xent_rows(const float* logits, const int32_t* labels, in
     for (int j = lane; j < classes; j += 32)
       d[j] = expf(l[j] - m) * inv * grad_scale - (j == y ? grad_scale : 0.f);
   }
-}
-
-// One block: strided per-thread sums, then a tree in shared memory. Same order every call.
-__global__ void softmax_xent_total(const float* row_loss, const int* row_ok, int batch,
-                                   float* stats) {
-  __shared__ float sl[kThreads];
-  __shared__ int sc[kThreads];
-  float l = 0.f;
-  int c = 0;
-  for (int i = threadIdx.x; i < batch; i += kThreads) { l += row_loss[i]; c += row_ok[i]; }
-  sl[threadIdx.x] = l;
-  sc[threadIdx.x] = c;
-  __syncthreads();
-  for (int h = kThreads / 2; h > 0; h /= 2) {
-    if (threadIdx.x < h) { sl[threadIdx.x] += sl[threadIdx.x + h]; sc[threadIdx.x] += sc[threadIdx.x + h]; }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) { stats[0] += sl[0]; stats[1] += float(sc[0]); }
 }
 
 struct OptArgs {
@@ -680,8 +663,8 @@ void softmax_xent(const float* logits, const int32_t* labels, int batch, int cla
       logits, labels, batch, classes, grad_scale, dlogits, row_loss, row_ok);
   DPT_CHECK_LAUNCH("softmax_xent_rows");
   if (stats) {
-    softmax_xent_total<<<1, kThreads, 0, s>>>(row_loss, row_ok, batch, stats);
-    DPT_CHECK_LAUNCH("softmax_xent_total");
+    loss_totals<float, kThreads><<<1, kThreads, 0, s>>>(row_loss, row_ok, batch, stats);
+    DPT_CHECK_LAUNCH("loss_totals");
   }
 }
 

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <string>
 
+#include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
 #include "norm_kernels.cuh"
 
@@ -38,31 +39,6 @@ constexpr int64_t kReduceBlocks = 1024;  // a reduction's blocks, about 8 per SM
 constexpr int64_t kPassBlocks = 4096;    // an elementwise pass's blocks at most (grid-stride)
 // Pooling indexes pixels in 32 bits (Div): they and the grid-stride loop's last step fit in 2^31.
 constexpr int64_t kMaxPoolPixels = (int64_t(1) << 31) - kPassBlocks * kThreads;
-
-// Division by a divisor fixed for the launch, as a multiply-high and a shift (conv.cu's Div, the
-// Granlund-Montgomery form of CUTLASS's FastDivmod): exact for 0 <= n < 2^31, d >= 1. The pooling
-// kernels split every pixel index into coordinates and find the windows holding a pixel by
-// dividing by the stride; a hardware-emulated division each would cost more than their loads.
-struct Div {
-  int d = 1;
-  unsigned mul = 0, shr = 0;
-  Div() = default;
-  explicit Div(int divisor) : d(divisor) {
-    if (d == 1) return;
-    int l = 0;  // ceil(log2 d)
-    while ((1ll << l) < d) ++l;
-    const unsigned p = 31u + unsigned(l);
-    mul = unsigned(((1ull << p) + unsigned(d) - 1) / unsigned(d));
-    shr = p - 32u;
-  }
-  __device__ __forceinline__ int div(int n) const { return d == 1 ? n : int(__umulhi(unsigned(n), mul) >> shr); }
-  // n = q·d + r: q returned, r out.
-  __device__ __forceinline__ int divmod(int n, int& r) const {
-    const int q = div(n);
-    r = n - q * d;
-    return q;
-  }
-};
 
 // ============================== kernels ==============================
 
@@ -392,24 +368,6 @@ __global__ void xent_smoothed_rows(const float* __restrict__ logits, const int32
   }
 }
 
-// One block: strided per-thread sums, then a tree in shared memory. Same order every call.
-__global__ void xent_smoothed_total(const double* __restrict__ row_loss, const int* __restrict__ row_ok,
-                                    int batch, float* __restrict__ stats) {
-  __shared__ double sl[kThreads];
-  __shared__ int sc[kThreads];
-  double l = 0.0;
-  int c = 0;
-  for (int i = threadIdx.x; i < batch; i += kThreads) { l += row_loss[i]; c += row_ok[i]; }
-  sl[threadIdx.x] = l;
-  sc[threadIdx.x] = c;
-  __syncthreads();
-  for (int h = kThreads / 2; h > 0; h /= 2) {
-    if (threadIdx.x < h) { sl[threadIdx.x] += sl[threadIdx.x + h]; sc[threadIdx.x] += sc[threadIdx.x + h]; }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) { stats[0] += float(sl[0]); stats[1] += float(sc[0]); }
-}
-
 // ============================== launchers ==============================
 
 // The channel tiling of `cols` columns (see the top of the file).
@@ -586,8 +544,8 @@ void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch
       logits, labels, batch, classes, grad_scale, eps, dlogits, row_loss, row_ok);
   DPT_CHECK_LAUNCH("xent_smoothed_rows");
   if (stats) {
-    xent_smoothed_total<<<1, kThreads, 0, s>>>(row_loss, row_ok, batch, stats);
-    DPT_CHECK_LAUNCH("xent_smoothed_total");
+    loss_totals<double, kThreads><<<1, kThreads, 0, s>>>(row_loss, row_ok, batch, stats);
+    DPT_CHECK_LAUNCH("loss_totals");
   }
 }
 
