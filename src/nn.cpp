@@ -462,8 +462,7 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
       case OpKind::pool: {
         PoolGeom g = op.pg;
         g.batch = batch;
-        if (g.pad) be_.padded_pool_forward(cur, op.a.data(), op.max ? op.argmax.data() : nullptr, g, op.max);
-        else be_.pool_forward(cur, op.a.data(), op.max ? op.argmax.data() : nullptr, g, op.max);
+        be_.pool_forward(cur, op.a.data(), op.max ? op.argmax.data() : nullptr, g, op.max);
         cur = op.a.data();
         break;
       }
@@ -586,8 +585,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
     case OpKind::pool: {
       PoolGeom g = op.pg;
       g.batch = batch;
-      if (g.pad) be_.padded_pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
-      else be_.pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
+      be_.pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
       cur = nxt;
       break;
     }

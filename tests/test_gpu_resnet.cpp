@@ -133,21 +133,21 @@ void check_pool(Backend& cpu, Backend& gpu, const PoolGeom& g, bool max, const s
   const size_t ni = in_size(g), no = out_size(g);
   std::vector<float> y(no), dx(ni);
   std::vector<int32_t> arg(max ? no : 0);
-  cpu.padded_pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, g, max);
+  cpu.pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, g, max);
   auto gx = put(gpu, x);
   auto gy = poisoned(gpu, no);
   auto garg = put(gpu, std::vector<int32_t>(max ? no : 0, -7));
-  gpu.padded_pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, g, max);
+  gpu.pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, g, max);
   EXPECT_TRUE(same_bits(get(gpu, gy), y)) << "y " << label;
   if (max) {
     EXPECT_EQ(get(gpu, garg), arg) << "argmax " << label;
   }
 
   const std::vector<float> dy = uniform(no, 77);
-  cpu.padded_pool_backward(dy.data(), max ? arg.data() : nullptr, dx.data(), g, max);
+  cpu.pool_backward(dy.data(), max ? arg.data() : nullptr, dx.data(), g, max);
   auto gdy = put(gpu, dy);
   auto gdx = poisoned(gpu, ni);
-  gpu.padded_pool_backward(gdy.data(), max ? garg.data() : nullptr, gdx.data(), g, max);
+  gpu.pool_backward(gdy.data(), max ? garg.data() : nullptr, gdx.data(), g, max);
   EXPECT_TRUE(same_bits(get(gpu, gdx), dx)) << "dx " << label;
 }
 

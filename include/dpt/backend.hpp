@@ -66,9 +66,8 @@ struct ConvGeom {
   int rows() const { return batch * oh() * ow(); }  // output pixels: the GEMMs' rows
   int cols() const { return k * k * c; }            // the weight's row: (kh, kw, c)
 };
-// Pooling, output size rounded down (PyTorch's ceil_mode = False). pad > 0 (padded_pool_*
-// only): max pooling pads with −inf, average pooling with zeros counted in the mean (PyTorch's
-// count_include_pad).
+// Pooling, output size rounded down (PyTorch's ceil_mode = False). pad > 0: max pooling pads
+// with −inf, average pooling with zeros counted in the mean (PyTorch's count_include_pad).
 struct PoolGeom {
   int batch = 0, c = 0, h = 0, w = 0, k = 1, stride = 1;  // input (batch, h, w, c)
   int pad = 0;
@@ -223,9 +222,9 @@ class Backend {
   virtual void conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
                              const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                              bool accumulate);
-  // y (batch, oh, ow, c) = max or mean of each k×k window. Max: argmax (same shape) = the
-  // window index kh·k + kw of the first maximum in row-major order (a NaN wins), as PyTorch;
-  // argmax is nullptr for avg.
+  // y (batch, oh, ow, c) = max or mean of each k×k window (padded by g.pad). Max: argmax (same
+  // shape) = the window index kh·k + kw of the first maximum in row-major order among the taps
+  // inside the input (a NaN wins), as PyTorch; argmax is nullptr for avg.
   virtual void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
                             bool max) = 0;
   // dx (batch, h, w, c) overwritten: max — dy goes to each window's argmax; avg — dy / k² to
@@ -251,7 +250,7 @@ class Backend {
   virtual void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
                        const int32_t* draws, const StepCtl* ctl, int64_t offset) = 0;
 
-  // ---- batch norm, residual blocks, padded and global pooling ----
+  // ---- batch norm, residual blocks, global pooling ----
   // The CPU backend has them; the defaults throw InputError(kNeedsResnetOps). A batch-norm
   // layer's input is (rows, c) row-major: an NHWC image's rows = batch·h·w pixels, or a flat
   // (batch, c). Its sums (2c + 1 doubles) are per-channel partial sums, and its count last, that
@@ -285,11 +284,6 @@ class Backend {
   // y (batch, c) = the mean of each channel of x (batch, hw, c); backward: dx = dy / hw.
   virtual void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
   virtual void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);
-  // pool_forward / pool_backward with g.pad > 0.
-  virtual void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
-                                   bool max);
-  virtual void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx,
-                                    const PoolGeom& g, bool max);
 
   // Softmax cross-entropy over logits (batch,classes) against labels (batch):
   // dlogits = (softmax − onehot)·grad_scale unless dlogits is nullptr;

@@ -36,10 +36,6 @@ void Backend::bn_backward(const float*, const float*, float*, int64_t, int, cons
 void Backend::add(const float*, float*, size_t) { needs_resnet_ops(); }
 void Backend::global_avgpool_forward(const float*, float*, int, int, int) { needs_resnet_ops(); }
 void Backend::global_avgpool_backward(const float*, float*, int, int, int) { needs_resnet_ops(); }
-void Backend::padded_pool_forward(const float*, float*, int32_t*, const PoolGeom&, bool) { needs_resnet_ops(); }
-void Backend::padded_pool_backward(const float*, const int32_t*, float*, const PoolGeom&, bool) {
-  needs_resnet_ops();
-}
 
 Act parse_act(const std::string& s) {
   if (s == "relu") return Act::relu;

@@ -267,13 +267,6 @@ class CpuBackend final : public Backend {
   void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override {
     cpu::global_avgpool_backward(dy, dx, batch, hw, c);
   }
-  void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) override {
-    cpu::padded_pool_forward(x, y, argmax, g, max);
-  }
-  void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
-                            bool max) override {
-    cpu::padded_pool_backward(dy, argmax, dx, g, max);
-  }
 
   // eps = 0 is the plain loss, bit for bit: the smoothing terms are exact zeros then.
   void softmax_xent(const float* logits, const int32_t* labels, int batch, int classes,

@@ -72,9 +72,10 @@ DPT_SIMD void col2im(const float* dcols, const ConvGeom& g, float* dx) {
         }
 }
 
-// Max: the first maximum of the window in row-major order wins, and a NaN replaces it
-// (PyTorch's `val > maxval || isnan(val)`). Avg: the window summed in row-major order, then
-// divided by k² (PyTorch's order).
+// Windows clipped to the input (padding, PyTorch's): max over the taps inside it, the first
+// maximum in row-major order winning and a NaN replacing it (PyTorch's `val > maxval ||
+// isnan(val)`), argmax = the tap's kh·k + kw; avg: the taps summed in row-major order, then
+// divided by k² (the padding's zeros counted, count_include_pad; PyTorch's order).
 DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   const float area = float(K * K);
@@ -84,13 +85,16 @@ DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const Pool
         const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
         float* __restrict yo = y + o;
         int32_t* __restrict ao = max ? argmax + o : nullptr;
+        bool first = true;
         for (int j = 0; j < K * K; ++j) {
-          const int ih = oh * g.stride + j / K, iw = ow * g.stride + j % K;
+          const int ih = oh * g.stride - g.pad + j / K, iw = ow * g.stride - g.pad + j % K;
+          if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
           const float* __restrict xi = x + ((size_t(n) * g.h + ih) * g.w + iw) * C;
-          if (j == 0) {
+          if (first) {
             for (int c = 0; c < C; ++c) yo[c] = xi[c];
             if (max)
-              for (int c = 0; c < C; ++c) ao[c] = 0;
+              for (int c = 0; c < C; ++c) ao[c] = j;
+            first = false;
           } else if (max) {
             for (int c = 0; c < C; ++c) {
               const float v = xi[c];
@@ -107,8 +111,9 @@ DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const Pool
       }
 }
 
-// Every window adds to each of its elements (zero where it is not the window's argmax), in
-// increasing output order: the sums of the CUDA backend's gather, which skips the zeros.
+// Every window adds to each of its elements inside the input (zero where it is not the
+// window's argmax), in increasing output order: the sums of the CUDA backend's gathers, which
+// skip the zeros.
 DPT_SIMD void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   const float area = float(K * K);
@@ -120,7 +125,9 @@ DPT_SIMD void pool_backward(const float* dy, const int32_t* argmax, float* dx, c
         const float* __restrict dyo = dy + o;
         const int32_t* __restrict ao = max ? argmax + o : nullptr;
         for (int j = 0; j < K * K; ++j) {
-          float* __restrict d = dx + ((size_t(n) * g.h + oh * g.stride + j / K) * g.w + ow * g.stride + j % K) * C;
+          const int ih = oh * g.stride - g.pad + j / K, iw = ow * g.stride - g.pad + j % K;
+          if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+          float* __restrict d = dx + ((size_t(n) * g.h + ih) * g.w + iw) * C;
           if (max)
             for (int c = 0; c < C; ++c) d[c] += ao[c] == j ? dyo[c] : 0.f;
           else

@@ -35,7 +35,5 @@ void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c
 void add(const float* x, float* y, size_t n);
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
 void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);
-void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max);
-void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max);
 
 }  // namespace dpt::cpu

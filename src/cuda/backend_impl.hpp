@@ -255,10 +255,6 @@ class CudaBackendImpl final : public CudaBackend {
   void add(const float* x, float* y, size_t n) override;
   void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override;
   void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override;
-  void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
-                           bool max) override;
-  void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
-                            bool max) override;
   void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
                              float grad_scale, float* dlogits, float* stats, float eps) override;
 

@@ -4,6 +4,7 @@
 #include "backend_impl.hpp"
 #include "conv_kernels.cuh"
 #include "cudnn_kernels.cuh"
+#include "norm_kernels.cuh"
 #include "kernels.cuh"
 
 namespace dpt::cuda_impl {
@@ -43,13 +44,15 @@ void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, co
   const size_t n = size_t(g.batch) * g.oh() * g.ow() * g.c;
   note_write(y, n * sizeof(float));
   if (max) note_write(argmax, n * sizeof(int32_t));
-  cuda::pool_forward(x, y, argmax, g, max, stream_.get());
+  if (g.pad) cuda::padded_pool_forward(x, y, argmax, g, max, stream_.get());  // norm.cu
+  else cuda::pool_forward(x, y, argmax, g, max, stream_.get());
 }
 
 void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
                                     bool max) {
   note_write(dx, size_t(g.batch) * g.h * g.w * g.c * sizeof(float));
-  cuda::pool_backward(dy, argmax, dx, g, max, stream_.get());
+  if (g.pad) cuda::padded_pool_backward(dy, argmax, dx, g, max, stream_.get());
+  else cuda::pool_backward(dy, argmax, dx, g, max, stream_.get());
 }
 
 // bf16: a ReLU's output is most often a convolution's input (ResNet's blocks): its bf16 twin is

@@ -76,20 +76,6 @@ void CudaBackendImpl::global_avgpool_backward(const float* dy, float* dx, int ba
   cuda::global_avgpool_backward(dy, dx, batch, hw, c, stream_.get());
 }
 
-void CudaBackendImpl::padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
-                                          bool max) {
-  const size_t n = size_t(g.batch) * size_t(g.oh()) * size_t(g.ow()) * size_t(g.c);
-  note_write(y, n * sizeof(float));
-  if (max) note_write(argmax, n * sizeof(int32_t));
-  cuda::padded_pool_forward(x, y, argmax, g, max, stream_.get());
-}
-
-void CudaBackendImpl::padded_pool_backward(const float* dy, const int32_t* argmax, float* dx,
-                                           const PoolGeom& g, bool max) {
-  note_write(dx, size_t(g.batch) * size_t(g.h) * size_t(g.w) * size_t(g.c) * sizeof(float));
-  cuda::padded_pool_backward(dy, argmax, dx, g, max, stream_.get());
-}
-
 void CudaBackendImpl::softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch,
                                             int classes, float grad_scale, float* dlogits,
                                             float* stats, float eps) {
