@@ -1,6 +1,6 @@
-// Helpers of the in-process multi-rank training tests (test_parallel, test_shard): a fixed
-// synthetic dataset, a small config, runs on the first n ranks of the world with rank 0's
-// outcome broadcast to every rank, and comparisons.
+// Helpers of the in-process multi-rank training tests (test_parallel, test_shard, test_parallel_cnn,
+// test_parallel_resnet): fixed synthetic datasets, a small config, runs on the first n ranks of
+// the world with rank 0's outcome broadcast to every rank, and comparisons.
 #pragma once
 #include <mpi.h>
 #include <unistd.h>
@@ -23,6 +23,16 @@ inline int world_size() { int s; MPI_Comm_size(MPI_COMM_WORLD, &s); return s; }
 
 inline const Dataset& blobs() {
   static Dataset ds = synth_blobs(640, 12, 4, 0.8f, 99);
+  return ds;
+}
+
+// 480 two-channel 6x6 images of 4 classes (the layer-list tests: test_parallel_cnn, _resnet).
+inline const Dataset& small_images() {
+  static Dataset ds = [] {
+    Dataset d = synth_blobs(480, 2 * 6 * 6, 4, 0.8f, 17);
+    d.sample_shape = {2, 6, 6};
+    return d;
+  }();
   return ds;
 }
 

@@ -25,16 +25,6 @@ namespace {
 // As test_parallel: float32 rounding of differently split sums, amplified over 40 steps.
 constexpr double kLossTol = 1e-5, kParamTol = 1e-4;
 
-// 480 two-channel 6x6 images of 4 classes.
-const Dataset& images() {
-  static Dataset ds = [] {
-    Dataset d = synth_blobs(480, 2 * 6 * 6, 4, 0.8f, 17);
-    d.sample_shape = {2, 6, 6};
-    return d;
-  }();
-  return ds;
-}
-
 Config cnn_config() {
   Config c = base_config();
   c.layers.clear();
@@ -67,28 +57,28 @@ TEST(CnnDataParallel, RankCountsAndAccumulationAgree) {
   ASSERT_GE(world_size(), 4);
   Config c = cnn_config();
   c.batch_per_rank = 24;
-  const Outcome one = train_on(1, c, &images());
+  const Outcome one = train_on(1, c, &small_images());
   EXPECT_EQ(one.steps, 2 * (480 / 24));
   for (int n : {2, 4}) {
     c.batch_per_rank = 24 / n;
-    expect_same_run(train_on(n, c, &images()), one, std::to_string(n) + " ranks vs 1");
+    expect_same_run(train_on(n, c, &small_images()), one, std::to_string(n) + " ranks vs 1");
   }
   c.batch_per_rank = 6;
   c.accumulate = 4;
-  expect_same_run(train_on(1, c, &images()), one, "accumulate 4 on 1 rank vs 1 rank");
+  expect_same_run(train_on(1, c, &small_images()), one, "accumulate 4 on 1 rank vs 1 rank");
   c.accumulate = 2;
-  expect_same_run(train_on(2, c, &images()), one, "accumulate 2 on 2 ranks vs 1 rank");
+  expect_same_run(train_on(2, c, &small_images()), one, "accumulate 2 on 2 ranks vs 1 rank");
 
   // The oracle has teeth: without dropout, without augmentation, or with other masks, the run
   // is far outside the tolerance.
   Config d = cnn_config();
   d.batch_per_rank = 24;
   d.augment = "none";
-  EXPECT_GT(max_rel_diff(train_on(1, d, &images()).params, one.params), 100 * kParamTol) << "no augmentation";
+  EXPECT_GT(max_rel_diff(train_on(1, d, &small_images()).params, one.params), 100 * kParamTol) << "no augmentation";
   d = cnn_config();
   d.batch_per_rank = 24;
   d.layer_list = "conv(4,3,pad=1) relu maxpool(2) dropout(0) conv(6,2) tanh flatten linear(8) relu dropout(0) linear(4)";
-  EXPECT_GT(max_rel_diff(train_on(1, d, &images()).params, one.params), 100 * kParamTol) << "no dropout";
+  EXPECT_GT(max_rel_diff(train_on(1, d, &small_images()).params, one.params), 100 * kParamTol) << "no dropout";
 }
 
 TEST(CnnResume, BitwiseOnTheSameRanksAndCloseOnOthers) {
@@ -99,7 +89,7 @@ TEST(CnnResume, BitwiseOnTheSameRanksAndCloseOnOthers) {
   c.ckpt_every = 7;
   c.ckpt_keep = 0;
   c.ckpt_dir = temp_dir("cnn-resume-a");
-  const Outcome full = train_on(2, c, &images());
+  const Outcome full = train_on(2, c, &small_images());
   ASSERT_EQ(full.steps, 40);
 
   std::string mid;
@@ -108,7 +98,7 @@ TEST(CnnResume, BitwiseOnTheSameRanksAndCloseOnOthers) {
   Config resumed = c;
   resumed.resume = mid;
   resumed.ckpt_dir = temp_dir("cnn-resume-b");
-  const Outcome rest = train_on(2, resumed, &images());
+  const Outcome rest = train_on(2, resumed, &small_images());
   EXPECT_EQ(rest.steps, full.steps);
   ASSERT_EQ(rest.params.size(), full.params.size());
   EXPECT_EQ(0, std::memcmp(rest.params.data(), full.params.data(), full.params.size() * sizeof(float)));
@@ -122,7 +112,7 @@ TEST(CnnResume, BitwiseOnTheSameRanksAndCloseOnOthers) {
     Config other = resumed;
     other.batch_per_rank = 24 / ranks;
     other.ckpt_dir = temp_dir("cnn-resume-c" + std::to_string(ranks));
-    const Outcome o = train_on(ranks, other, &images());
+    const Outcome o = train_on(ranks, other, &small_images());
     EXPECT_EQ(o.steps, full.steps);
     EXPECT_LT(max_rel_diff(o.params, full.params), kParamTol) << ranks << " ranks";
   }
@@ -136,7 +126,7 @@ TEST(CnnDataRead, ShardTrainsBitwiseLikeTheWholeFile) {
   const std::string train = dir + "/train.h5", test = dir + "/test.h5";
   if (world_rank() == 0) {
     std::filesystem::create_directories(dir);
-    write_dataset(train, images());
+    write_dataset(train, small_images());
     Dataset t = synth_blobs(53, 2 * 6 * 6, 4, 0.8f, 3);
     t.sample_shape = {2, 6, 6};
     write_dataset(test, t);

@@ -24,16 +24,6 @@ namespace {
 // As test_parallel_cnn: float32 rounding of differently split sums, amplified over 40 steps.
 constexpr double kLossTol = 1e-5, kParamTol = 1e-4;
 
-// 480 two-channel 6x6 images of 4 classes.
-const Dataset& images() {
-  static Dataset ds = [] {
-    Dataset d = synth_blobs(480, 2 * 6 * 6, 4, 0.8f, 17);
-    d.sample_shape = {2, 6, 6};
-    return d;
-  }();
-  return ds;
-}
-
 Config res_config() {
   Config c = base_config();
   c.layers.clear();
@@ -57,7 +47,7 @@ struct BnOutcome {
 BnOutcome train_bn(int ranks, const Config& cfg) {
   BnOutcome out;
   on_first(ranks, [&](Backend& be, Comm& comm) {
-    Trainer t(cfg, be, comm, &images(), nullptr);
+    Trainer t(cfg, be, comm, &small_images(), nullptr);
     TrainResult r = t.run();
     out.o.losses = r.losses;
     out.o.params = t.model().packed(t.params_host());
