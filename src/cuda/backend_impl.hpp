@@ -54,16 +54,20 @@ struct LtPlan {
 // One convolution shape's cuDNN descriptors (NHWC tensors, the filter (out, k, k, c) = our
 // weight layout) and the algorithm of each direction, chosen on first use (cudnn_conv.cpp). Each
 // direction has its own convolution descriptor: the chosen algorithm's math type is set on it.
+// One direction's choice: its algorithm, workspace bytes and time (conv_tuning = time, else -1).
+template <class Algo> struct ConvChoice {
+  Algo algo{};
+  size_t ws = 0;
+  float ms = -1;
+  bool made = false;
+};
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t fwd_desc = nullptr, data_desc = nullptr, filter_desc = nullptr;
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t data{};
-  cudnnConvolutionBwdFilterAlgo_t filter{};
-  size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
-  bool has_fwd = false, has_data = false, has_filter = false;
-  float fwd_ms = -1, data_ms = -1, filter_ms = -1;  // timed (conv_tuning = time), else -1
+  ConvChoice<cudnnConvolutionFwdAlgo_t> fwd;
+  ConvChoice<cudnnConvolutionBwdDataAlgo_t> data;
+  ConvChoice<cudnnConvolutionBwdFilterAlgo_t> filter;
   bool said = false;
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;

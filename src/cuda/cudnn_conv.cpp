@@ -86,6 +86,17 @@ template <class Perf, class Ok> int pick(const Perf* p, int n, size_t limit, Ok 
               " within " + std::to_string(limit >> 20) + " MB of workspace (device.conv_workspace_mb)");
 }
 
+// Keeps cuDNN's first usable result (pick) as the direction's choice, its math type set on the
+// direction's convolution descriptor.
+template <class Perf, class Algo, class Ok>
+void adopt(ConvChoice<Algo>& c, cudnnConvolutionDescriptor_t d, const Perf* perf, int n, bool timed, size_t limit,
+           Ok ok, const char* dir, const ConvGeom& g) {
+  const int i = pick(perf, n, limit, ok);
+  if (i < 0) no_algorithm(dir, g, limit);
+  c = {perf[i].algo, perf[i].memory, timed ? perf[i].time : -1.f, true};
+  DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(d, perf[i].mathType));
+}
+
 }  // namespace
 
 cudnnHandle_t CudaBackendImpl::cudnn() {
@@ -188,7 +199,7 @@ ConvPlan& CudaBackendImpl::conv_plan(const ConvGeom& g) {
 
 // Timed (or heuristic) choice of each direction's algorithm. Timing runs the candidates on the
 // buffers given (their contents are overwritten later by the real call) with the largest
-// workspace allowed, then the workspace shrinks back to what the choice needs.
+// workspace allowed; the workspace scratch keeps that size (it never shrinks).
 void CudaBackendImpl::choose_fwd(ConvPlan& p, const ConvGeom& g, const void* x, const void* w, void* y) {
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int n = 0;
@@ -201,13 +212,8 @@ void CudaBackendImpl::choose_fwd(ConvPlan& p, const ConvGeom& g, const void* x, 
   else
     DPT_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(cudnn(), p.x, p.w, p.fwd_desc, p.y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
-  const int i = pick(perf, n, conv_ws_limit_, [&](cudnnConvolutionFwdAlgo_t a) { return fwd_ok(a, fp32); });
-  if (i < 0) no_algorithm("forward", g, conv_ws_limit_);
-  p.fwd = perf[i].algo;
-  p.fwd_ws = perf[i].memory;
-  p.fwd_ms = timed ? perf[i].time : -1.f;
-  DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(p.fwd_desc, perf[i].mathType));
-  p.has_fwd = true;
+  adopt(p.fwd, p.fwd_desc, perf, n, timed, conv_ws_limit_,
+        [&](cudnnConvolutionFwdAlgo_t a) { return fwd_ok(a, fp32); }, "forward", g);
 }
 
 void CudaBackendImpl::choose_data(ConvPlan& p, const ConvGeom& g, const void* w, const void* dy, void* dx) {
@@ -222,13 +228,8 @@ void CudaBackendImpl::choose_data(ConvPlan& p, const ConvGeom& g, const void* w,
   else
     DPT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn(), p.w, p.y, p.data_desc, p.x,
                                                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
-  const int i = pick(perf, n, conv_ws_limit_, [&](cudnnConvolutionBwdDataAlgo_t a) { return data_ok(a, fp32); });
-  if (i < 0) no_algorithm("backward-data", g, conv_ws_limit_);
-  p.data = perf[i].algo;
-  p.data_ws = perf[i].memory;
-  p.data_ms = timed ? perf[i].time : -1.f;
-  DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(p.data_desc, perf[i].mathType));
-  p.has_data = true;
+  adopt(p.data, p.data_desc, perf, n, timed, conv_ws_limit_,
+        [&](cudnnConvolutionBwdDataAlgo_t a) { return data_ok(a, fp32); }, "backward-data", g);
 }
 
 // The filter gradient is timed into scratch, not into dw (which may hold a sum being accumulated).
@@ -246,24 +247,19 @@ void CudaBackendImpl::choose_filter(ConvPlan& p, const ConvGeom& g, const void* 
     DPT_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         cudnn(), p.x, p.y, p.filter_desc, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf));
   }
-  const int i = pick(perf, n, conv_ws_limit_, [&](cudnnConvolutionBwdFilterAlgo_t a) { return filter_ok(a, fp32); });
-  if (i < 0) no_algorithm("backward-filter", g, conv_ws_limit_);
-  p.filter = perf[i].algo;
-  p.filter_ws = perf[i].memory;
-  p.filter_ms = timed ? perf[i].time : -1.f;
-  DPT_CHECK_CUDNN(cudnnSetConvolutionMathType(p.filter_desc, perf[i].mathType));
-  p.has_filter = true;
+  adopt(p.filter, p.filter_desc, perf, n, timed, conv_ws_limit_,
+        [&](cudnnConvolutionBwdFilterAlgo_t a) { return filter_ok(a, fp32); }, "backward-filter", g);
 }
 
 // One line per shape once all three directions are chosen (or forward alone, for evaluation).
 void CudaBackendImpl::say_conv_plan(ConvPlan& p, const ConvGeom& g) {
-  if (p.said || !p.has_fwd || !p.has_filter) return;
+  if (p.said || !p.fwd.made || !p.filter.made) return;
   p.said = true;
   auto ms = [](float t) { return t < 0 ? std::string() : " " + std::to_string(t).substr(0, 5) + " ms"; };
-  std::string s = "cuda: conv " + shape_of(g) + ": forward algo " + std::to_string(int(p.fwd)) + ms(p.fwd_ms) +
-                  ", filter algo " + std::to_string(int(p.filter)) + ms(p.filter_ms);
-  if (p.has_data) s += ", data algo " + std::to_string(int(p.data)) + ms(p.data_ms);
-  const size_t ws = std::max({p.fwd_ws, p.data_ws, p.filter_ws});
+  std::string s = "cuda: conv " + shape_of(g) + ": forward algo " + std::to_string(int(p.fwd.algo)) +
+                  ms(p.fwd.ms) + ", filter algo " + std::to_string(int(p.filter.algo)) + ms(p.filter.ms);
+  if (p.data.made) s += ", data algo " + std::to_string(int(p.data.algo)) + ms(p.data.ms);
+  const size_t ws = std::max({p.fwd.ws, p.data.ws, p.filter.ws});
   s += ", workspace " + std::to_string((ws + (1 << 20) - 1) >> 20) + " MB";
   log::info(s);
 }
@@ -286,10 +282,10 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   note_write(z, ny * sizeof(float));
   if (a != z) note_write(a, ny * sizeof(float));
   void* y = bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
-  if (!p.has_fwd) choose_fwd(p, g, xin, win, y);
+  if (!p.fwd.made) choose_fwd(p, g, xin, win, y);
   const float one = 1.f, zero = 0.f;
-  DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd,
-                                          conv_workspace(p.fwd_ws), p.fwd_ws, &zero, p.y, y));
+  DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
+                                          conv_workspace(p.fwd.ws), p.fwd.ws, &zero, p.y, y));
   if (bf16()) cuda::conv_epilogue_bf16(y, b, z, a, size_t(g.rows()), g.out, act, s);
   else cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
 }
@@ -320,22 +316,24 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   cuda::act_backward_bgrad(da, z, a, g.rows(), g.out, act, db, accumulate, bgrad_partial(g.rows(), g.out), dz16, s);
   const void* dy = bf16() ? dz16 : static_cast<const void*>(da);
   const float one = 1.f, zero = 0.f;
-  if (!p.has_filter) choose_filter(p, g, xin, dy);
+  if (!p.filter.made) choose_filter(p, g, xin, dy);
   if (bf16()) {
     void* dw16 = conv_dw16_.get(nw * 2, s);
-    DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc, p.filter,
-                                                   conv_workspace(p.filter_ws), p.filter_ws, &zero, p.w, dw16));
+    DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc,
+                                                   p.filter.algo, conv_workspace(p.filter.ws), p.filter.ws, &zero,
+                                                   p.w, dw16));
     cuda::widen_bf16(dw16, dw, nw, accumulate, s);
   } else {
     const float beta = accumulate ? 1.f : 0.f;
-    DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc, p.filter,
-                                                   conv_workspace(p.filter_ws), p.filter_ws, &beta, p.w, dw));
+    DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc,
+                                                   p.filter.algo, conv_workspace(p.filter.ws), p.filter.ws, &beta,
+                                                   p.w, dw));
   }
   if (dx) {
     void* out = bf16() ? conv_dx16_.get(nx * 2, s) : static_cast<void*>(dx);
-    if (!p.has_data) choose_data(p, g, win, dy, out);
-    DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data,
-                                                 conv_workspace(p.data_ws), p.data_ws, &zero, p.x, out));
+    if (!p.data.made) choose_data(p, g, win, dy, out);
+    DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data.algo,
+                                                 conv_workspace(p.data.ws), p.data.ws, &zero, p.x, out));
     if (bf16()) cuda::widen_bf16(out, dx, nx, false, s);
   }
   say_conv_plan(p, g);
