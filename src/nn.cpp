@@ -116,7 +116,7 @@ struct Model::Op {
   ConvGeom cg;          // conv (batch set per pass)
   PoolGeom pg;          // pool
   bool max = true;      // pool
-  Act act = Act::none;  // conv's epilogue, or the act op's
+  Act act = Act::none;  // conv's epilogue, the act op's, or a ReLU fused into bn / res_end
   double p = 0;         // dropout
   bool alias = false;   // flatten with nothing to move (one channel, or already flat)
   std::vector<LinearArgs> run;  // linear_run
@@ -220,9 +220,12 @@ void Model::build_ops() {
   for (size_t i = 0; i < L.size(); ++i) {
     const PlannedLayer& p = L[i];
     const LayerSpec& l = p.spec;
-    // An activation right after a conv or linear layer runs in its epilogue.
-    const bool fuse_act = (l.kind == LayerKind::conv || l.kind == LayerKind::linear) && i + 1 < L.size() &&
-                          L[i + 1].spec.kind == LayerKind::act;
+    // An activation right after a conv or linear layer runs in its epilogue; a ReLU after batch
+    // norm or a residual block's sum, in the same pass (one pass over the tensor less each way).
+    const bool next_act = i + 1 < L.size() && L[i + 1].spec.kind == LayerKind::act;
+    const bool fuse_act =
+        next_act && (l.kind == LayerKind::conv || l.kind == LayerKind::linear ||
+                     ((l.kind == LayerKind::bn || l.kind == LayerKind::res_end) && L[i + 1].spec.act == Act::relu));
     const Act act = fuse_act ? L[i + 1].spec.act : Act::none;
     const TensorShape out = fuse_act ? L[i + 1].out : p.out;
     if (l.kind == LayerKind::linear) {
@@ -310,6 +313,7 @@ void Model::build_ops() {
         break;
       case LayerKind::bn: {
         op->kind = OpKind::bn;
+        op->act = act;
         op->param = param++;
         const size_t c = size_t(p.in.c);
         op->a = buf(p.out);
@@ -331,6 +335,7 @@ void Model::build_ops() {
         break;
       case LayerKind::res_end:
         op->kind = OpKind::res_end;
+        op->act = act;
         op->a = buf(p.out);  // the sum; backward: its gradient, kept for the body
         break;
       default:
@@ -477,12 +482,12 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         const float* w = params_.data() + s.w_off;
         const float* b = params_.data() + s.b_off;
         if (!train) {
-          be_.bn_infer(cur, op.a.data(), rows, c, op.rmean.data(), op.rvar.data(), w, b, kBnEps);
+          be_.bn_infer(cur, op.a.data(), rows, c, op.rmean.data(), op.rvar.data(), w, b, kBnEps, op.act == Act::relu);
         } else {
           be_.bn_sums(cur, rows, c, op.sums.data());
           if (bn_reduce_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
           be_.bn_forward(cur, op.a.data(), rows, c, op.sums.data(), w, b, kBnEps, kBnMomentum, op.mean.data(),
-                         op.invstd.data(), op.rmean.data(), op.rvar.data());
+                         op.invstd.data(), op.rmean.data(), op.rvar.data(), op.act == Act::relu);
           ++op.tracked;
         }
         cur = op.a.data();
@@ -495,8 +500,7 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         cur = ops_[size_t(op.begin)]->y;
         break;
       case OpKind::res_end:
-        be_.copy(op.a.data(), ops_[size_t(op.mid)]->body_y, n * sizeof(float));
-        be_.add(cur, op.a.data(), n);
+        be_.residual_sum(ops_[size_t(op.mid)]->body_y, cur, op.a.data(), n, op.act == Act::relu);
         cur = op.a.data();
         break;
       case OpKind::act:
@@ -598,7 +602,8 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       const LayerSlice& s = slices_[size_t(op.param)];
       const int64_t rows = int64_t(batch) * op.in.h * op.in.w;
       const int c = int(op.in.c);
-      be_.bn_backward_sums(d, in, rows, c, op.mean.data(), op.sums.data());
+      const float* relu_out = op.act == Act::relu ? op.a.data() : nullptr;  // the fused ReLU's mask
+      be_.bn_backward_sums(d, in, rows, c, op.mean.data(), op.sums.data(), relu_out);
       be_.bn_param_grads(op.sums.data(), op.invstd.data(), c, grads_.data() + s.w_off, grads_.data() + s.b_off,
                          accumulate);
       if (hooks.grads_final) {
@@ -608,7 +613,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       if (!first) {
         if (bn_reduce_ && trained_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
         be_.bn_backward(d, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(),
-                        params_.data() + s.w_off);
+                        params_.data() + s.w_off, relu_out);
       }
       if (hooks.params_released) {
         hooks.params_released(s.w_off, s.w_off + s.weights());
@@ -617,7 +622,10 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       break;
     }
     case OpKind::res_end:
-      // The output's gradient goes down both branches: kept for the body, which runs second.
+      // The fused ReLU's backward from its output (> 0 exactly where its input is), before that
+      // buffer takes the gradient; the output's gradient goes down both branches: kept for the
+      // body, which runs second.
+      if (op.act == Act::relu) be_.act_backward(d, op.a.data(), op.a.data(), n, Act::relu);
       be_.copy(op.a.data(), d, n * sizeof(float));
       break;
     case OpKind::res_shortcut: {

@@ -158,43 +158,56 @@ TEST(CudaResnet, HasResnetOps) {
   EXPECT_TRUE(gpu()->has_resnet_ops());
 }
 
-// bn_sums, then bn_forward in training from those sums (with and without running stats).
+// bn_sums, then bn_forward in training from those sums (with and without running stats), with
+// and without the fused ReLU.
 TEST(CudaResnet, BatchNormForwardTraining) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});
   auto g = gpu();
   const float eps = 1e-5f, momentum = 0.1f;
-  for (const BnShape& s : kBnShapes) {
-    const std::string label = what(s);
-    const BnData d(s, 100 + uint64_t(s.c));
-    const size_t n = d.x.size(), c = size_t(s.c);
-    std::vector<double> sums(2 * c + 1);
-    std::vector<float> y(n), mean(c), invstd(c), rmean = d.rmean, rvar = d.rvar;
-    cpu->bn_sums(d.x.data(), s.rows, s.c, sums.data());
-    cpu->bn_forward(d.x.data(), y.data(), s.rows, s.c, sums.data(), d.w.data(), d.b.data(), eps, momentum,
-                    mean.data(), invstd.data(), rmean.data(), rvar.data());
+  for (const BnShape& s : kBnShapes)
+    for (bool relu : {false, true}) {
+      const std::string label = what(s) + (relu ? " relu" : "");
+      const BnData d(s, 100 + uint64_t(s.c));
+      const size_t n = d.x.size(), c = size_t(s.c);
+      std::vector<double> sums(2 * c + 1);
+      std::vector<float> y(n), mean(c), invstd(c), rmean = d.rmean, rvar = d.rvar;
+      cpu->bn_sums(d.x.data(), s.rows, s.c, sums.data());
+      cpu->bn_forward(d.x.data(), y.data(), s.rows, s.c, sums.data(), d.w.data(), d.b.data(), eps, momentum,
+                      mean.data(), invstd.data(), rmean.data(), rvar.data(), relu);
 
-    auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
-    auto gsums = poisoned_sums(*g, s.c);
-    g->bn_sums(gx.data(), s.rows, s.c, gsums.data());
-    expect_sums_near(get(*g, gsums), sums, s.c, label);
+      auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
+      auto gsums = poisoned_sums(*g, s.c);
+      g->bn_sums(gx.data(), s.rows, s.c, gsums.data());
+      expect_sums_near(get(*g, gsums), sums, s.c, label);
 
-    auto gy = poisoned(*g, n), gmean = poisoned(*g, c), ginv = poisoned(*g, c);
-    auto grm = put(*g, d.rmean), grv = put(*g, d.rvar);
-    g->bn_forward(gx.data(), gy.data(), s.rows, s.c, gsums.data(), gw.data(), gb.data(), eps, momentum,
-                  gmean.data(), ginv.data(), grm.data(), grv.data());
-    EXPECT_LE(rel_err(get(*g, gy), y), kBnTol) << "y " << label;
-    EXPECT_LE(rel_err(get(*g, gmean), mean), kBnTol) << "save_mean " << label;
-    EXPECT_LE(rel_err(get(*g, ginv), invstd), kBnTol) << "save_invstd " << label;
-    EXPECT_LE(rel_err(get(*g, grm), rmean), kBnTol) << "running_mean " << label;
-    EXPECT_LE(rel_err(get(*g, grv), rvar), kBnTol) << "running_var " << label;
+      auto gy = poisoned(*g, n), gmean = poisoned(*g, c), ginv = poisoned(*g, c);
+      auto grm = put(*g, d.rmean), grv = put(*g, d.rvar);
+      g->bn_forward(gx.data(), gy.data(), s.rows, s.c, gsums.data(), gw.data(), gb.data(), eps, momentum,
+                    gmean.data(), ginv.data(), grm.data(), grv.data(), relu);
+      const std::vector<float> got = get(*g, gy);
+      EXPECT_LE(rel_err(got, y), kBnTol) << "y " << label;
+      EXPECT_LE(rel_err(get(*g, gmean), mean), kBnTol) << "save_mean " << label;
+      EXPECT_LE(rel_err(get(*g, ginv), invstd), kBnTol) << "save_invstd " << label;
+      EXPECT_LE(rel_err(get(*g, grm), rmean), kBnTol) << "running_mean " << label;
+      EXPECT_LE(rel_err(get(*g, grv), rvar), kBnTol) << "running_var " << label;
+      if (relu) {  // the ReLU itself: zero exactly where the CPU's is (its inputs straddle 0)
+        size_t zeros = 0, apart = 0;
+        for (size_t i = 0; i < n; ++i) {
+          zeros += y[i] == 0.f;
+          apart += (y[i] == 0.f) != (got[i] == 0.f);
+        }
+        EXPECT_GT(zeros, 0u) << label;
+        EXPECT_LT(zeros, n) << label;
+        EXPECT_LE(apart, n / 100000) << "zeros placed apart from the CPU's, " << label;
+      }
 
-    // No running stats (the forward pass of a model whose stats are frozen): the same y.
-    auto gy2 = poisoned(*g, n);
-    g->bn_forward(gx.data(), gy2.data(), s.rows, s.c, gsums.data(), gw.data(), gb.data(), eps, momentum,
-                  gmean.data(), ginv.data(), nullptr, nullptr);
-    EXPECT_EQ(get(*g, gy2), get(*g, gy)) << "y without running stats " << label;
-  }
+      // No running stats (the forward pass of a model whose stats are frozen): the same y.
+      auto gy2 = poisoned(*g, n);
+      g->bn_forward(gx.data(), gy2.data(), s.rows, s.c, gsums.data(), gw.data(), gb.data(), eps, momentum,
+                    gmean.data(), ginv.data(), nullptr, nullptr, relu);
+      EXPECT_EQ(get(*g, gy2), got) << "y without running stats " << label;
+    }
 }
 
 TEST(CudaResnet, BatchNormInfer) {
@@ -202,59 +215,102 @@ TEST(CudaResnet, BatchNormInfer) {
   auto cpu = make_cpu_backend({});
   auto g = gpu();
   const float eps = 1e-5f;
-  for (const BnShape& s : kBnShapes) {
-    const BnData d(s, 200 + uint64_t(s.c));
-    std::vector<float> y(d.x.size());
-    cpu->bn_infer(d.x.data(), y.data(), s.rows, s.c, d.rmean.data(), d.rvar.data(), d.w.data(), d.b.data(), eps);
-    auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b), grm = put(*g, d.rmean), grv = put(*g, d.rvar);
-    auto gy = poisoned(*g, d.x.size());
-    g->bn_infer(gx.data(), gy.data(), s.rows, s.c, grm.data(), grv.data(), gw.data(), gb.data(), eps);
-    EXPECT_LE(rel_err(get(*g, gy), y), kBnTol) << what(s);
-  }
+  for (const BnShape& s : kBnShapes)
+    for (bool relu : {false, true}) {
+      const BnData d(s, 200 + uint64_t(s.c));
+      std::vector<float> y(d.x.size());
+      cpu->bn_infer(d.x.data(), y.data(), s.rows, s.c, d.rmean.data(), d.rvar.data(), d.w.data(), d.b.data(), eps,
+                    relu);
+      auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b), grm = put(*g, d.rmean), grv = put(*g, d.rvar);
+      auto gy = poisoned(*g, d.x.size());
+      g->bn_infer(gx.data(), gy.data(), s.rows, s.c, grm.data(), grv.data(), gw.data(), gb.data(), eps, relu);
+      EXPECT_LE(rel_err(get(*g, gy), y), kBnTol) << what(s) << (relu ? " relu" : "");
+    }
 }
 
 // bn_backward_sums, bn_param_grads (written and accumulated) and bn_backward (in place, dx == dy,
-// and out of place from the GPU's own sums). Each op is fed the CPU's inputs (mean and invstd
-// of the CPU's forward pass, the CPU's sums) so that it is held on its own.
+// and out of place from the GPU's own sums), without and with a fused ReLU (its mask from the
+// CPU's forward output). Each op is fed the CPU's inputs (mean and invstd of the CPU's forward
+// pass, the CPU's sums) so that it is held on its own.
 TEST(CudaResnet, BatchNormBackward) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});
   auto g = gpu();
-  for (const BnShape& s : kBnShapes) {
-    const std::string label = what(s);
-    const BnData d(s, 300 + uint64_t(s.c));
-    const size_t n = d.x.size(), c = size_t(s.c);
-    std::vector<double> fsums(2 * c + 1), sums(2 * c + 1);
-    std::vector<float> y(n), mean(c), invstd(c), dx(n);
-    cpu->bn_sums(d.x.data(), s.rows, s.c, fsums.data());
-    cpu->bn_forward(d.x.data(), y.data(), s.rows, s.c, fsums.data(), d.w.data(), d.b.data(), 1e-5f, 0.1f,
-                    mean.data(), invstd.data(), nullptr, nullptr);
-    cpu->bn_backward_sums(d.dy.data(), d.x.data(), s.rows, s.c, mean.data(), sums.data());
-    cpu->bn_backward(d.dy.data(), d.x.data(), dx.data(), s.rows, s.c, sums.data(), mean.data(), invstd.data(),
-                     d.w.data());
+  for (const BnShape& s : kBnShapes)
+    for (bool relu : {false, true}) {
+      const std::string label = what(s) + (relu ? " relu" : "");
+      const BnData d(s, 300 + uint64_t(s.c));
+      const size_t n = d.x.size(), c = size_t(s.c);
+      std::vector<double> fsums(2 * c + 1), sums(2 * c + 1);
+      std::vector<float> y(n), mean(c), invstd(c), dx(n);
+      cpu->bn_sums(d.x.data(), s.rows, s.c, fsums.data());
+      cpu->bn_forward(d.x.data(), y.data(), s.rows, s.c, fsums.data(), d.w.data(), d.b.data(), 1e-5f, 0.1f,
+                      mean.data(), invstd.data(), nullptr, nullptr, relu);
+      const float* mask = relu ? y.data() : nullptr;
+      cpu->bn_backward_sums(d.dy.data(), d.x.data(), s.rows, s.c, mean.data(), sums.data(), mask);
+      cpu->bn_backward(d.dy.data(), d.x.data(), dx.data(), s.rows, s.c, sums.data(), mean.data(), invstd.data(),
+                       d.w.data(), mask);
 
-    auto gx = put(*g, d.x), gdy = put(*g, d.dy), gmean = put(*g, mean), ginv = put(*g, invstd), gw = put(*g, d.w);
-    auto gsums = poisoned_sums(*g, s.c);
-    g->bn_backward_sums(gdy.data(), gx.data(), s.rows, s.c, gmean.data(), gsums.data());
-    expect_sums_near(get(*g, gsums), sums, s.c, label);
+      auto gx = put(*g, d.x), gdy = put(*g, d.dy), gmean = put(*g, mean), ginv = put(*g, invstd), gw = put(*g, d.w);
+      auto gy = put(*g, y);
+      const float* gmask = relu ? gy.data() : nullptr;
+      auto gsums = poisoned_sums(*g, s.c);
+      g->bn_backward_sums(gdy.data(), gx.data(), s.rows, s.c, gmean.data(), gsums.data(), gmask);
+      expect_sums_near(get(*g, gsums), sums, s.c, label);
 
-    auto csums = put(*g, sums);
-    for (bool acc : {false, true}) {
-      std::vector<float> dw = uniform(c, 31), db = uniform(c, 32);
-      auto gdw = acc ? put(*g, dw) : poisoned(*g, c), gdb = acc ? put(*g, db) : poisoned(*g, c);
-      cpu->bn_param_grads(sums.data(), invstd.data(), s.c, dw.data(), db.data(), acc);
-      g->bn_param_grads(csums.data(), ginv.data(), s.c, gdw.data(), gdb.data(), acc);
-      EXPECT_EQ(get(*g, gdw), dw) << "dw " << (acc ? "accumulated " : "") << label;
-      EXPECT_EQ(get(*g, gdb), db) << "db " << (acc ? "accumulated " : "") << label;
+      auto csums = put(*g, sums);
+      for (bool acc : {false, true}) {
+        std::vector<float> dw = uniform(c, 31), db = uniform(c, 32);
+        auto gdw = acc ? put(*g, dw) : poisoned(*g, c), gdb = acc ? put(*g, db) : poisoned(*g, c);
+        cpu->bn_param_grads(sums.data(), invstd.data(), s.c, dw.data(), db.data(), acc);
+        g->bn_param_grads(csums.data(), ginv.data(), s.c, gdw.data(), gdb.data(), acc);
+        EXPECT_EQ(get(*g, gdw), dw) << "dw " << (acc ? "accumulated " : "") << label;
+        EXPECT_EQ(get(*g, gdb), db) << "db " << (acc ? "accumulated " : "") << label;
+      }
+
+      auto gd = put(*g, d.dy);
+      g->bn_backward(gd.data(), gx.data(), gd.data(), s.rows, s.c, csums.data(), gmean.data(), ginv.data(), gw.data(),
+                     gmask);
+      EXPECT_LE(rel_err(get(*g, gd), dx), kBnTol) << "dx in place " << label;
+
+      auto gdx = poisoned(*g, n);
+      g->bn_backward(gdy.data(), gx.data(), gdx.data(), s.rows, s.c, gsums.data(), gmean.data(), ginv.data(),
+                     gw.data(), gmask);
+      EXPECT_LE(rel_err(get(*g, gdx), dx), kBnTol) << "dx from the GPU's sums " << label;
     }
+}
 
-    auto gd = put(*g, d.dy);
-    g->bn_backward(gd.data(), gx.data(), gd.data(), s.rows, s.c, csums.data(), gmean.data(), ginv.data(), gw.data());
-    EXPECT_LE(rel_err(get(*g, gd), dx), kBnTol) << "dx in place " << label;
-
-    auto gdx = poisoned(*g, n);
-    g->bn_backward(gdy.data(), gx.data(), gdx.data(), s.rows, s.c, gsums.data(), gmean.data(), ginv.data(), gw.data());
-    EXPECT_LE(rel_err(get(*g, gdx), dx), kBnTol) << "dx from the GPU's sums " << label;
+// bf16: batch norm with a fused ReLU also writes its output's bf16 copy, and the backward pass
+// takes the ReLU's mask from that copy (2 bytes read instead of 4). The mask must be the float
+// output's: the sums and dx equal those of the same backend given the output without a copy
+// (a fresh float buffer of the same values), bit for bit.
+TEST(CudaResnet, BatchNormReluMaskFromBf16Copy) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu(Precision::bf16);
+  for (const BnShape& s : {BnShape{200000, 64}, BnShape{4999, 33}, BnShape{3136, 2048}}) {
+    const std::string label = what(s);
+    const BnData d(s, 500 + uint64_t(s.c));
+    const size_t n = d.x.size(), c = size_t(s.c);
+    auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b), gdy = put(*g, d.dy);
+    auto fsums = poisoned_sums(*g, s.c);
+    auto gy = poisoned(*g, n), gmean = poisoned(*g, c), ginv = poisoned(*g, c);
+    g->bn_sums(gx.data(), s.rows, s.c, fsums.data());
+    g->bn_forward(gx.data(), gy.data(), s.rows, s.c, fsums.data(), gw.data(), gb.data(), 1e-5f, 0.1f, gmean.data(),
+                  ginv.data(), nullptr, nullptr, true);
+    auto plain = put(*g, get(*g, gy));  // the same floats, no bf16 copy
+    std::vector<std::vector<double>> sums;
+    std::vector<std::vector<float>> dx;
+    for (const float* mask : {static_cast<const float*>(gy.data()), static_cast<const float*>(plain.data())}) {
+      auto bs = poisoned_sums(*g, s.c);
+      auto gdx = poisoned(*g, n);
+      g->bn_backward_sums(gdy.data(), gx.data(), s.rows, s.c, gmean.data(), bs.data(), mask);
+      g->bn_backward(gdy.data(), gx.data(), gdx.data(), s.rows, s.c, bs.data(), gmean.data(), ginv.data(),
+                     gw.data(), mask);
+      sums.push_back(get(*g, bs));
+      dx.push_back(get(*g, gdx));
+    }
+    EXPECT_TRUE(same_bits(sums[0], sums[1])) << "sums " << label;
+    EXPECT_TRUE(same_bits(dx[0], dx[1])) << "dx " << label;
   }
 }
 
@@ -270,7 +326,7 @@ TEST(CudaResnet, BatchNormSumsAreDeterministic) {
     for (int run = 0; run < 2; ++run) {
       auto a = poisoned_sums(*g, s.c), b = poisoned_sums(*g, s.c);
       g->bn_sums(gx.data(), s.rows, s.c, a.data());
-      g->bn_backward_sums(gdy.data(), gx.data(), s.rows, s.c, gmean.data(), b.data());
+      g->bn_backward_sums(gdy.data(), gx.data(), s.rows, s.c, gmean.data(), b.data(), nullptr);
       fwd.push_back(get(*g, a));
       bwd.push_back(get(*g, b));
     }
@@ -293,6 +349,27 @@ TEST(CudaResnet, Add) {
       g->add(gx.data() + off, gy.data() + off, n);
       EXPECT_EQ(get(*g, gy), y) << "n " << n << " offset " << off;
     }
+}
+
+// y = body + shortcut (with and without ReLU), on the float4 path (aligned) and the scalar one
+// (offset by one float), in fp32 and in bf16 (which also writes y's bf16 copy after a ReLU):
+// exactly the CPU's.
+TEST(CudaResnet, ResidualSum) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    auto g = gpu(p);
+    for (size_t n : {size_t(1), size_t(3), size_t(4), size_t(1000003)})
+      for (size_t off : {size_t(0), size_t(1)})
+        for (bool relu : {false, true}) {
+          const std::vector<float> a = uniform(n + 1, 52), b = uniform(n + 1, 53);
+          std::vector<float> y(n + 1, 0.f);
+          auto ga = put(*g, a), gb = put(*g, b), gy = put(*g, y);
+          cpu->residual_sum(a.data() + off, b.data() + off, y.data() + off, n, relu);
+          g->residual_sum(ga.data() + off, gb.data() + off, gy.data() + off, n, relu);
+          EXPECT_EQ(get(*g, gy), y) << "n " << n << " offset " << off << (relu ? " relu " : " ") << int(p);
+        }
+  }
 }
 
 TEST(CudaResnet, GlobalAvgPool) {

@@ -1,5 +1,6 @@
 // Batch norm, residual blocks and the ResNet presets: the layer list's syntax and errors, shape
 // planning and torchvision's names, and (below) the CPU backend's ops against finite differences.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -206,12 +207,12 @@ TEST(BnCpu, ForwardRunningStatsAndGradients) {
   auto loss = [&] {
     be->bn_sums(x.data(), rows, c, sums.data());
     be->bn_forward(x.data(), y.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
-                   invstd.data(), nullptr, nullptr);
+                   invstd.data(), nullptr, nullptr, false);
     return dot(r, y);
   };
   be->bn_sums(x.data(), rows, c, sums.data());
   be->bn_forward(x.data(), y.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
-                 invstd.data(), rm.data(), rv.data());
+                 invstd.data(), rm.data(), rv.data(), false);
   for (int j = 0; j < c; ++j) {
     double m = 0, v = 0;
     for (int64_t i = 0; i < rows; ++i) m += x[size_t(i * c + j)];
@@ -224,21 +225,80 @@ TEST(BnCpu, ForwardRunningStatsAndGradients) {
     EXPECT_NEAR(rv[size_t(j)], 0.9 + 0.1 * v / (rows - 1), 1e-6);
   }
   std::vector<float> ye(x.size());
-  be->bn_infer(x.data(), ye.data(), rows, c, rm.data(), rv.data(), w.data(), b.data(), kBnEps);
+  be->bn_infer(x.data(), ye.data(), rows, c, rm.data(), rv.data(), w.data(), b.data(), kBnEps, false);
   EXPECT_NEAR(ye[4], (x[4] - rm[1]) / std::sqrt(rv[1] + 1e-5) * w[1] + b[1], 1e-5);
 
   loss();
   std::vector<float> dy = r, dx(x.size()), dw(static_cast<size_t>(c)), db(static_cast<size_t>(c));
   std::vector<double> bsums(sums.size());
-  be->bn_backward_sums(dy.data(), x.data(), rows, c, mean.data(), bsums.data());
+  be->bn_backward_sums(dy.data(), x.data(), rows, c, mean.data(), bsums.data(), nullptr);
   be->bn_param_grads(bsums.data(), invstd.data(), c, dw.data(), db.data(), false);
-  be->bn_backward(dy.data(), x.data(), dx.data(), rows, c, bsums.data(), mean.data(), invstd.data(), w.data());
+  be->bn_backward(dy.data(), x.data(), dx.data(), rows, c, bsums.data(), mean.data(), invstd.data(), w.data(),
+                  nullptr);
   expect_fd(x.data(), x.size(), dx.data(), loss, "dx");
   expect_fd(w.data(), w.size(), dw.data(), loss, "dw");
   expect_fd(b.data(), b.size(), db.data(), loss, "db");
   // dx in place of dy.
-  be->bn_backward(dy.data(), x.data(), dy.data(), rows, c, bsums.data(), mean.data(), invstd.data(), w.data());
+  be->bn_backward(dy.data(), x.data(), dy.data(), rows, c, bsums.data(), mean.data(), invstd.data(), w.data(),
+                  nullptr);
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_EQ(dy[i], dx[i]);
+}
+
+// A ReLU fused into batch norm (forward, evaluation, both backward passes) and into the residual
+// sum gives the bits of the separate passes it replaces: bn then act_forward, act_backward then
+// bn's backward, copy + add then act_forward.
+TEST(BnCpu, FusedReluEqualsTheSeparatePasses) {
+  auto be = make_cpu_backend({});
+  const int64_t rows = 40;
+  const int c = 5;
+  const size_t n = size_t(rows) * c;
+  auto x = rnd(n, 11, -2.f, 3.f), dy = rnd(n, 12);
+  auto w = rnd(size_t(c), 13, 0.5f, 1.5f), b = rnd(size_t(c), 14);
+  std::vector<double> sums(2 * size_t(c) + 1);
+  be->bn_sums(x.data(), rows, c, sums.data());
+  std::vector<float> mean(static_cast<size_t>(c)), invstd(static_cast<size_t>(c)), rm(size_t(c), 0.f), rv(size_t(c), 1.f);
+  std::vector<float> y(n), a(n), fused(n);
+  be->bn_forward(x.data(), y.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
+                 invstd.data(), nullptr, nullptr, false);
+  be->act_forward(y.data(), a.data(), n, Act::relu);
+  be->bn_forward(x.data(), fused.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
+                 invstd.data(), nullptr, nullptr, true);
+  EXPECT_EQ(fused, a);
+  const size_t zeros = size_t(std::count(a.begin(), a.end(), 0.f));
+  EXPECT_GT(zeros, n / 10);  // the mask below has both values
+  EXPECT_LT(zeros, n - n / 10);
+
+  be->bn_infer(x.data(), y.data(), rows, c, rm.data(), rv.data(), w.data(), b.data(), kBnEps, false);
+  be->act_forward(y.data(), a.data(), n, Act::relu);
+  be->bn_infer(x.data(), fused.data(), rows, c, rm.data(), rv.data(), w.data(), b.data(), kBnEps, true);
+  EXPECT_EQ(fused, a);
+
+  // Backward from the training output a = relu(y), y = bn(x).
+  be->bn_forward(x.data(), y.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
+                 invstd.data(), nullptr, nullptr, false);
+  be->bn_forward(x.data(), a.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
+                 invstd.data(), nullptr, nullptr, true);
+  std::vector<float> dm = dy, dx(n), dxf(n);
+  be->act_backward(dm.data(), y.data(), a.data(), n, Act::relu);
+  std::vector<double> s1(sums.size()), s2(sums.size());
+  be->bn_backward_sums(dm.data(), x.data(), rows, c, mean.data(), s1.data(), nullptr);
+  be->bn_backward_sums(dy.data(), x.data(), rows, c, mean.data(), s2.data(), a.data());
+  EXPECT_EQ(s1, s2);
+  be->bn_backward(dm.data(), x.data(), dx.data(), rows, c, s1.data(), mean.data(), invstd.data(), w.data(), nullptr);
+  be->bn_backward(dy.data(), x.data(), dxf.data(), rows, c, s2.data(), mean.data(), invstd.data(), w.data(), a.data());
+  EXPECT_EQ(dx, dxf);
+  std::vector<float> dyi = dy;  // in place, as the model calls it
+  be->bn_backward(dyi.data(), x.data(), dyi.data(), rows, c, s2.data(), mean.data(), invstd.data(), w.data(), a.data());
+  EXPECT_EQ(dyi, dx);
+
+  // The residual sum: copy + add (the order body + shortcut) then the ReLU.
+  std::vector<float> sum = x, out(n);
+  be->add(dy.data(), sum.data(), n);
+  be->residual_sum(x.data(), dy.data(), out.data(), n, false);
+  EXPECT_EQ(out, sum);
+  be->act_forward(sum.data(), sum.data(), n, Act::relu);
+  be->residual_sum(x.data(), dy.data(), out.data(), n, true);
+  EXPECT_EQ(out, sum);
 }
 
 TEST(PoolCpu, PaddedAndGlobalPoolingGradients) {

@@ -260,27 +260,32 @@ class Backend {
   virtual void bn_sums(const float* x, int64_t rows, int c, double* sums);
   // Training: mean = Σx/n, var = Σx²/n − mean² (biased), invstd = 1/√(var + eps) saved for the
   // backward pass; y = (x − mean)·invstd·w + b; running stats (when not nullptr) move by momentum
-  // toward mean and the unbiased var·n/(n−1) (PyTorch's BatchNorm). n = sums[2c].
+  // toward mean and the unbiased var·n/(n−1) (PyTorch's BatchNorm). n = sums[2c]. relu: y =
+  // max(y, 0) in the same pass (a ReLU after the batch norm, the same bits as act_forward's).
   virtual void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums,
                           const float* w, const float* b, float eps, float momentum,
                           float* save_mean, float* save_invstd, float* running_mean,
-                          float* running_var);
-  // Evaluation: y = (x − running_mean)/√(running_var + eps)·w + b.
+                          float* running_var, bool relu);
+  // Evaluation: y = (x − running_mean)/√(running_var + eps)·w + b, then max(y, 0) with relu.
   virtual void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
-                        const float* running_var, const float* w, const float* b, float eps);
-  // sums = [Σdy (c), Σdy·(x − mean) (c), rows].
+                        const float* running_var, const float* w, const float* b, float eps, bool relu);
+  // sums = [Σdy (c), Σdy·(x − mean) (c), rows]. relu_out (or nullptr): bn_forward's output with
+  // relu; dy then counts only where relu_out > 0 (the ReLU's backward, dy itself left as it is).
   virtual void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c,
-                                const float* mean, double* sums);
+                                const float* mean, double* sums, const float* relu_out);
   // dw = Σdy·(x − mean)·invstd, db = Σdy from the sums (this rank's own), written or added to.
   virtual void bn_param_grads(const double* sums, const float* invstd, int c, float* dw,
                               float* db, bool accumulate);
   // dx = w·invstd·(dy − Σdy/n − (x − mean)·invstd²·Σdy·(x − mean)/n), n = sums[2c] (the sums
-  // over every rank's micro-batch with sync_bn). dx may equal dy.
+  // over every rank's micro-batch with sync_bn). dx may equal dy. relu_out as bn_backward_sums'.
   virtual void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
                            const double* sums, const float* mean, const float* invstd,
-                           const float* w);
-  // y (n) += x (n): a residual block's sum of its branches, and their gradients.
+                           const float* w, const float* relu_out);
+  // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);
+  // y (n) = body + shortcut, then max(y, 0) with relu: a residual block's output. y may be
+  // neither input.
+  virtual void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu);
   // y (batch, c) = the mean of each channel of x (batch, hw, c); backward: dx = dy / hw.
   virtual void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
   virtual void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);

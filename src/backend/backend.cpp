@@ -24,16 +24,17 @@ void Backend::softmax_xent_smoothed(const float* logits, const int32_t* labels, 
 
 void Backend::bn_sums(const float*, int64_t, int, double*) { needs_resnet_ops(); }
 void Backend::bn_forward(const float*, float*, int64_t, int, const double*, const float*, const float*, float,
-                         float, float*, float*, float*, float*) { needs_resnet_ops(); }
+                         float, float*, float*, float*, float*, bool) { needs_resnet_ops(); }
 void Backend::bn_infer(const float*, float*, int64_t, int, const float*, const float*, const float*,
-                       const float*, float) { needs_resnet_ops(); }
-void Backend::bn_backward_sums(const float*, const float*, int64_t, int, const float*, double*) {
+                       const float*, float, bool) { needs_resnet_ops(); }
+void Backend::bn_backward_sums(const float*, const float*, int64_t, int, const float*, double*, const float*) {
   needs_resnet_ops();
 }
 void Backend::bn_param_grads(const double*, const float*, int, float*, float*, bool) { needs_resnet_ops(); }
 void Backend::bn_backward(const float*, const float*, float*, int64_t, int, const double*, const float*,
-                          const float*, const float*) { needs_resnet_ops(); }
+                          const float*, const float*, const float*) { needs_resnet_ops(); }
 void Backend::add(const float*, float*, size_t) { needs_resnet_ops(); }
+void Backend::residual_sum(const float*, const float*, float*, size_t, bool) { needs_resnet_ops(); }
 void Backend::global_avgpool_forward(const float*, float*, int, int, int) { needs_resnet_ops(); }
 void Backend::global_avgpool_backward(const float*, float*, int, int, int) { needs_resnet_ops(); }
 

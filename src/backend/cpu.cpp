@@ -241,26 +241,29 @@ class CpuBackend final : public Backend {
   void bn_sums(const float* x, int64_t rows, int c, double* sums) override { cpu::bn_sums(x, rows, c, sums); }
   void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
                   const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
-                  float* running_mean, float* running_var) override {
-    cpu::bn_forward(x, y, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var);
+                  float* running_mean, float* running_var, bool relu) override {
+    cpu::bn_forward(x, y, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var, relu);
   }
   void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
-                const float* running_var, const float* w, const float* b, float eps) override {
-    cpu::bn_infer(x, y, rows, c, running_mean, running_var, w, b, eps);
+                const float* running_var, const float* w, const float* b, float eps, bool relu) override {
+    cpu::bn_infer(x, y, rows, c, running_mean, running_var, w, b, eps, relu);
   }
   void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
-                        double* sums) override {
-    cpu::bn_backward_sums(dy, x, rows, c, mean, sums);
+                        double* sums, const float* relu_out) override {
+    cpu::bn_backward_sums(dy, x, rows, c, mean, sums, relu_out);
   }
   void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
                       bool accumulate) override {
     cpu::bn_param_grads(sums, invstd, c, dw, db, accumulate);
   }
   void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
-                   const float* mean, const float* invstd, const float* w) override {
-    cpu::bn_backward(dy, x, dx, rows, c, sums, mean, invstd, w);
+                   const float* mean, const float* invstd, const float* w, const float* relu_out) override {
+    cpu::bn_backward(dy, x, dx, rows, c, sums, mean, invstd, w, relu_out);
   }
   void add(const float* x, float* y, size_t n) override { cpu::add(x, y, n); }
+  void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) override {
+    cpu::residual_sum(body, shortcut, y, n, relu);
+  }
   void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override {
     cpu::global_avgpool_forward(x, y, batch, hw, c);
   }

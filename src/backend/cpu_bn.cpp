@@ -27,9 +27,34 @@ DPT_SIMD void bn_sums(const float* x, int64_t rows, int c, double* sums) {
   sums[2 * c] = double(rows);
 }
 
+namespace {
+
+// y = x·a + o per channel, then max(y, 0) with relu (act_forward's expression, the same bits as
+// the two passes apart).
+void affine_rows(const float* x, float* y, int64_t rows, int c, const float* a, const float* o, bool relu) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * c;
+    float* __restrict yr = y + r * c;
+    if (relu)
+      for (int j = 0; j < c; ++j) {
+        const float v = xr[j] * a[j] + o[j];
+        yr[j] = v > 0.f ? v : 0.f;
+      }
+    else
+      for (int j = 0; j < c; ++j) yr[j] = xr[j] * a[j] + o[j];
+  }
+}
+
+// dy where relu_out > 0, else 0 (relu_backward's expression); dy itself without relu_out.
+inline float masked(const float* dy, const float* relu_out, size_t i) {
+  return !relu_out || relu_out[i] > 0.f ? dy[i] : 0.f;
+}
+
+}  // namespace
+
 void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
                 const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
-                float* running_mean, float* running_var) {
+                float* running_mean, float* running_var, bool relu) {
   const double n = sums[2 * c];
   std::vector<float> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
   for (int j = 0; j < c; ++j) {
@@ -46,43 +71,31 @@ void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sum
       running_var[j] = float(double(momentum) * unbiased + (1.0 - double(momentum)) * running_var[j]);
     }
   }
-  const float* __restrict a = scale.data();
-  const float* __restrict o = shift.data();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict xr = x + r * c;
-    float* __restrict yr = y + r * c;
-    for (int j = 0; j < c; ++j) yr[j] = xr[j] * a[j] + o[j];
-  }
+  affine_rows(x, y, rows, c, scale.data(), shift.data(), relu);
 }
 
 void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
-              const float* running_var, const float* w, const float* b, float eps) {
+              const float* running_var, const float* w, const float* b, float eps, bool relu) {
   std::vector<float> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
   for (int j = 0; j < c; ++j) {
     const double invstd = 1.0 / std::sqrt(double(running_var[j]) + double(eps));
     scale[size_t(j)] = float(invstd * w[j]);
     shift[size_t(j)] = float(b[j] - running_mean[j] * invstd * w[j]);
   }
-  const float* __restrict a = scale.data();
-  const float* __restrict o = shift.data();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict xr = x + r * c;
-    float* __restrict yr = y + r * c;
-    for (int j = 0; j < c; ++j) yr[j] = xr[j] * a[j] + o[j];
-  }
+  affine_rows(x, y, rows, c, scale.data(), shift.data(), relu);
 }
 
 DPT_SIMD void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
-                               double* sums) {
+                               double* sums, const float* relu_out) {
   double* __restrict s = sums;
   double* __restrict q = sums + c;
   for (int j = 0; j < c; ++j) s[j] = q[j] = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict d = dy + r * c;
     const float* __restrict xr = x + r * c;
     for (int j = 0; j < c; ++j) {
-      s[j] += d[j];
-      q[j] += double(d[j]) * (double(xr[j]) - double(mean[j]));
+      const float d = masked(dy, relu_out, size_t(r) * size_t(c) + size_t(j));
+      s[j] += d;
+      q[j] += double(d) * (double(xr[j]) - double(mean[j]));
     }
   }
   sums[2 * c] = double(rows);
@@ -97,7 +110,7 @@ void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, f
 }
 
 void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
-                 const float* mean, const float* invstd, const float* w) {
+                 const float* mean, const float* invstd, const float* w, const float* relu_out) {
   // dx = k·dy − k·Σdy/n − k·invstd²·Σdy(x−mean)/n·(x − mean), k = w·invstd.
   const double n = sums[2 * c];
   std::vector<float> k(static_cast<size_t>(c)), m(static_cast<size_t>(c)), off(static_cast<size_t>(c));
@@ -108,10 +121,12 @@ void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c
     off[size_t(j)] = float(kj * sums[j] / n);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    const float* d = dy + r * c;
     const float* xr = x + r * c;
     float* o = dx + r * c;
-    for (int j = 0; j < c; ++j) o[j] = k[size_t(j)] * d[j] - off[size_t(j)] - m[size_t(j)] * (xr[j] - mean[j]);
+    for (int j = 0; j < c; ++j) {
+      const float d = masked(dy, relu_out, size_t(r) * size_t(c) + size_t(j));
+      o[j] = k[size_t(j)] * d - off[size_t(j)] - m[size_t(j)] * (xr[j] - mean[j]);
+    }
   }
 }
 
@@ -119,6 +134,19 @@ DPT_SIMD void add(const float* x, float* y, size_t n) {
   const float* __restrict a = x;
   float* __restrict b = y;
   for (size_t i = 0; i < n; ++i) b[i] += a[i];
+}
+
+DPT_SIMD void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) {
+  const float* __restrict a = body;
+  const float* __restrict b = shortcut;
+  float* __restrict o = y;
+  if (relu)
+    for (size_t i = 0; i < n; ++i) {
+      const float v = a[i] + b[i];
+      o[i] = v > 0.f ? v : 0.f;
+    }
+  else
+    for (size_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
 }
 
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {

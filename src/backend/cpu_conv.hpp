@@ -25,14 +25,16 @@ void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
 void bn_sums(const float* x, int64_t rows, int c, double* sums);
 void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
                 const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
-                float* running_mean, float* running_var);
+                float* running_mean, float* running_var, bool relu);
 void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
-              const float* running_var, const float* w, const float* b, float eps);
-void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean, double* sums);
+              const float* running_var, const float* w, const float* b, float eps, bool relu);
+void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean, double* sums,
+                      const float* relu_out);
 void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db, bool accumulate);
 void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
-                 const float* mean, const float* invstd, const float* w);
+                 const float* mean, const float* invstd, const float* w, const float* relu_out);
 void add(const float* x, float* y, size_t n);
+void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu);
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
 void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);
 

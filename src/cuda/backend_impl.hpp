@@ -247,16 +247,17 @@ class CudaBackendImpl final : public CudaBackend {
   void bn_sums(const float* x, int64_t rows, int c, double* sums) override;
   void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
                   const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
-                  float* running_mean, float* running_var) override;
+                  float* running_mean, float* running_var, bool relu) override;
   void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
-                const float* running_var, const float* w, const float* b, float eps) override;
+                const float* running_var, const float* w, const float* b, float eps, bool relu) override;
   void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
-                        double* sums) override;
+                        double* sums, const float* relu_out) override;
   void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
                       bool accumulate) override;
   void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
-                   const float* mean, const float* invstd, const float* w) override;
+                   const float* mean, const float* invstd, const float* w, const float* relu_out) override;
   void add(const float* x, float* y, size_t n) override;
+  void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) override;
   void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override;
   void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override;
   void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
@@ -328,6 +329,8 @@ class CudaBackendImpl final : public CudaBackend {
   bool capturing() const;
   // resnet_ops.cpp
   double* bn_partial(int64_t rows, int c);
+  void* relu_twin(const float* y, size_t n, bool relu);
+  const void* valid_twin(const float* p, size_t n) const;
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
   static constexpr int kLtCandidates = 8;

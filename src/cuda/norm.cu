@@ -19,6 +19,7 @@
 // Double precision is untouched, so per-channel statistics are computed in double and rounded
 // to float once, as the CPU backend does; the elementwise passes use __fmul_rn / __fadd_rn /
 // __fsub_rn / __fdiv_rn (never contracted, IEEE-rounded) in the CPU's operation order.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -62,13 +63,26 @@ __device__ __forceinline__ int64_t first_row() { return int64_t(blockIdx.x) * bl
 __device__ __forceinline__ int64_t row_step() { return int64_t(gridDim.x) * blockDim.y; }
 __device__ __forceinline__ int channel() { return blockIdx.y * blockDim.x + threadIdx.x; }
 
+// A ReLU's backward folded into batch norm's (Backend::bn_backward_sums' relu_out): dy where the
+// forward output is > 0. The output is read as float, or as its bf16 copy (2 bytes instead of
+// 4): a positive float is a positive bf16 (flushed denormals aside, which the fast-math kernels
+// that wrote it never produce), so both give the same mask.
+enum class Mask { none, f32, bf16 };
+
+template <Mask M> __device__ __forceinline__ float masked(const float* dy, const void* relu_out, size_t i) {
+  if constexpr (M == Mask::f32) return static_cast<const float*>(relu_out)[i] > 0.f ? dy[i] : 0.f;
+  else if constexpr (M == Mask::bf16)
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(relu_out)[i]) > 0.f ? dy[i] : 0.f;
+  else return dy[i];
+}
+
 // partial (chunks, 2c): chunk blockIdx.x's (rows [chunk·chunk_rows, +chunk_rows)) sums for the
-// channels of tile blockIdx.y, [Σa (c), Σa·b (c)] with b = a = x (forward) or a = dy,
+// channels of tile blockIdx.y, [Σa (c), Σa·b (c)] with b = a = x (forward) or a = dy (masked),
 // b = x − mean (backward), in double as the CPU's.
-template <bool BWD>
+template <bool BWD, Mask M>
 __global__ void bn_partial_kernel(const float* __restrict__ a, const float* __restrict__ x,
-                                  const float* __restrict__ mean, int64_t rows, int c,
-                                  int64_t chunk_rows, double* __restrict__ partial) {
+                                  const float* __restrict__ mean, const void* __restrict__ relu_out,
+                                  int64_t rows, int c, int64_t chunk_rows, double* __restrict__ partial) {
   const int j = channel();
   const int64_t r0 = int64_t(blockIdx.x) * chunk_rows;
   const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
@@ -78,7 +92,7 @@ __global__ void bn_partial_kernel(const float* __restrict__ a, const float* __re
     if constexpr (BWD) m = mean[j];
     for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
       const size_t i = size_t(r) * size_t(c) + size_t(j);
-      const double d = a[i];
+      const double d = masked<M>(a, relu_out, i);
       v[0] += d;
       if constexpr (BWD) v[1] += d * (double(x[i]) - m);
       else v[1] += d * d;
@@ -118,20 +132,26 @@ __device__ BnStats bn_stats(const double* sums, int c, int j, float eps) {
   return {mean, var, 1.0 / sqrt(var + double(eps))};
 }
 
-// y = x·scale + shift down this thread's channel j, rounded as the CPU's multiply then add.
-__device__ void affine_rows(const float* x, float* y, int64_t rows, int c, int j, float scale, float shift) {
+// y = x·scale + shift down this thread's channel j, rounded as the CPU's multiply then add; then
+// max(y, 0) with relu (act_fwd's expression), and its bf16 copy into y16 unless nullptr.
+__device__ void affine_rows(const float* x, float* y, __nv_bfloat16* y16, int64_t rows, int c, int j,
+                            float scale, float shift, bool relu) {
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const size_t i = size_t(r) * size_t(c) + size_t(j);
-    y[i] = __fadd_rn(__fmul_rn(x[i], scale), shift);
+    float v = __fadd_rn(__fmul_rn(x[i], scale), shift);
+    if (relu) v = v > 0.f ? v : 0.f;
+    y[i] = v;
+    if (y16) y16[i] = __float2bfloat16_rn(v);
   }
 }
 
 // Training: every thread derives its channel's scale and shift from the sums; the one in row
 // lane 0 of block column 0 also writes the channel's saved mean and invstd and moves its running
 // stats (once per channel).
-__global__ void bn_train_kernel(const float* x, float* y, int64_t rows, int c, const double* __restrict__ sums,
-                                const float* __restrict__ w, const float* __restrict__ b, float eps,
-                                float momentum, float* __restrict__ save_mean, float* __restrict__ save_invstd,
+__global__ void bn_train_kernel(const float* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
+                                const double* __restrict__ sums, const float* __restrict__ w,
+                                const float* __restrict__ b, float eps, float momentum,
+                                float* __restrict__ save_mean, float* __restrict__ save_invstd,
                                 float* __restrict__ running_mean, float* __restrict__ running_var) {
   const int j = channel();
   if (j >= c) return;
@@ -144,23 +164,24 @@ __global__ void bn_train_kernel(const float* x, float* y, int64_t rows, int c, c
     if (running_mean) running_mean[j] = float(mom * st.mean + (1.0 - mom) * running_mean[j]);
     if (running_var) running_var[j] = float(mom * unbiased + (1.0 - mom) * running_var[j]);
   }
-  affine_rows(x, y, rows, c, j, float(st.invstd * w[j]), float(b[j] - st.mean * st.invstd * w[j]));
+  affine_rows(x, y, y16, rows, c, j, float(st.invstd * w[j]), float(b[j] - st.mean * st.invstd * w[j]), relu);
 }
 
-__global__ void bn_infer_kernel(const float* x, float* y, int64_t rows, int c,
+__global__ void bn_infer_kernel(const float* x, float* y, bool relu, int64_t rows, int c,
                                 const float* __restrict__ running_mean, const float* __restrict__ running_var,
                                 const float* __restrict__ w, const float* __restrict__ b, float eps) {
   const int j = channel();
   if (j >= c) return;
   const double invstd = 1.0 / sqrt(double(running_var[j]) + double(eps));
-  affine_rows(x, y, rows, c, j, float(invstd * w[j]), float(b[j] - running_mean[j] * invstd * w[j]));
+  affine_rows(x, y, nullptr, rows, c, j, float(invstd * w[j]), float(b[j] - running_mean[j] * invstd * w[j]), relu);
 }
 
 // dx = k·dy − off − m·(x − mean) with the CPU's per-channel k, m, off (double, rounded to float)
-// and its operation order. dx may equal dy: each element is read before it is written, by the
-// same thread.
-__global__ void bn_backward_kernel(const float* dy, const float* x, float* dx, int64_t rows, int c,
-                                   const double* __restrict__ sums, const float* __restrict__ mean,
+// and its operation order, dy masked by relu_out (M). dx may equal dy: each element is read
+// before it is written, by the same thread.
+template <Mask M>
+__global__ void bn_backward_kernel(const float* dy, const float* x, const void* relu_out, float* dx, int64_t rows,
+                                   int c, const double* __restrict__ sums, const float* __restrict__ mean,
                                    const float* __restrict__ invstd, const float* __restrict__ w) {
   const int j = channel();
   if (j >= c) return;
@@ -172,7 +193,7 @@ __global__ void bn_backward_kernel(const float* dy, const float* x, float* dx, i
   const float mu = mean[j];
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const size_t i = size_t(r) * size_t(c) + size_t(j);
-    const float d = dy[i], v = x[i];
+    const float d = masked<M>(dy, relu_out, i), v = x[i];
     dx[i] = __fsub_rn(__fsub_rn(__fmul_rn(k, d), off), __fmul_rn(m, __fsub_rn(v, mu)));
   }
 }
@@ -197,6 +218,36 @@ __global__ void add4_kernel(const float4* x, float4* y, size_t n4) {
     float4 v = y[i];
     v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
     y[i] = v;
+  }
+}
+
+// y = body + shortcut, max(y, 0) with relu, and y's bf16 copy into y16 unless nullptr.
+__device__ __forceinline__ float sum_act(float a, float b, bool relu) {
+  const float v = a + b;
+  return relu ? (v > 0.f ? v : 0.f) : v;
+}
+
+__global__ void residual_sum_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
+                                    __nv_bfloat16* __restrict__ y16, size_t n, bool relu) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = sum_act(a[i], b[i], relu);
+    y[i] = v;
+    if (y16) y16[i] = __float2bfloat16_rn(v);
+  }
+}
+
+__global__ void residual_sum4_kernel(const float4* __restrict__ a, const float4* __restrict__ b,
+                                     float4* __restrict__ y, __nv_bfloat162* __restrict__ y16, size_t n4,
+                                     bool relu) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 p = a[i], q = b[i];
+    const float4 v = {sum_act(p.x, q.x, relu), sum_act(p.y, q.y, relu), sum_act(p.z, q.z, relu),
+                      sum_act(p.w, q.w, relu)};
+    y[i] = v;
+    if (y16) {
+      y16[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+      y16[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+    }
   }
 }
 
@@ -407,16 +458,16 @@ int64_t bn_chunks(int64_t rows, int c) {
   return std::min(want, fill);
 }
 
-template <bool BWD>
-void column_sums(const float* a, const float* x, const float* mean, int64_t rows, int c, double* sums,
-                 double* partial, cudaStream_t s) {
+template <bool BWD, Mask M>
+void column_sums(const float* a, const float* x, const float* mean, const void* relu_out, int64_t rows, int c,
+                 double* sums, double* partial, cudaStream_t s) {
   if (c < 0 || rows < 0) throw Error("bn sums: negative shape");
   const int64_t chunks = c > 0 ? bn_chunks(rows, c) : 0;
   if (chunks > 0) {
     const Tiles t = tiles_for(c, "bn sums");
     const int64_t chunk_rows = (rows + chunks - 1) / chunks;
-    bn_partial_kernel<BWD><<<dim3(unsigned(chunks), unsigned(t.count)), block_of(t), 0, s>>>(
-        a, x, mean, rows, c, chunk_rows, partial);
+    bn_partial_kernel<BWD, M><<<dim3(unsigned(chunks), unsigned(t.count)), block_of(t), 0, s>>>(
+        a, x, mean, relu_out, rows, c, chunk_rows, partial);
     DPT_CHECK_LAUNCH("bn_partial_kernel");
   }
   const Tiles tt = tiles_for(2 * int64_t(c), "bn sums");
@@ -439,29 +490,33 @@ size_t bn_partial_doubles(int64_t rows, int c) {
 }
 
 void bn_sums(const float* x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s) {
-  column_sums<false>(x, nullptr, nullptr, rows, c, sums, partial, s);
+  column_sums<false, Mask::none>(x, nullptr, nullptr, nullptr, rows, c, sums, partial, s);
 }
 
 void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
-                      double* sums, double* partial, cudaStream_t s) {
-  column_sums<true>(dy, x, mean, rows, c, sums, partial, s);
+                      const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s) {
+  if (!relu_out) column_sums<true, Mask::none>(dy, x, mean, nullptr, rows, c, sums, partial, s);
+  else if (relu_out_bf16) column_sums<true, Mask::bf16>(dy, x, mean, relu_out, rows, c, sums, partial, s);
+  else column_sums<true, Mask::f32>(dy, x, mean, relu_out, rows, c, sums, partial, s);
 }
 
-void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
-                const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+void bn_forward(const float* x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
+                const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                 float* running_mean, float* running_var, cudaStream_t s) {
   if (c <= 0) return;
   const Tiles t = tiles_for(c, "bn_forward");
-  bn_train_kernel<<<pass_grid(t, rows), block_of(t), 0, s>>>(x, y, rows, c, sums, w, b, eps, momentum, save_mean,
-                                                             save_invstd, running_mean, running_var);
+  bn_train_kernel<<<pass_grid(t, rows), block_of(t), 0, s>>>(x, y, static_cast<__nv_bfloat16*>(y16), relu, rows, c,
+                                                             sums, w, b, eps, momentum, save_mean, save_invstd,
+                                                             running_mean, running_var);
   DPT_CHECK_LAUNCH("bn_train_kernel");
 }
 
-void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+void bn_infer(const float* x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
               const float* running_var, const float* w, const float* b, float eps, cudaStream_t s) {
   if (c <= 0 || rows <= 0) return;
   const Tiles t = tiles_for(c, "bn_infer");
-  bn_infer_kernel<<<pass_grid(t, rows), block_of(t), 0, s>>>(x, y, rows, c, running_mean, running_var, w, b, eps);
+  bn_infer_kernel<<<pass_grid(t, rows), block_of(t), 0, s>>>(x, y, relu, rows, c, running_mean, running_var, w, b,
+                                                             eps);
   DPT_CHECK_LAUNCH("bn_infer_kernel");
 }
 
@@ -472,11 +527,14 @@ void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, f
   DPT_CHECK_LAUNCH("bn_param_grads_kernel");
 }
 
-void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
-                 const float* mean, const float* invstd, const float* w, cudaStream_t s) {
+void bn_backward(const float* dy, const float* x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
+                 int c, const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s) {
   if (c <= 0 || rows <= 0) return;
   const Tiles t = tiles_for(c, "bn_backward");
-  bn_backward_kernel<<<pass_grid(t, rows), block_of(t), 0, s>>>(dy, x, dx, rows, c, sums, mean, invstd, w);
+  const dim3 grid = pass_grid(t, rows), block = block_of(t);
+  if (!relu_out) bn_backward_kernel<Mask::none><<<grid, block, 0, s>>>(dy, x, nullptr, dx, rows, c, sums, mean, invstd, w);
+  else if (relu_out_bf16) bn_backward_kernel<Mask::bf16><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
+  else bn_backward_kernel<Mask::f32><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
   DPT_CHECK_LAUNCH("bn_backward_kernel");
 }
 
@@ -492,6 +550,24 @@ void add(const float* x, float* y, size_t n, cudaStream_t s) {
   if (done < n) {
     add_kernel<<<grid_for(n - done), kThreads, 0, s>>>(x + done, y + done, n - done);
     DPT_CHECK_LAUNCH("add_kernel");
+  }
+}
+
+// As add: float4 where every pointer allows (the bf16 copy's 8 bytes per four), the rest one by one.
+void residual_sum(const float* body, const float* shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s) {
+  auto* o16 = static_cast<__nv_bfloat16*>(y16);
+  size_t done = 0;
+  if (aligned16(body) && aligned16(shortcut) && aligned16(y) && reinterpret_cast<uintptr_t>(y16) % 8 == 0 && n >= 4) {
+    residual_sum4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(
+        reinterpret_cast<const float4*>(body), reinterpret_cast<const float4*>(shortcut), reinterpret_cast<float4*>(y),
+        reinterpret_cast<__nv_bfloat162*>(o16), n / 4, relu);
+    DPT_CHECK_LAUNCH("residual_sum4_kernel");
+    done = n / 4 * 4;
+  }
+  if (done < n) {
+    residual_sum_kernel<<<grid_for(n - done), kThreads, 0, s>>>(body + done, shortcut + done, y + done,
+                                                                o16 ? o16 + done : nullptr, n - done, relu);
+    DPT_CHECK_LAUNCH("residual_sum_kernel");
   }
 }
 

@@ -20,23 +20,26 @@ size_t bn_partial_doubles(int64_t rows, int c);
 // sums (2c + 1) = [Σx (c), Σx² (c), rows], in double: per-block partials into `partial`
 // (bn_partial_doubles(rows, c)), then summed over the blocks in block order.
 void bn_sums(const float* x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s);
-// sums (2c + 1) = [Σdy (c), Σdy·(x − mean) (c), rows], the same way.
+// sums (2c + 1) = [Σdy (c), Σdy·(x − mean) (c), rows], the same way; dy counted only where
+// relu_out > 0 unless relu_out is nullptr (relu_out: float, or bf16 with relu_out_bf16).
 void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
-                      double* sums, double* partial, cudaStream_t s);
+                      const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s);
 // Backend::bn_forward: mean, var, invstd from the sums in double; the running stats (when not
-// nullptr) moved once per channel.
-void bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums, const float* w,
-                const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+// nullptr) moved once per channel; y = max(y, 0) with relu; y's bf16 copy into y16 unless nullptr.
+void bn_forward(const float* x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
+                const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                 float* running_mean, float* running_var, cudaStream_t s);
-void bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
+void bn_infer(const float* x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
               const float* running_var, const float* w, const float* b, float eps, cudaStream_t s);
 void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
                     bool accumulate, cudaStream_t s);
-// dx may equal dy.
-void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
-                 const float* mean, const float* invstd, const float* w, cudaStream_t s);
+// dx may equal dy; relu_out as bn_backward_sums'.
+void bn_backward(const float* dy, const float* x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
+                 int c, const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s);
 // y (n) += x (n).
 void add(const float* x, float* y, size_t n, cudaStream_t s);
+// y (n) = body + shortcut, max(y, 0) with relu; y's bf16 copy into y16 unless nullptr.
+void residual_sum(const float* body, const float* shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s);
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c, cudaStream_t s);
 void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c, cudaStream_t s);
 // Pooling with g.pad >= 0: windows clipped to the input (the CPU backend's padded_pool_*). The

@@ -21,30 +21,48 @@ void CudaBackendImpl::bn_sums(const float* x, int64_t rows, int c, double* sums)
   cuda::bn_sums(x, rows, c, sums, partial, stream_.get());
 }
 
+// bf16: a ReLU's output is most often a convolution's input (ResNet's blocks): a fused ReLU
+// writes its bf16 twin in the same pass, as act_forward does, so that convolution does not
+// convert it and batch norm's backward reads the mask from it. Call after y's note_write.
+void* CudaBackendImpl::relu_twin(const float* y, size_t n, bool relu) {
+  return bf16() && relu && !im2col_convs_ ? twin_slot(y, n) : nullptr;
+}
+
+// p's bf16 twin when it holds p's current n values, else nullptr.
+const void* CudaBackendImpl::valid_twin(const float* p, size_t n) const {
+  auto it = twins_.find(p);
+  return it != twins_.end() && it->second.valid >= n ? it->second.buf.get() : nullptr;
+}
+
 void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums,
                                  const float* w, const float* b, float eps, float momentum,
                                  float* save_mean, float* save_invstd, float* running_mean,
-                                 float* running_var) {
-  note_write(y, size_t(rows) * size_t(c) * sizeof(float));
+                                 float* running_var, bool relu) {
+  const size_t n = size_t(rows) * size_t(c);
+  note_write(y, n * sizeof(float));
   note_write(save_mean, size_t(c) * sizeof(float));
   note_write(save_invstd, size_t(c) * sizeof(float));
   note_write(running_mean, size_t(c) * sizeof(float));
   note_write(running_var, size_t(c) * sizeof(float));
-  cuda::bn_forward(x, y, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean,
+  void* y16 = relu_twin(y, n, relu);
+  cuda::bn_forward(x, y, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean,
                    running_var, stream_.get());
+  if (y16) twins_[y].valid = n;
 }
 
 void CudaBackendImpl::bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
-                               const float* running_var, const float* w, const float* b, float eps) {
+                               const float* running_var, const float* w, const float* b, float eps, bool relu) {
   note_write(y, size_t(rows) * size_t(c) * sizeof(float));
-  cuda::bn_infer(x, y, rows, c, running_mean, running_var, w, b, eps, stream_.get());
+  cuda::bn_infer(x, y, relu, rows, c, running_mean, running_var, w, b, eps, stream_.get());
 }
 
 void CudaBackendImpl::bn_backward_sums(const float* dy, const float* x, int64_t rows, int c,
-                                       const float* mean, double* sums) {
+                                       const float* mean, double* sums, const float* relu_out) {
   double* partial = bn_partial(rows, c);
+  const void* mask16 = relu_out ? valid_twin(relu_out, size_t(rows) * size_t(c)) : nullptr;
   note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
-  cuda::bn_backward_sums(dy, x, rows, c, mean, sums, partial, stream_.get());
+  cuda::bn_backward_sums(dy, x, rows, c, mean, mask16 ? mask16 : relu_out, mask16 != nullptr, sums, partial,
+                         stream_.get());
 }
 
 void CudaBackendImpl::bn_param_grads(const double* sums, const float* invstd, int c, float* dw,
@@ -56,14 +74,24 @@ void CudaBackendImpl::bn_param_grads(const double* sums, const float* invstd, in
 
 void CudaBackendImpl::bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
                                   const double* sums, const float* mean, const float* invstd,
-                                  const float* w) {
-  note_write(dx, size_t(rows) * size_t(c) * sizeof(float));
-  cuda::bn_backward(dy, x, dx, rows, c, sums, mean, invstd, w, stream_.get());
+                                  const float* w, const float* relu_out) {
+  const size_t n = size_t(rows) * size_t(c);
+  const void* mask16 = relu_out ? valid_twin(relu_out, n) : nullptr;
+  note_write(dx, n * sizeof(float));
+  cuda::bn_backward(dy, x, mask16 ? mask16 : relu_out, mask16 != nullptr, dx, rows, c, sums, mean, invstd, w,
+                    stream_.get());
 }
 
 void CudaBackendImpl::add(const float* x, float* y, size_t n) {
   note_write(y, n * sizeof(float));
   cuda::add(x, y, n, stream_.get());
+}
+
+void CudaBackendImpl::residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) {
+  note_write(y, n * sizeof(float));
+  void* y16 = relu_twin(y, n, relu);
+  cuda::residual_sum(body, shortcut, y, y16, n, relu, stream_.get());
+  if (y16) twins_[y].valid = n;
 }
 
 void CudaBackendImpl::global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
