@@ -345,6 +345,12 @@ void Model::build_ops() {
     i += fuse_act;
   }
   link_blocks();
+  // A conv without activation whose output only batch norm reads: the backend may keep that
+  // output in another form (note_bn_input).
+  for (size_t i = 0; i + 1 < ops_.size(); ++i)
+    if (ops_[i]->kind == OpKind::conv && ops_[i]->act == Act::none && !ops_[i]->a.data() &&
+        ops_[i + 1]->kind == OpKind::bn)
+      be_.note_bn_input(ops_[i]->z.data());
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
   for (auto& op : ops_)

@@ -67,6 +67,8 @@ std::string what(const ConvGeom& g) {
          " s" + std::to_string(g.stride) + " p" + std::to_string(g.pad);
 }
 
+std::vector<double> nan_d(size_t n) { return std::vector<double>(n, std::numeric_limits<double>::quiet_NaN()); }
+
 struct ConvData {
   std::vector<float> x, w, b;
   ConvData(const ConvGeom& g, uint64_t seed)
@@ -362,5 +364,67 @@ TEST(CudaConv, ConvColsChoosesAPathByTiming) {
                      gdw.data(), gdb.data(), gdx.data(), false);
     EXPECT_LE(rel_err(get(*g, gdw), cdw), tolerance(Precision::fp32)) << "dw " << what(c);
     EXPECT_LE(rel_err(get(*g, gdx), cdx), tolerance(Precision::fp32)) << "dx " << what(c);
+  }
+}
+
+// bf16: a convolution without bias or activation whose output only batch norm reads
+// (note_bn_input) keeps its bf16 output and never writes the floats; batch norm reads the bf16
+// tensor. Against the same backend without the hint (the output widened to floats first): on
+// cuDNN the bf16 values are the same, so the sums, batch norm's output and its input gradient
+// are the same bits; a 1x1 stride-1 convolution (a GEMM: bf16 output against fp32) is within
+// bf16's rounding (kBf16Out). A later fp32 write into the buffer (the im2col path) ends it.
+TEST(CudaConv, Bf16OutputKeptForBatchNorm) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu(Precision::bf16);
+  for (const ConvGeom& c : {geom(8, 64, 14, 14, 64, 3, 1, 1), geom(8, 64, 14, 14, 256, 1, 1, 0),
+                            geom(4, 3, 32, 32, 64, 7, 2, 3), geom(8, 64, 14, 14, 128, 1, 2, 0)}) {
+    const std::string label = what(c);
+    const bool gemm = c.k == 1 && c.stride == 1;
+    const ConvData d(c, 90 + uint64_t(c.out));
+    const size_t n = size_t(c.rows()) * c.out;
+    const int64_t rows = c.rows();
+    const std::vector<float> w1 = uniform(size_t(c.out), 91, 0.5f, 1.5f), b1 = uniform(size_t(c.out), 92);
+    const std::vector<float> dy = uniform(n, 93);
+    auto gx = put(*g, d.x), gw = put(*g, d.w), gbw = put(*g, w1), gbb = put(*g, b1);
+    auto kept = poisoned(*g, n), plain = poisoned(*g, n);
+    g->note_bn_input(kept.data());
+    struct Out {
+      std::vector<double> sums, bsums;
+      std::vector<float> y, dx;
+    };
+    auto run = [&](Buffer<float>& z) {
+      g->conv_forward(gx.data(), gw.data(), nullptr, nullptr, z.data(), z.data(), c, Act::none);
+      auto sums = put(*g, nan_d(2 * size_t(c.out) + 1)), bsums = put(*g, nan_d(2 * size_t(c.out) + 1));
+      auto y = poisoned(*g, n), mean = poisoned(*g, size_t(c.out)), inv = poisoned(*g, size_t(c.out));
+      g->bn_sums(z.data(), rows, c.out, sums.data());
+      g->bn_forward(z.data(), y.data(), rows, c.out, sums.data(), gbw.data(), gbb.data(), 1e-5f, 0.1f, mean.data(),
+                    inv.data(), nullptr, nullptr, true);
+      auto d = put(*g, dy);
+      g->bn_backward_sums(d.data(), z.data(), rows, c.out, mean.data(), bsums.data(), y.data());
+      g->bn_backward(d.data(), z.data(), d.data(), rows, c.out, bsums.data(), mean.data(), inv.data(), gbw.data(),
+                     y.data());
+      return Out{get(*g, sums), get(*g, bsums), get(*g, y), get(*g, d)};
+    };
+    const Out a = run(kept), b = run(plain);
+    if (gemm) {
+      EXPECT_LE(rel_err(a.y, b.y), kBf16Out) << "y " << label;
+      EXPECT_LE(rel_err(a.dx, b.dx), kBf16Out) << "dx " << label;
+    } else {
+      EXPECT_EQ(a.sums, b.sums) << "sums " << label;
+      EXPECT_EQ(a.bsums, b.bsums) << "backward sums " << label;
+      EXPECT_EQ(a.y, b.y) << "y " << label;
+      EXPECT_EQ(a.dx, b.dx) << "dx " << label;
+    }
+    // The floats of the kept buffer were never written (still the poison), unlike the other's.
+    const std::vector<float> kz = get(*g, kept), pz = get(*g, plain);
+    EXPECT_TRUE(std::isnan(kz[0]) && std::isnan(kz[n - 1])) << "kept output's floats written, " << label;
+    EXPECT_FALSE(std::isnan(pz[0])) << label;
+    // A float write ends it: batch norm then reads the floats again.
+    const std::vector<float> ones(n, 1.f);
+    g->upload(kept.data(), ones.data(), n * sizeof(float));
+    auto sums = put(*g, nan_d(2 * size_t(c.out) + 1));
+    g->bn_sums(kept.data(), rows, c.out, sums.data());
+    const std::vector<double> s = get(*g, sums);
+    EXPECT_EQ(s[0], double(rows)) << "sums after a float write, " << label;
   }
 }

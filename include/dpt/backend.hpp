@@ -281,6 +281,11 @@ class Backend {
   virtual void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
                            const double* sums, const float* mean, const float* invstd,
                            const float* w, const float* relu_out);
+  // A hint from the model, once: the activation buffer z is a convolution's output (without bias
+  // or activation) that only batch norm reads, forward and backward. The CUDA backend under bf16
+  // then keeps that convolution's bf16 output as it is and has batch norm read it, and never
+  // writes z's floats. Other backends ignore it.
+  virtual void note_bn_input(const float* z) { (void)z; }
   // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);
   // y (n) = body + shortcut, then max(y, 0) with relu: a residual block's output. y may be

@@ -12,12 +12,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "dpt/cuda_backend.hpp"
 #include "dpt/data.hpp"
+#include "norm_kernels.cuh"
 
 namespace dpt::cuda_impl {
 
@@ -225,6 +227,7 @@ class CudaBackendImpl final : public CudaBackend {
   void cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a, const ConvGeom& g,
                           Act act);
   bool pointwise_gemm(const ConvGeom& g) const;  // a 1x1 stride-1 conv taken as a Linear layer
+  bool pointwise_gemm_bf16(const float* x, const float* w, float* z, const ConvGeom& g);
 
   // ---- convolutional networks (conv_path.cpp) ----
   void im2col(const float* x, const ConvGeom& g, float* cols) override;
@@ -257,6 +260,7 @@ class CudaBackendImpl final : public CudaBackend {
   void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
                    const float* mean, const float* invstd, const float* w, const float* relu_out) override;
   void add(const float* x, float* y, size_t n) override;
+  void note_bn_input(const float* z) override { bn_inputs_.insert(z); }
   void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) override;
   void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override;
   void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override;
@@ -308,6 +312,7 @@ class CudaBackendImpl final : public CudaBackend {
     DevPtr buf;
     size_t cap = 0;    // elements
     size_t valid = 0;  // elements
+    bool only = false; // the float tensor was not written: the twin is its only copy (valid > 0)
   };
 
   bool bf16() const { return precision_ == Precision::bf16; }
@@ -331,6 +336,9 @@ class CudaBackendImpl final : public CudaBackend {
   double* bn_partial(int64_t rows, int c);
   void* relu_twin(const float* y, size_t n, bool relu);
   const void* valid_twin(const float* p, size_t n) const;
+  void* only_twin(const float* z, size_t n);
+  void made_only_twin(const float* z, size_t n);
+  cuda::BnIn bn_in(const float* x, size_t n) const;
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
   static constexpr int kLtCandidates = 8;
@@ -446,6 +454,7 @@ class CudaBackendImpl final : public CudaBackend {
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
+  std::set<const float*> bn_inputs_;     // note_bn_input's buffers
 };
 
 }  // namespace dpt::cuda_impl

@@ -42,8 +42,10 @@ void CudaBackendImpl::note_write(const void* p, size_t bytes) {
   for (Shadow& sh : shadows_)
     if (overlaps(sh.p, sh.n * sizeof(float), p, bytes)) sh.dirty = true;
   for (auto& t : twins_)
-    if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, bytes))
+    if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, bytes)) {
       t.second.valid = 0;
+      t.second.only = false;
+    }
 }
 
 // The optimizer writes p, s1, s2. When [p, p + n) lies in a registered arena it also writes the
@@ -55,8 +57,10 @@ void* CudaBackendImpl::note_update(float* p, float* s1, float* s2, size_t n) {
       p16 = static_cast<uint16_t*>(sh.w16.get()) + (p - sh.p);
   if (p16) {
     for (auto& t : twins_)
-      if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, n * sizeof(float)))
+      if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, n * sizeof(float))) {
         t.second.valid = 0;
+        t.second.only = false;
+      }
   } else {
     note_write(p, n * sizeof(float));
   }

@@ -270,24 +270,47 @@ bool CudaBackendImpl::pointwise_gemm(const ConvGeom& g) const {
 
 void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a,
                                          const ConvGeom& g, Act act) {
+  // bf16, no bias or activation, and only batch norm reads z (note_bn_input): the bf16 output
+  // stays bf16, in z's twin, and z's floats are never written (batch norm reads the twin).
+  const bool keep16 = bf16() && !b && act == Act::none && a == z && bn_inputs_.count(z);
+  const size_t ny = size_t(g.rows()) * g.out;
   if (pointwise_gemm(g)) {
+    if (keep16 && pointwise_gemm_bf16(x, w, z, g)) return;
     linear_fwd(x, w, b, z, a, g.rows(), g.c, g.out, act, false);
     return;
   }
   cudaStream_t s = stream_.get();
   ConvPlan& p = conv_plan(g);
-  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
+  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, nw = size_t(g.out) * g.cols();
   const void* xin = bf16() ? as_bf16(x, nx, bf16_b_) : static_cast<const void*>(x);
   const void* win = bf16() ? as_bf16(w, nw, bf16_a_) : static_cast<const void*>(w);
   note_write(z, ny * sizeof(float));
   if (a != z) note_write(a, ny * sizeof(float));
-  void* y = bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
+  void* only = keep16 ? only_twin(z, ny) : nullptr;
+  void* y = only ? only : bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
   if (!p.fwd.made) choose_fwd(p, g, xin, win, y);
   const float one = 1.f, zero = 0.f;
   DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
                                           conv_workspace(p.fwd.ws), p.fwd.ws, &zero, p.y, y));
-  if (bf16()) cuda::conv_epilogue_bf16(y, b, z, a, size_t(g.rows()), g.out, act, s);
+  if (only) made_only_twin(z, ny);
+  else if (bf16()) cuda::conv_epilogue_bf16(y, b, z, a, size_t(g.rows()), g.out, act, s);
   else cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
+}
+
+// A 1x1 stride-1 convolution's GEMM with a bf16 output into z's twin (cuBLASLt, D in bf16):
+// false, with nothing enqueued, where cuBLASLt is off or offers no algorithm.
+bool CudaBackendImpl::pointwise_gemm_bf16(const float* x, const float* w, float* z, const ConvGeom& g) {
+  if (!use_lt_ || g.c == 0) return false;
+  const size_t ny = size_t(g.rows()) * g.out;
+  const void* w16 = as_bf16(w, size_t(g.out) * size_t(g.c), bf16_a_);
+  const void* x16 = as_bf16(x, size_t(g.rows()) * size_t(g.c), bf16_b_);
+  note_write(z, ny * sizeof(float));
+  void* z16 = only_twin(z, ny);
+  if (!z16) return false;
+  const LtSpec sp = spec(true, false, g.out, g.rows(), g.c, w16, g.c, x16, g.c, z16, g.out, 0.f, CUDA_R_16BF);
+  if (!lt_matmul(sp, w16, x16, z16, 0.f, nullptr)) return false;
+  made_only_twin(z, ny);
+  return true;
 }
 
 void CudaBackendImpl::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da,

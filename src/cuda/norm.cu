@@ -69,6 +69,11 @@ __device__ __forceinline__ int channel() { return blockIdx.y * blockDim.x + thre
 // that wrote it never produce), so both give the same mask.
 enum class Mask { none, f32, bf16 };
 
+// A batch-norm input: float, or bf16 where the float tensor was never written (a convolution's
+// bf16 output kept as it is: Backend::note_bn_input).
+__device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
+
 template <Mask M> __device__ __forceinline__ float masked(const float* dy, const void* relu_out, size_t i) {
   if constexpr (M == Mask::f32) return static_cast<const float*>(relu_out)[i] > 0.f ? dy[i] : 0.f;
   else if constexpr (M == Mask::bf16)
@@ -78,9 +83,9 @@ template <Mask M> __device__ __forceinline__ float masked(const float* dy, const
 
 // partial (chunks, 2c): chunk blockIdx.x's (rows [chunk·chunk_rows, +chunk_rows)) sums for the
 // channels of tile blockIdx.y, [Σa (c), Σa·b (c)] with b = a = x (forward) or a = dy (masked),
-// b = x − mean (backward), in double as the CPU's.
-template <bool BWD, Mask M>
-__global__ void bn_partial_kernel(const float* __restrict__ a, const float* __restrict__ x,
+// b = x − mean (backward), in double as the CPU's. The forward pass reads x only.
+template <bool BWD, Mask M, class TX>
+__global__ void bn_partial_kernel(const float* __restrict__ a, const TX* __restrict__ x,
                                   const float* __restrict__ mean, const void* __restrict__ relu_out,
                                   int64_t rows, int c, int64_t chunk_rows, double* __restrict__ partial) {
   const int j = channel();
@@ -92,9 +97,9 @@ __global__ void bn_partial_kernel(const float* __restrict__ a, const float* __re
     if constexpr (BWD) m = mean[j];
     for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
       const size_t i = size_t(r) * size_t(c) + size_t(j);
-      const double d = masked<M>(a, relu_out, i);
+      const double d = BWD ? masked<M>(a, relu_out, i) : ld(x, i);
       v[0] += d;
-      if constexpr (BWD) v[1] += d * (double(x[i]) - m);
+      if constexpr (BWD) v[1] += d * (double(ld(x, i)) - m);
       else v[1] += d * d;
     }
   }
@@ -134,11 +139,12 @@ __device__ BnStats bn_stats(const double* sums, int c, int j, float eps) {
 
 // y = x·scale + shift down this thread's channel j, rounded as the CPU's multiply then add; then
 // max(y, 0) with relu (act_fwd's expression), and its bf16 copy into y16 unless nullptr.
-__device__ void affine_rows(const float* x, float* y, __nv_bfloat16* y16, int64_t rows, int c, int j,
+template <class TX>
+__device__ void affine_rows(const TX* x, float* y, __nv_bfloat16* y16, int64_t rows, int c, int j,
                             float scale, float shift, bool relu) {
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const size_t i = size_t(r) * size_t(c) + size_t(j);
-    float v = __fadd_rn(__fmul_rn(x[i], scale), shift);
+    float v = __fadd_rn(__fmul_rn(ld(x, i), scale), shift);
     if (relu) v = v > 0.f ? v : 0.f;
     y[i] = v;
     if (y16) y16[i] = __float2bfloat16_rn(v);
@@ -148,7 +154,8 @@ __device__ void affine_rows(const float* x, float* y, __nv_bfloat16* y16, int64_
 // Training: every thread derives its channel's scale and shift from the sums; the one in row
 // lane 0 of block column 0 also writes the channel's saved mean and invstd and moves its running
 // stats (once per channel).
-__global__ void bn_train_kernel(const float* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
+template <class TX>
+__global__ void bn_train_kernel(const TX* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
                                 const double* __restrict__ sums, const float* __restrict__ w,
                                 const float* __restrict__ b, float eps, float momentum,
                                 float* __restrict__ save_mean, float* __restrict__ save_invstd,
@@ -167,7 +174,8 @@ __global__ void bn_train_kernel(const float* x, float* y, __nv_bfloat16* y16, bo
   affine_rows(x, y, y16, rows, c, j, float(st.invstd * w[j]), float(b[j] - st.mean * st.invstd * w[j]), relu);
 }
 
-__global__ void bn_infer_kernel(const float* x, float* y, bool relu, int64_t rows, int c,
+template <class TX>
+__global__ void bn_infer_kernel(const TX* x, float* y, bool relu, int64_t rows, int c,
                                 const float* __restrict__ running_mean, const float* __restrict__ running_var,
                                 const float* __restrict__ w, const float* __restrict__ b, float eps) {
   const int j = channel();
@@ -179,8 +187,8 @@ __global__ void bn_infer_kernel(const float* x, float* y, bool relu, int64_t row
 // dx = k·dy − off − m·(x − mean) with the CPU's per-channel k, m, off (double, rounded to float)
 // and its operation order, dy masked by relu_out (M). dx may equal dy: each element is read
 // before it is written, by the same thread.
-template <Mask M>
-__global__ void bn_backward_kernel(const float* dy, const float* x, const void* relu_out, float* dx, int64_t rows,
+template <Mask M, class TX>
+__global__ void bn_backward_kernel(const float* dy, const TX* x, const void* relu_out, float* dx, int64_t rows,
                                    int c, const double* __restrict__ sums, const float* __restrict__ mean,
                                    const float* __restrict__ invstd, const float* __restrict__ w) {
   const int j = channel();
@@ -193,7 +201,7 @@ __global__ void bn_backward_kernel(const float* dy, const float* x, const void* 
   const float mu = mean[j];
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const size_t i = size_t(r) * size_t(c) + size_t(j);
-    const float d = masked<M>(dy, relu_out, i), v = x[i];
+    const float d = masked<M>(dy, relu_out, i), v = ld(x, i);
     dx[i] = __fsub_rn(__fsub_rn(__fmul_rn(k, d), off), __fmul_rn(m, __fsub_rn(v, mu)));
   }
 }
@@ -458,15 +466,15 @@ int64_t bn_chunks(int64_t rows, int c) {
   return std::min(want, fill);
 }
 
-template <bool BWD, Mask M>
-void column_sums(const float* a, const float* x, const float* mean, const void* relu_out, int64_t rows, int c,
+template <bool BWD, Mask M, class TX>
+void column_sums(const float* a, const TX* x, const float* mean, const void* relu_out, int64_t rows, int c,
                  double* sums, double* partial, cudaStream_t s) {
   if (c < 0 || rows < 0) throw Error("bn sums: negative shape");
   const int64_t chunks = c > 0 ? bn_chunks(rows, c) : 0;
   if (chunks > 0) {
     const Tiles t = tiles_for(c, "bn sums");
     const int64_t chunk_rows = (rows + chunks - 1) / chunks;
-    bn_partial_kernel<BWD, M><<<dim3(unsigned(chunks), unsigned(t.count)), block_of(t), 0, s>>>(
+    bn_partial_kernel<BWD, M, TX><<<dim3(unsigned(chunks), unsigned(t.count)), block_of(t), 0, s>>>(
         a, x, mean, relu_out, rows, c, chunk_rows, partial);
     DPT_CHECK_LAUNCH("bn_partial_kernel");
   }
@@ -489,34 +497,53 @@ size_t bn_partial_doubles(int64_t rows, int c) {
   return c > 0 ? size_t(bn_chunks(rows, c)) * 2 * size_t(c) : 0;
 }
 
-void bn_sums(const float* x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s) {
-  column_sums<false, Mask::none>(x, nullptr, nullptr, nullptr, rows, c, sums, partial, s);
+const __nv_bfloat16* as16(const void* p) { return static_cast<const __nv_bfloat16*>(p); }
+
+void bn_sums(BnIn x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s) {
+  if (x.bf16) column_sums<false, Mask::none>(nullptr, as16(x.p), nullptr, nullptr, rows, c, sums, partial, s);
+  else column_sums<false, Mask::none>(nullptr, static_cast<const float*>(x.p), nullptr, nullptr, rows, c, sums, partial, s);
 }
 
-void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
-                      const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s) {
+template <class TX>
+void backward_sums(const float* dy, const TX* x, int64_t rows, int c, const float* mean, const void* relu_out,
+                   bool relu_out_bf16, double* sums, double* partial, cudaStream_t s) {
   if (!relu_out) column_sums<true, Mask::none>(dy, x, mean, nullptr, rows, c, sums, partial, s);
   else if (relu_out_bf16) column_sums<true, Mask::bf16>(dy, x, mean, relu_out, rows, c, sums, partial, s);
   else column_sums<true, Mask::f32>(dy, x, mean, relu_out, rows, c, sums, partial, s);
 }
 
-void bn_forward(const float* x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
+void bn_backward_sums(const float* dy, BnIn x, int64_t rows, int c, const float* mean,
+                      const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s) {
+  if (x.bf16) backward_sums(dy, as16(x.p), rows, c, mean, relu_out, relu_out_bf16, sums, partial, s);
+  else backward_sums(dy, static_cast<const float*>(x.p), rows, c, mean, relu_out, relu_out_bf16, sums, partial, s);
+}
+
+void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
                 const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                 float* running_mean, float* running_var, cudaStream_t s) {
   if (c <= 0) return;
   const Tiles t = tiles_for(c, "bn_forward");
-  bn_train_kernel<<<pass_grid(t, rows), block_of(t), 0, s>>>(x, y, static_cast<__nv_bfloat16*>(y16), relu, rows, c,
-                                                             sums, w, b, eps, momentum, save_mean, save_invstd,
-                                                             running_mean, running_var);
+  const dim3 grid = pass_grid(t, rows), block = block_of(t);
+  auto* o16 = static_cast<__nv_bfloat16*>(y16);
+  if (x.bf16)
+    bn_train_kernel<<<grid, block, 0, s>>>(as16(x.p), y, o16, relu, rows, c, sums, w, b, eps, momentum, save_mean,
+                                           save_invstd, running_mean, running_var);
+  else
+    bn_train_kernel<<<grid, block, 0, s>>>(static_cast<const float*>(x.p), y, o16, relu, rows, c, sums, w, b, eps,
+                                           momentum, save_mean, save_invstd, running_mean, running_var);
   DPT_CHECK_LAUNCH("bn_train_kernel");
 }
 
-void bn_infer(const float* x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
+void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
               const float* running_var, const float* w, const float* b, float eps, cudaStream_t s) {
   if (c <= 0 || rows <= 0) return;
   const Tiles t = tiles_for(c, "bn_infer");
-  bn_infer_kernel<<<pass_grid(t, rows), block_of(t), 0, s>>>(x, y, relu, rows, c, running_mean, running_var, w, b,
-                                                             eps);
+  const dim3 grid = pass_grid(t, rows), block = block_of(t);
+  if (x.bf16)
+    bn_infer_kernel<<<grid, block, 0, s>>>(as16(x.p), y, relu, rows, c, running_mean, running_var, w, b, eps);
+  else
+    bn_infer_kernel<<<grid, block, 0, s>>>(static_cast<const float*>(x.p), y, relu, rows, c, running_mean,
+                                           running_var, w, b, eps);
   DPT_CHECK_LAUNCH("bn_infer_kernel");
 }
 
@@ -527,15 +554,25 @@ void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, f
   DPT_CHECK_LAUNCH("bn_param_grads_kernel");
 }
 
-void bn_backward(const float* dy, const float* x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
-                 int c, const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s) {
-  if (c <= 0 || rows <= 0) return;
+template <class TX>
+void backward_pass(const float* dy, const TX* x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
+                   int c, const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s) {
   const Tiles t = tiles_for(c, "bn_backward");
   const dim3 grid = pass_grid(t, rows), block = block_of(t);
-  if (!relu_out) bn_backward_kernel<Mask::none><<<grid, block, 0, s>>>(dy, x, nullptr, dx, rows, c, sums, mean, invstd, w);
-  else if (relu_out_bf16) bn_backward_kernel<Mask::bf16><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
-  else bn_backward_kernel<Mask::f32><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
+  if (!relu_out)
+    bn_backward_kernel<Mask::none><<<grid, block, 0, s>>>(dy, x, nullptr, dx, rows, c, sums, mean, invstd, w);
+  else if (relu_out_bf16)
+    bn_backward_kernel<Mask::bf16><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
+  else
+    bn_backward_kernel<Mask::f32><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
   DPT_CHECK_LAUNCH("bn_backward_kernel");
+}
+
+void bn_backward(const float* dy, BnIn x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows, int c,
+                 const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s) {
+  if (c <= 0 || rows <= 0) return;
+  if (x.bf16) backward_pass(dy, as16(x.p), relu_out, relu_out_bf16, dx, rows, c, sums, mean, invstd, w, s);
+  else backward_pass(dy, static_cast<const float*>(x.p), relu_out, relu_out_bf16, dx, rows, c, sums, mean, invstd, w, s);
 }
 
 // float4 over the first n / 4 · 4 values when both are 16-byte aligned, the rest one by one.

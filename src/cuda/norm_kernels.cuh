@@ -14,27 +14,33 @@
 
 namespace dpt::cuda {
 
+// A batch-norm input x: float, or (bf16) the bf16 tensor that stands for it.
+struct BnIn {
+  const void* p;
+  bool bf16;
+};
+
 // Doubles of scratch that bn_sums / bn_backward_sums need for (rows, c): per-block partial sums,
 // (chunks, 2c), chunks a function of rows and c only.
 size_t bn_partial_doubles(int64_t rows, int c);
 // sums (2c + 1) = [Σx (c), Σx² (c), rows], in double: per-block partials into `partial`
 // (bn_partial_doubles(rows, c)), then summed over the blocks in block order.
-void bn_sums(const float* x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s);
+void bn_sums(BnIn x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s);
 // sums (2c + 1) = [Σdy (c), Σdy·(x − mean) (c), rows], the same way; dy counted only where
 // relu_out > 0 unless relu_out is nullptr (relu_out: float, or bf16 with relu_out_bf16).
-void bn_backward_sums(const float* dy, const float* x, int64_t rows, int c, const float* mean,
+void bn_backward_sums(const float* dy, BnIn x, int64_t rows, int c, const float* mean,
                       const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s);
 // Backend::bn_forward: mean, var, invstd from the sums in double; the running stats (when not
 // nullptr) moved once per channel; y = max(y, 0) with relu; y's bf16 copy into y16 unless nullptr.
-void bn_forward(const float* x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
+void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
                 const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                 float* running_mean, float* running_var, cudaStream_t s);
-void bn_infer(const float* x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
+void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
               const float* running_var, const float* w, const float* b, float eps, cudaStream_t s);
 void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
                     bool accumulate, cudaStream_t s);
 // dx may equal dy; relu_out as bn_backward_sums'.
-void bn_backward(const float* dy, const float* x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
+void bn_backward(const float* dy, BnIn x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
                  int c, const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s);
 // y (n) += x (n).
 void add(const float* x, float* y, size_t n, cudaStream_t s);

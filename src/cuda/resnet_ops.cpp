@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backend_impl.hpp"
+#include "dpt/check.hpp"
 #include "norm_kernels.cuh"
 
 namespace dpt::cuda_impl {
@@ -18,7 +19,7 @@ double* CudaBackendImpl::bn_partial(int64_t rows, int c) {
 void CudaBackendImpl::bn_sums(const float* x, int64_t rows, int c, double* sums) {
   double* partial = bn_partial(rows, c);
   note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
-  cuda::bn_sums(x, rows, c, sums, partial, stream_.get());
+  cuda::bn_sums(bn_in(x, size_t(rows) * size_t(c)), rows, c, sums, partial, stream_.get());
 }
 
 // bf16: a ReLU's output is most often a convolution's input (ResNet's blocks): a fused ReLU
@@ -34,6 +35,29 @@ const void* CudaBackendImpl::valid_twin(const float* p, size_t n) const {
   return it != twins_.end() && it->second.valid >= n ? it->second.buf.get() : nullptr;
 }
 
+// bf16: where the model said z is read by batch norm only (note_bn_input), the twin slot that
+// a convolution writes its bf16 output into instead of z's floats; nullptr otherwise. Call after
+// z's note_write, then made_only_twin once the output is enqueued.
+void* CudaBackendImpl::only_twin(const float* z, size_t n) {
+  return bf16() && bn_inputs_.count(z) ? twin_slot(z, n) : nullptr;
+}
+
+void CudaBackendImpl::made_only_twin(const float* z, size_t n) {
+  Twin& t = twins_[z];
+  t.valid = n;
+  t.only = true;
+}
+
+// Batch norm's input x: its bf16 twin where that is x's only copy (the floats never written).
+cuda::BnIn CudaBackendImpl::bn_in(const float* x, size_t n) const {
+  auto it = twins_.find(x);
+  if (it != twins_.end() && it->second.only) {
+    if (it->second.valid < n) throw Error("batch norm: its input's bf16 copy holds fewer values than the pass");
+    return {it->second.buf.get(), true};
+  }
+  return {x, false};
+}
+
 void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, const double* sums,
                                  const float* w, const float* b, float eps, float momentum,
                                  float* save_mean, float* save_invstd, float* running_mean,
@@ -44,16 +68,18 @@ void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, 
   note_write(save_invstd, size_t(c) * sizeof(float));
   note_write(running_mean, size_t(c) * sizeof(float));
   note_write(running_var, size_t(c) * sizeof(float));
+  const cuda::BnIn xin = bn_in(x, n);
   void* y16 = relu_twin(y, n, relu);
-  cuda::bn_forward(x, y, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean,
+  cuda::bn_forward(xin, y, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean,
                    running_var, stream_.get());
   if (y16) twins_[y].valid = n;
 }
 
 void CudaBackendImpl::bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
                                const float* running_var, const float* w, const float* b, float eps, bool relu) {
+  const cuda::BnIn xin = bn_in(x, size_t(rows) * size_t(c));
   note_write(y, size_t(rows) * size_t(c) * sizeof(float));
-  cuda::bn_infer(x, y, relu, rows, c, running_mean, running_var, w, b, eps, stream_.get());
+  cuda::bn_infer(xin, y, relu, rows, c, running_mean, running_var, w, b, eps, stream_.get());
 }
 
 void CudaBackendImpl::bn_backward_sums(const float* dy, const float* x, int64_t rows, int c,
@@ -61,7 +87,7 @@ void CudaBackendImpl::bn_backward_sums(const float* dy, const float* x, int64_t 
   double* partial = bn_partial(rows, c);
   const void* mask16 = relu_out ? valid_twin(relu_out, size_t(rows) * size_t(c)) : nullptr;
   note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
-  cuda::bn_backward_sums(dy, x, rows, c, mean, mask16 ? mask16 : relu_out, mask16 != nullptr, sums, partial,
+  cuda::bn_backward_sums(dy, bn_in(x, size_t(rows) * size_t(c)), rows, c, mean, mask16 ? mask16 : relu_out, mask16 != nullptr, sums, partial,
                          stream_.get());
 }
 
@@ -77,8 +103,9 @@ void CudaBackendImpl::bn_backward(const float* dy, const float* x, float* dx, in
                                   const float* w, const float* relu_out) {
   const size_t n = size_t(rows) * size_t(c);
   const void* mask16 = relu_out ? valid_twin(relu_out, n) : nullptr;
+  const cuda::BnIn xin = bn_in(x, n);
   note_write(dx, n * sizeof(float));
-  cuda::bn_backward(dy, x, mask16 ? mask16 : relu_out, mask16 != nullptr, dx, rows, c, sums, mean, invstd, w,
+  cuda::bn_backward(dy, xin, mask16 ? mask16 : relu_out, mask16 != nullptr, dx, rows, c, sums, mean, invstd, w,
                     stream_.get());
 }
 
