@@ -2,17 +2,22 @@
 # One call on the GPU machine (device tool): GPU tests, the end-to-end Fashion-MNIST run, its
 # start-up and shut-down phase by phase, bench-step beside the PyTorch peer, the batch-size / lr
 # grid with time to target, logs under $OUT. Expects the executables built here in
-# .gpu/bin, the OpenBLAS runtime in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
+# .gpu/bin, the Debian runtimes the GPU machine may lack (oneDNN's libdnnl.so.2 and its
+# libOpenCL.so.1, OpenBLAS) in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
 # .gpu/fashion (see docs/benchmarks.md, "GPU"). scale12 (2 GPUs) and one12 (1 GPU) are each one
 # call of their own (run them alone: `bash bench/gpu_run.sh scale12`).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 B=.gpu/bin
-# The machine has its own libopenblas.so.0; a copy travels in case it ever does not.
-if ! ldconfig -p | grep -q libopenblas.so.0 && [ -f .gpu/gpulibs.tar.xz ]; then
-  mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
-fi
+# The machine has its own libopenblas.so.0, not (as far as seen) Debian's oneDNN: copies travel,
+# used for whichever library the machine lacks (appended to the path: its own come first).
+for lib in libopenblas.so.0 libdnnl.so.2 libOpenCL.so.1; do
+  if ! ldconfig -p | grep -q "$lib" && [ -f .gpu/gpulibs.tar.xz ]; then
+    mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
+    break
+  fi
+done
 what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sections below (tests, e2e, mps,
 # layouts, bench, epilogues, profile, scaling, multi, cnn, resnet, grid, startup, scale12, one12, samebits)
 # cuDNN: the version built against (9.19) is PyTorch's copy there; the machine's default is older.
@@ -31,7 +36,7 @@ cap() { local l=$(( deadline - SECONDS - ${2:-0} )); (( l < $1 )) && echo $(( l 
 nccl_perf() { for f in $B/$1_perf .gpu/nccl-tests/build/$1_perf; do [ -x "$f" ] && { echo "$f"; return; }; done; }
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
-  nvidia-smi topo -m; command -v nsys ncu; ldd $B/dptrain | grep -E "not found|openblas|nccl|cublas" ; nproc
+  nvidia-smi topo -m; command -v nsys ncu; ldd $B/dptrain | grep -E "not found|openblas|dnnl|OpenCL|nccl|cublas" ; nproc
 } > "$OUT/machine.txt" 2>&1
 if want tests; then
   # Each test at most TEST_LIMIT seconds (default 240): a hang costs one test, not the call.

@@ -15,10 +15,10 @@ case ${1:-} in
   *) echo "usage: $0 [--tests]" >&2; exit 2 ;;
 esac
 
-# The main job: compiler, CMake, Open MPI, HDF5, Boost.Program_options, OpenBLAS, zlib, and the
-# Fashion-MNIST files that `dpdata fashion-mnist` imports.
+# The main job: compiler, CMake, Open MPI, HDF5, Boost.Program_options, OpenBLAS, oneDNN (the CPU's
+# convolutions), zlib, and the Fashion-MNIST files that `dpdata fashion-mnist` imports.
 packages=(g++ make cmake libopenmpi-dev openmpi-bin libhdf5-dev libboost-program-options-dev
-          libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+          libopenblas-dev libdnnl-dev zlib1g-dev dataset-fashion-mnist)
 # The tests: GoogleTest; h5dump; PyTorch, torchvision, h5py and NumPy for the cross-checks; Slurm and munge
 # for the batch-script tests; clang and its sanitizer runtime for the fuzzers; nlohmann-json for
 # bench-scaling's records and matplotlib for its plots.

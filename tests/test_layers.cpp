@@ -270,21 +270,20 @@ TEST(ConvCpu, ForwardMatchesTheDirectConvolution) {
     const auto x = rnd(size_t(g.batch) * g.h * g.w * g.c, 1);
     const auto w = rnd(size_t(g.out) * g.cols(), 2);
     const auto b = rnd(size_t(g.out), 3);
-    std::vector<float> cols(size_t(g.rows()) * g.cols()), z(size_t(g.rows()) * g.out), a(z.size());
-    be->conv_forward(x.data(), w.data(), b.data(), cols.data(), z.data(), a.data(), g, Act::none);
     const auto ref = direct_conv(x, w, b, g);
-    for (size_t i = 0; i < z.size(); ++i) EXPECT_NEAR(z[i], ref[i], 1e-5) << what(g) << " " << i;
-    // conv_cols: none for a 1x1 stride-1 convolution, whose input's pixels are the GEMM's rows
-    // (the same bits as through the columns, which copy them); every other needs them all.
-    const bool pointwise = g.k == 1 && g.stride == 1 && g.pad == 0;
-    EXPECT_EQ(be->conv_cols(g), pointwise ? 0 : cols.size()) << what(g);
-    if (pointwise) {
-      std::vector<float> z2(z.size()), a2(z.size());
-      be->conv_forward(x.data(), w.data(), b.data(), nullptr, z2.data(), a2.data(), g, Act::none);
-      EXPECT_EQ(z2, z) << what(g);
-    } else {
-      EXPECT_THROW(be->conv_forward(x.data(), w.data(), b.data(), nullptr, z.data(), a.data(), g, Act::none), Error)
-          << what(g);
+    // Both paths: oneDNN (no columns: conv_cols asks for none) and im2col + the GEMM (columns
+    // given); and without bias.
+    EXPECT_EQ(be->conv_cols(g), 0u) << what(g);
+    for (bool columns : {false, true}) {
+      std::vector<float> cols(size_t(g.rows()) * g.cols()), z(size_t(g.rows()) * g.out), a(z.size());
+      float* c = columns ? cols.data() : nullptr;
+      be->conv_forward(x.data(), w.data(), b.data(), c, z.data(), a.data(), g, Act::none);
+      for (size_t i = 0; i < z.size(); ++i)
+        EXPECT_NEAR(z[i], ref[i], 1e-5) << what(g) << (columns ? " im2col " : " oneDNN ") << i;
+      EXPECT_EQ(a, z) << what(g);
+      be->conv_forward(x.data(), w.data(), nullptr, c, z.data(), z.data(), g, Act::none);
+      for (size_t i = 0; i < z.size(); ++i)
+        EXPECT_NEAR(z[i], ref[i] - b[i % size_t(g.out)], 1e-5) << what(g) << (columns ? " im2col " : " oneDNN ") << i;
     }
   }
 }
@@ -329,13 +328,14 @@ TEST(ConvCpu, Col2imIsTheAdjointOfIm2col) {
 TEST(ConvCpu, GradientsMatchFiniteDifferences) {
   auto be = make_cpu_backend({});
   for (Act act : {Act::none, Act::tanh, Act::gelu}) {
-    for (const ConvGeom& g : kConvs) {
+    for (const ConvGeom& g : kConvs)
+    for (bool columns : {false, true}) {
       auto x = rnd(size_t(g.batch) * g.h * g.w * g.c, 10);
       auto w = rnd(size_t(g.out) * g.cols(), 11, -0.4f, 0.4f);
       auto b = rnd(size_t(g.out), 12, -0.2f, 0.2f);
       const auto r = rnd(size_t(g.rows()) * g.out, 13);
-      // The columns conv_cols asks for: none for the 1x1 stride-1 convolution (its GEMM on x).
-      std::vector<float> cols(be->conv_cols(g)), z(r.size()), a(r.size());
+      // oneDNN (no columns), and im2col + the GEMMs (columns given).
+      std::vector<float> cols(columns ? size_t(g.rows()) * g.cols() : 0), z(r.size()), a(r.size());
       float* c = cols.empty() ? nullptr : cols.data();
       auto loss = [&] {
         be->conv_forward(x.data(), w.data(), b.data(), c, z.data(), a.data(), g, act);
@@ -345,7 +345,7 @@ TEST(ConvCpu, GradientsMatchFiniteDifferences) {
       std::vector<float> da = r, dw(w.size()), db(b.size()), dx(x.size());
       be->conv_backward(x.data(), w.data(), z.data(), a.data(), da.data(), c, g, act, dw.data(),
                         db.data(), dx.data(), false);
-      const std::string label = what(g) + " " + act_name(act);
+      const std::string label = what(g) + " " + act_name(act) + (columns ? " im2col" : " oneDNN");
       expect_fd(w, dw, loss, "dw " + label);
       expect_fd(b, db, loss, "db " + label);
       expect_fd(x, dx, loss, "dx " + label);

@@ -1,5 +1,8 @@
-// The CPU backend: OpenBLAS cblas for every GEMM, plain loops for the elementwise work.
+// The CPU backend: OpenBLAS cblas for the GEMMs, oneDNN for convolutions (cpu_dnnl.cpp), plain
+// loops for the elementwise work.
 #include <cblas.h>
+#include <dnnl.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +13,7 @@
 #include <thread>
 
 #include "cpu_conv.hpp"
+#include "cpu_dnnl.hpp"
 #include "dpt/backend.hpp"
 #include "dpt/check.hpp"
 
@@ -137,13 +141,16 @@ class CpuBackend final : public Backend {
       source_ = std::to_string(hw) + " cores / " + std::to_string(std::max(1, opt.local_size)) + " local ranks";
     }
     openblas_set_num_threads(threads_);
+    omp_set_num_threads(threads_);  // oneDNN's pool (its OpenMP runtime)
+    const char* conv = std::getenv("DPT_CONV");
+    im2col_ = conv && std::string(conv) == "im2col";
   }
 
   std::string name() const override { return "cpu"; }
   std::string describe() const override {
     return "cpu, OpenBLAS " + std::string(openblas_get_config()) + ", " +
            std::to_string(threads_) + " BLAS thread(s) per rank" +
-           (source_.empty() ? "" : " (" + source_ + ")") + ", fp32";
+           (source_.empty() ? "" : " (" + source_ + ")") + ", convolutions " + conv_path() + ", fp32";
   }
   bool host_addressable() const override { return true; }
 
@@ -197,7 +204,27 @@ class CpuBackend final : public Backend {
                   0.f, dx, in);
   }
 
-  // ---- convolutional networks (cpu_conv.cpp) ----
+  // ---- convolutional networks: oneDNN (cpu_dnnl.cpp), or with DPT_CONV=im2col (kept to
+  // measure) and wherever a caller passes columns, im2col + the GEMMs; cpu_conv.cpp's loops ----
+  size_t conv_cols(const ConvGeom& g) override { return im2col_ ? Backend::conv_cols(g) : 0; }
+  void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z, float* a,
+                    const ConvGeom& g, Act act) override {
+    if (cols || im2col_) {
+      Backend::conv_forward(x, w, b, cols, z, a, g, act);
+      return;
+    }
+    dnnl_.forward(x, w, b, z, g);
+    act_forward(z, a, size_t(g.rows()) * size_t(g.out), act);
+  }
+  void conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
+                     const ConvGeom& g, Act act, float* dw, float* db, float* dx, bool accumulate) override {
+    if (cols || im2col_) {
+      Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
+      return;
+    }
+    act_backward(da, z, a, size_t(g.rows()) * size_t(g.out), act);
+    dnnl_.backward(x, w, da, dw, db, dx, g, accumulate);
+  }
   void im2col(const float* x, const ConvGeom& g, float* cols) override { cpu::im2col(x, g, cols); }
   void col2im(const float* dcols, const ConvGeom& g, float* dx) override { cpu::col2im(dcols, g, dx); }
   void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) override {
@@ -340,8 +367,16 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  std::string conv_path() const {
+    if (im2col_) return "im2col + OpenBLAS (DPT_CONV=im2col)";
+    const dnnl_version_t* v = dnnl_version();
+    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+  }
+
   int threads_ = 1;
   std::string source_;  // what decided threads_
+  bool im2col_ = false;  // DPT_CONV=im2col
+  cpu::DnnlConvs dnnl_;
 
 };
 
