@@ -45,9 +45,19 @@ void affine_rows(const float* x, float* y, int64_t rows, int c, const float* a, 
   }
 }
 
-// dy where relu_out > 0, else 0 (relu_backward's expression); dy itself without relu_out.
-inline float masked(const float* dy, const float* relu_out, size_t i) {
-  return !relu_out || relu_out[i] > 0.f ? dy[i] : 0.f;
+// One row of bn_backward: o = k·d − off − m·(x − mean), d = dy, or dy where relu_out > 0 and 0
+// elsewhere (relu_backward's expression). o may be dy. Two loops, so each vectorises.
+DPT_SIMD void bn_backward_row(const float* dy, const float* x, const float* relu_out, float* o, int c,
+                              const float* __restrict k, const float* __restrict m, const float* __restrict off,
+                              const float* __restrict mean) {
+  if (relu_out)
+    for (int j = 0; j < c; ++j) {
+      const float dv = dy[j];
+      const float d = relu_out[j] > 0.f ? dv : 0.f;
+      o[j] = k[j] * d - off[j] - m[j] * (x[j] - mean[j]);
+    }
+  else
+    for (int j = 0; j < c; ++j) o[j] = k[j] * dy[j] - off[j] - m[j] * (x[j] - mean[j]);
 }
 
 }  // namespace
@@ -90,12 +100,21 @@ DPT_SIMD void bn_backward_sums(const float* dy, const float* x, int64_t rows, in
   double* __restrict s = sums;
   double* __restrict q = sums + c;
   for (int j = 0; j < c; ++j) s[j] = q[j] = 0;
+  // With relu_out, each row's masked dy first (relu_backward's expression) into a row of
+  // scratch: the select and the double sums each vectorise apart, not together.
+  std::vector<float> row(relu_out ? size_t(c) : 0);
+  float* __restrict t = row.data();
   for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict d = dy + r * c;
     const float* __restrict xr = x + r * c;
+    if (relu_out) {
+      const float* __restrict a = relu_out + r * c;
+      for (int j = 0; j < c; ++j) t[j] = a[j] > 0.f ? d[j] : 0.f;
+      d = t;
+    }
     for (int j = 0; j < c; ++j) {
-      const float d = masked(dy, relu_out, size_t(r) * size_t(c) + size_t(j));
-      s[j] += d;
-      q[j] += double(d) * (double(xr[j]) - double(mean[j]));
+      s[j] += d[j];
+      q[j] += double(d[j]) * (double(xr[j]) - double(mean[j]));
     }
   }
   sums[2 * c] = double(rows);
@@ -120,14 +139,9 @@ void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c
     m[size_t(j)] = float(kj * double(invstd[j]) * invstd[j] * sums[c + j] / n);
     off[size_t(j)] = float(kj * sums[j] / n);
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * c;
-    float* o = dx + r * c;
-    for (int j = 0; j < c; ++j) {
-      const float d = masked(dy, relu_out, size_t(r) * size_t(c) + size_t(j));
-      o[j] = k[size_t(j)] * d - off[size_t(j)] - m[size_t(j)] * (xr[j] - mean[j]);
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    bn_backward_row(dy + r * c, x + r * c, relu_out ? relu_out + r * c : nullptr, dx + r * c, c, k.data(), m.data(),
+                    off.data(), mean);
 }
 
 DPT_SIMD void add(const float* x, float* y, size_t n) {
