@@ -238,6 +238,17 @@ if want profile; then
   else
     echo "profile: nsys not installed here"
   fi
+  # Without nsys: resnet50's step kernel by kernel under Nsight Compute (its duration metric only;
+  # cuDNN's heuristic algorithms, so no timed search among the kernels), summed per kernel name.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  if ! command -v nsys > /dev/null && [ -x "$NCU" ]; then
+    timeout "${PROFILE_S:-300}" mpirun -np 1 -x LD_LIBRARY_PATH "$NCU" --metrics gpu__time_duration.sum --csv --page raw \
+      --log-file "$OUT/rn50-ncu.csv" $B/bench-step --layers "resnet50(classes=10)" --input 3,224,224 --batch 256 \
+      --precision bf16 --conv-tuning heuristic --warmup 1 --steps 1 --repeat 1 > "$OUT/rn50-ncu.log" 2>&1
+    echo "profile: ncu rc=$?"
+    python3 bench/ncu_summary.py "$OUT/rn50-ncu.csv" --top 40 | tee "$OUT/rn50-ncu-summary.txt"
+    xz -9 "$OUT/rn50-ncu.csv"
+  fi
 fi
 if want scaling; then
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null

@@ -41,6 +41,7 @@ struct Args {
   int batch = 256, warmup = 200, steps = 2000, repeat = 3;
   // The gradient path (train.shard_optimizer, comm.grad_dtype, comm.nccl_max_ctas, comm.bucket_mb).
   std::string shard = "false", grad_dtype = "fp32";
+  std::string conv_tuning = "time";  // device.conv_tuning: heuristic skips cuDNN's timed search
   int nccl_max_ctas = 0;
   double bucket_mb = 25;
 };
@@ -63,6 +64,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--grad-dtype") a.grad_dtype = v;
     else if (k == "--nccl-max-ctas") a.nccl_max_ctas = std::stoi(v);
     else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
+    else if (k == "--conv-tuning") a.conv_tuning = v;
     else throw InputError("bench-step: unknown option " + k);
   if (a.shard != "true" && a.shard != "false") throw InputError("bench-step: --shard-optimizer " + a.shard + ": true or false");
   }
@@ -94,6 +96,7 @@ Config make_config(const Args& a) {
   c.grad_dtype = a.grad_dtype;
   c.nccl_max_ctas = a.nccl_max_ctas;
   c.bucket_mb = a.bucket_mb;
+  c.conv_tuning = a.conv_tuning;
   c.source = "bench-step's command line";
   validate(c);  // names the option's key and value when it is wrong
   return c;
