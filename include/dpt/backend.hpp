@@ -65,6 +65,7 @@ struct ConvGeom {
   int ow() const { return (w + 2 * pad - k) / stride + 1; }
   int rows() const { return batch * oh() * ow(); }  // output pixels: the GEMMs' rows
   int cols() const { return k * k * c; }            // the weight's row: (kh, kw, c)
+  std::string text() const;  // "CxHxW -> out, kK sS pP, batch B", for messages
 };
 // Pooling, output size rounded down (PyTorch's ceil_mode = False). pad > 0: max pooling pads
 // with −inf, average pooling with zeros counted in the mean (PyTorch's count_include_pad).

@@ -118,6 +118,12 @@ void Backend::mlp_backward(const float* x, int batch, const std::vector<LinearAr
   }
 }
 
+std::string ConvGeom::text() const {
+  return std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w) + " -> " + std::to_string(out) +
+         ", k" + std::to_string(k) + " s" + std::to_string(stride) + " p" + std::to_string(pad) + ", batch " +
+         std::to_string(batch);
+}
+
 namespace {
 // A 1x1 stride-1 convolution without padding: im2col would copy x unchanged.
 bool pointwise(const ConvGeom& g) { return g.k == 1 && g.stride == 1 && g.pad == 0; }

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "cpu_conv.hpp"
 #include "dpt/check.hpp"
 
 namespace dpt::cpu {
@@ -12,16 +13,6 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
-
-std::string shape_of(const ConvGeom& g) {
-  return std::to_string(g.batch) + "x" + std::to_string(g.c) + "x" + std::to_string(g.h) + "x" +
-         std::to_string(g.w) + " -> " + std::to_string(g.out) + " k" + std::to_string(g.k) + " s" +
-         std::to_string(g.stride) + " p" + std::to_string(g.pad);
-}
-
-void add_into(float* dst, const float* src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
 
 }  // namespace
 
@@ -41,7 +32,6 @@ struct DnnlConvs::Plan {
   memory w_fwd, w_data, dw_blk;  // the weights in each primitive's layout (empty: the user's)
   dnnl::reorder to_fwd, to_data, from_dw;
   std::vector<float> zero_bias, dw_tmp, db_tmp;
-  std::string info;
 };
 
 DnnlConvs::DnnlConvs() : s_(std::make_unique<State>()) {}
@@ -72,7 +62,7 @@ DnnlConvs::Plan& DnnlConvs::plan(const ConvGeom& g) {
         s_->eng, fpd);
     if (fpd.src_desc() != p->x_md || fpd.dst_desc() != p->z_md || dpd.diff_src_desc() != p->x_md ||
         wpd.diff_dst_desc() != p->z_md || wpd.diff_bias_desc() != p->b_md)
-      throw Error("oneDNN wants another activation layout than NHWC for the convolution " + shape_of(g));
+      throw Error("oneDNN wants another activation layout than NHWC for the convolution " + g.text());
     p->fwd = dnnl::convolution_forward(fpd);
     p->data = dnnl::convolution_backward_data(dpd);
     p->filter = dnnl::convolution_backward_weights(wpd);
@@ -89,15 +79,12 @@ DnnlConvs::Plan& DnnlConvs::plan(const ConvGeom& g) {
       p->dw_blk = memory(wpd.diff_weights_desc(), eng);
       p->from_dw = dnnl::reorder(dnnl::reorder::primitive_desc(eng, wpd.diff_weights_desc(), eng, p->w_md));
     }
-    p->info = std::string(fpd.impl_info_str()) + " | " + dpd.impl_info_str() + " | " + wpd.impl_info_str();
   } catch (const dnnl::error& e) {
-    throw Error("oneDNN cannot make the convolution " + shape_of(g) + ": " + e.what());
+    throw Error("oneDNN cannot make the convolution " + g.text() + ": " + e.what());
   }
   p->zero_bias.assign(size_t(g.out), 0.f);
   return *plans_.emplace(key, std::move(p)).first->second;
 }
-
-std::string DnnlConvs::describe(const ConvGeom& g) { return plan(g).info; }
 
 void DnnlConvs::forward(const float* x, const float* w, const float* b, float* z, const ConvGeom& g) {
   Plan& p = plan(g);
@@ -141,8 +128,8 @@ void DnnlConvs::backward(const float* x, const float* w, const float* dz, float*
   }
   st.wait();
   if (accumulate) {
-    add_into(dw, p.dw_tmp.data(), nw);
-    if (db) add_into(db, p.db_tmp.data(), nb);
+    add(p.dw_tmp.data(), dw, nw);  // cpu_bn.cpp's y += x
+    if (db) add(p.db_tmp.data(), db, nb);
   }
 }
 

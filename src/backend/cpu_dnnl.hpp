@@ -6,7 +6,6 @@
 #pragma once
 #include <map>
 #include <memory>
-#include <string>
 #include <tuple>
 
 #include "dpt/backend.hpp"
@@ -25,8 +24,6 @@ class DnnlConvs {
   // From dz (rows, out): dw and db written or added to (accumulate), dx (unless nullptr) written.
   void backward(const float* x, const float* w, const float* dz, float* dw, float* db, float* dx,
                 const ConvGeom& g, bool accumulate);
-  // The implementations oneDNN chose for g (forward | backward data | backward weights).
-  std::string describe(const ConvGeom& g);
 
  private:
   struct Plan;

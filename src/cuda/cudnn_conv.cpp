@@ -23,7 +23,6 @@
 // workspace. A shape first met while a step is being captured takes the heuristic. The choice is
 // printed once per shape.
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
 #include "backend_impl.hpp"
@@ -51,13 +50,6 @@ ConvPlan::~ConvPlan() {
 
 namespace {
 
-std::string shape_of(const ConvGeom& g) {
-  char b[160];
-  std::snprintf(b, sizeof b, "%dx%dx%d -> %d, k%d s%d p%d, batch %d", g.c, g.h, g.w, g.out, g.k, g.stride, g.pad,
-                g.batch);
-  return b;
-}
-
 // fp32 keeps to algorithms that sum the products directly (IEEE fp32 like the CPU's GEMMs).
 bool fwd_ok(cudnnConvolutionFwdAlgo_t a, bool fp32) {
   return !fp32 || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
@@ -82,7 +74,7 @@ template <class Perf, class Ok> int pick(const Perf* p, int n, size_t limit, Ok 
 }
 
 [[noreturn]] void no_algorithm(const char* dir, const ConvGeom& g, size_t limit) {
-  throw Error("cuDNN offers no deterministic " + std::string(dir) + " algorithm for the convolution " + shape_of(g) +
+  throw Error("cuDNN offers no deterministic " + std::string(dir) + " algorithm for the convolution " + g.text() +
               " within " + std::to_string(limit >> 20) + " MB of workspace (device.conv_workspace_mb)");
 }
 
@@ -161,7 +153,7 @@ bool CudaBackendImpl::im2col_wins(const ConvGeom& g) {
     return best;
   };
   const float ms_cudnn = time(nullptr), ms_im2col = time(cols);
-  log::info("cuda: conv " + shape_of(g) + ": forward + backward " + std::to_string(ms_cudnn).substr(0, 5) +
+  log::info("cuda: conv " + g.text() + ": forward + backward " + std::to_string(ms_cudnn).substr(0, 5) +
             " ms on cuDNN, " + std::to_string(ms_im2col).substr(0, 5) + " ms as im2col + GEMMs: " +
             (ms_im2col < ms_cudnn ? "im2col" : "cuDNN"));
   return ms_im2col < ms_cudnn;
@@ -193,7 +185,7 @@ ConvPlan& CudaBackendImpl::conv_plan(const ConvGeom& g) {
   int n = 0, c = 0, h = 0, w = 0;
   DPT_CHECK_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->fwd_desc, p->x, p->w, &n, &c, &h, &w));
   if (n != g.batch || c != g.out || h != g.oh() || w != g.ow())
-    throw Error("cuDNN's output shape for the convolution " + shape_of(g) + " is not the model's");
+    throw Error("cuDNN's output shape for the convolution " + g.text() + " is not the model's");
   return *conv_plans_.emplace(key, std::move(p)).first->second;
 }
 
@@ -256,7 +248,7 @@ void CudaBackendImpl::say_conv_plan(ConvPlan& p, const ConvGeom& g) {
   if (p.said || !p.fwd.made || !p.filter.made) return;
   p.said = true;
   auto ms = [](float t) { return t < 0 ? std::string() : " " + std::to_string(t).substr(0, 5) + " ms"; };
-  std::string s = "cuda: conv " + shape_of(g) + ": forward algo " + std::to_string(int(p.fwd.algo)) +
+  std::string s = "cuda: conv " + g.text() + ": forward algo " + std::to_string(int(p.fwd.algo)) +
                   ms(p.fwd.ms) + ", filter algo " + std::to_string(int(p.filter.algo)) + ms(p.filter.ms);
   if (p.data.made) s += ", data algo " + std::to_string(int(p.data.algo)) + ms(p.data.ms);
   const size_t ws = std::max({p.fwd.ws, p.data.ws, p.filter.ws});
