@@ -329,15 +329,15 @@ class CudaBackendImpl final : public CudaBackend {
   void* note_update(float* p, float* s1, float* s2, size_t n);
   void forget(void* p) noexcept;
   void* twin_slot(const float* p, size_t n);
+  const void* valid_twin(const float* p, size_t n) const;
+  void* only_twin(const float* z, size_t n);
+  void made_only_twin(const float* z, size_t n);
   const void* as_bf16(const float* p, size_t n, Scratch& fallback);
   // graph.cpp
   bool capturing() const;
   // resnet_ops.cpp
   double* bn_partial(int64_t rows, int c);
   void* relu_twin(const float* y, size_t n, bool relu);
-  const void* valid_twin(const float* p, size_t n) const;
-  void* only_twin(const float* z, size_t n);
-  void made_only_twin(const float* z, size_t n);
   cuda::BnIn bn_in(const float* x, size_t n) const;
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper

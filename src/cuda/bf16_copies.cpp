@@ -102,6 +102,25 @@ void* CudaBackendImpl::twin_slot(const float* p, size_t n) {
   return it->second.cap >= n ? it->second.buf.get() : nullptr;
 }
 
+// p's bf16 twin when it holds p's current n values, else nullptr.
+const void* CudaBackendImpl::valid_twin(const float* p, size_t n) const {
+  auto it = twins_.find(p);
+  return it != twins_.end() && it->second.valid >= n ? it->second.buf.get() : nullptr;
+}
+
+// bf16: where the model said z is read by batch norm only (note_bn_input), the twin slot that
+// a convolution writes its bf16 output into instead of z's floats; nullptr otherwise. Call after
+// z's note_write, then made_only_twin once the output is enqueued.
+void* CudaBackendImpl::only_twin(const float* z, size_t n) {
+  return bf16() && bn_inputs_.count(z) ? twin_slot(z, n) : nullptr;
+}
+
+void CudaBackendImpl::made_only_twin(const float* z, size_t n) {
+  Twin& t = twins_[z];
+  t.valid = n;
+  t.only = true;
+}
+
 // The bf16 operand for fp32 data [p, p + n): the weight shadow's slice when p lies in a
 // registered arena (refreshed first if stale); else p's twin when it is valid; else p is
 // converted into its twin (kept for later uses until p is written) or, failing that, into
@@ -116,8 +135,7 @@ const void* CudaBackendImpl::as_bf16(const float* p, size_t n, Scratch& fallback
       }
       return static_cast<const uint16_t*>(sh.w16.get()) + (p - sh.p);
     }
-  auto it = twins_.find(p);
-  if (it != twins_.end() && it->second.valid >= n) return it->second.buf.get();
+  if (const void* t = valid_twin(p, n)) return t;
   if (void* t = twin_slot(p, n)) {
     cuda::to_bf16(p, t, n, s);
     twins_[p].valid = n;

@@ -147,10 +147,9 @@ CudaBackendImpl::FusedGemm CudaBackendImpl::fused_backward_gemm(const std::vecto
 
 // The bf16 copy of a fused layer's activation (its twin), which the forward pass wrote.
 const void* CudaBackendImpl::twin_of(const float* a) const {
-  auto it = twins_.find(a);
-  if (it == twins_.end() || it->second.valid == 0)
-    throw Error("fused bf16 layer: its activation's bf16 copy is missing");
-  return it->second.buf.get();
+  const void* t = valid_twin(a, 1);
+  if (!t) throw Error("fused bf16 layer: its activation's bf16 copy is missing");
+  return t;
 }
 
 // The model's fusion state with this batch's decision, taken on first use: which hidden ReLU

@@ -29,25 +29,6 @@ void* CudaBackendImpl::relu_twin(const float* y, size_t n, bool relu) {
   return bf16() && relu && !im2col_convs_ ? twin_slot(y, n) : nullptr;
 }
 
-// p's bf16 twin when it holds p's current n values, else nullptr.
-const void* CudaBackendImpl::valid_twin(const float* p, size_t n) const {
-  auto it = twins_.find(p);
-  return it != twins_.end() && it->second.valid >= n ? it->second.buf.get() : nullptr;
-}
-
-// bf16: where the model said z is read by batch norm only (note_bn_input), the twin slot that
-// a convolution writes its bf16 output into instead of z's floats; nullptr otherwise. Call after
-// z's note_write, then made_only_twin once the output is enqueued.
-void* CudaBackendImpl::only_twin(const float* z, size_t n) {
-  return bf16() && bn_inputs_.count(z) ? twin_slot(z, n) : nullptr;
-}
-
-void CudaBackendImpl::made_only_twin(const float* z, size_t n) {
-  Twin& t = twins_[z];
-  t.valid = n;
-  t.only = true;
-}
-
 // Batch norm's input x: its bf16 twin where that is x's only copy (the floats never written).
 cuda::BnIn CudaBackendImpl::bn_in(const float* x, size_t n) const {
   auto it = twins_.find(x);
