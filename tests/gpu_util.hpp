@@ -53,6 +53,11 @@ inline Buffer<float> poisoned(Backend& be, size_t n) {
   return b;
 }
 
+// Batch norm's sums for c channels (2c + 1 doubles), all NaN.
+inline Buffer<double> poisoned_sums(Backend& be, int c) {
+  return put(be, std::vector<double>(2 * size_t(c) + 1, std::numeric_limits<double>::quiet_NaN()));
+}
+
 // ‖got − want‖ / ‖want‖ (absolute when want is 0); infinity if got holds a NaN or Inf.
 inline double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
   if (got.size() != want.size()) return std::numeric_limits<double>::infinity();

@@ -67,8 +67,6 @@ std::string what(const ConvGeom& g) {
          " s" + std::to_string(g.stride) + " p" + std::to_string(g.pad);
 }
 
-std::vector<double> nan_d(size_t n) { return std::vector<double>(n, std::numeric_limits<double>::quiet_NaN()); }
-
 struct ConvData {
   std::vector<float> x, w, b;
   ConvData(const ConvGeom& g, uint64_t seed)
@@ -397,7 +395,7 @@ TEST(CudaConv, Bf16OutputKeptForBatchNorm) {
     const bool relu = !gemm;
     auto run = [&](Buffer<float>& z) {
       g->conv_forward(gx.data(), gw.data(), nullptr, nullptr, z.data(), z.data(), c, Act::none);
-      auto sums = put(*g, nan_d(2 * size_t(c.out) + 1)), bsums = put(*g, nan_d(2 * size_t(c.out) + 1));
+      auto sums = poisoned_sums(*g, c.out), bsums = poisoned_sums(*g, c.out);
       auto y = poisoned(*g, n), mean = poisoned(*g, size_t(c.out)), inv = poisoned(*g, size_t(c.out));
       g->bn_sums(z.data(), rows, c.out, sums.data());
       g->bn_forward(z.data(), y.data(), rows, c.out, sums.data(), gbw.data(), gbb.data(), 1e-5f, 0.1f, mean.data(),
@@ -426,7 +424,7 @@ TEST(CudaConv, Bf16OutputKeptForBatchNorm) {
     // A float write ends it: batch norm then reads the floats again.
     const std::vector<float> ones(n, 1.f);
     g->upload(kept.data(), ones.data(), n * sizeof(float));
-    auto sums = put(*g, nan_d(2 * size_t(c.out) + 1));
+    auto sums = poisoned_sums(*g, c.out);
     g->bn_sums(kept.data(), rows, c.out, sums.data());
     const std::vector<double> s = get(*g, sums);
     EXPECT_EQ(s[0], double(rows)) << "sums after a float write, " << label;

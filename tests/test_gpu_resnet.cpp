@@ -43,7 +43,6 @@ constexpr double kSumsTol = 1e-10;
 constexpr double kBnTol = 1e-6;
 constexpr double kXentTol = 1e-6;
 
-const double kNaNd = std::numeric_limits<double>::quiet_NaN();
 
 // One channel, rows of 1..3 channels (the narrow tiles), an odd width (a tile of 32 plus one
 // channel), ResNet's 64 channels at 200000 rows, 2048 channels at 7x7 (batch 64), more than 800k
@@ -76,10 +75,6 @@ struct BnData {
     }
   }
 };
-
-Buffer<double> poisoned_sums(Backend& be, int c) {
-  return put(be, std::vector<double>(2 * size_t(c) + 1, kNaNd));
-}
 
 // ‖got − want‖ / ‖want‖ over [lo, hi); infinity where got holds a NaN or Inf.
 double rel_err_d(const std::vector<double>& got, const std::vector<double>& want, size_t lo, size_t hi) {
