@@ -244,6 +244,46 @@ TEST(BnCpu, ForwardRunningStatsAndGradients) {
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_EQ(dy[i], dx[i]);
 }
 
+// Batch norm's passes round every multiply and add on their own, in the order the CUDA kernels
+// (their oracle) use: no a·b + c fused into one FMA by the compiler's SIMD clones. One row makes
+// x − mean = 0 and k·dy − off a difference of equals: a fused k·dy − off leaves k·dy's rounding
+// error where the separate operations give 0.
+TEST(BnCpu, EveryOperationRoundedAsTheGpuKernels) {
+  auto be = make_cpu_backend({});
+  for (int64_t rows : {int64_t(1), int64_t(7)}) {
+    const int c = 37;  // more than one SIMD register's width, and a tail
+    const size_t n = size_t(rows) * c;
+    auto x = rnd(n, 21, -2.f, 3.f), dy = rnd(n, 22), w = rnd(size_t(c), 23, 0.5f, 1.5f), b = rnd(size_t(c), 24);
+    std::vector<double> sums(2 * size_t(c) + 1), bsums(2 * size_t(c) + 1);
+    std::vector<float> y(n), mean(static_cast<size_t>(c)), invstd(static_cast<size_t>(c)), dx(n);
+    be->bn_sums(x.data(), rows, c, sums.data());
+    be->bn_forward(x.data(), y.data(), rows, c, sums.data(), w.data(), b.data(), kBnEps, kBnMomentum, mean.data(),
+                   invstd.data(), nullptr, nullptr, false);
+    be->bn_backward_sums(dy.data(), x.data(), rows, c, mean.data(), bsums.data(), nullptr);
+    be->bn_backward(dy.data(), x.data(), dx.data(), rows, c, bsums.data(), mean.data(), invstd.data(), w.data(),
+                    nullptr);
+    for (int j = 0; j < c; ++j) {
+      const double nn = sums[2 * size_t(c)], m = sums[size_t(j)] / nn;
+      const double var = std::max(0.0, sums[size_t(c + j)] / nn - m * m), inv = 1.0 / std::sqrt(var + double(kBnEps));
+      const volatile float scale = float(inv * w[size_t(j)]), shift = float(b[size_t(j)] - m * inv * w[size_t(j)]);
+      const double kj = double(w[size_t(j)]) * invstd[size_t(j)];
+      const volatile float k = float(kj);
+      const volatile float mm = float(kj * double(invstd[size_t(j)]) * invstd[size_t(j)] * bsums[size_t(c + j)] / nn);
+      const volatile float off = float(kj * bsums[size_t(j)] / nn), mu = mean[size_t(j)];
+      for (int64_t r = 0; r < rows; ++r) {
+        const size_t i = size_t(r) * size_t(c) + size_t(j);
+        volatile float p = x[i] * scale;
+        EXPECT_EQ(y[i], float(p + shift)) << "y row " << r << " channel " << j;
+        volatile float kd = k * dy[i];
+        volatile float t = kd - off;
+        volatile float xc = x[i] - mu;
+        volatile float mx = mm * xc;
+        EXPECT_EQ(dx[i], float(t - mx)) << "dx rows " << rows << " row " << r << " channel " << j;
+      }
+    }
+  }
+}
+
 // A ReLU fused into batch norm (forward, evaluation, both backward passes) and into the residual
 // sum gives the bits of the separate passes it replaces: bn then act_forward, act_backward then
 // bn's backward, copy + add then act_forward.
