@@ -134,6 +134,9 @@ struct Model::Op {
   // gradient (a) for the body.
   int begin = -1, mid = -1, end = -1;
   const float* body_y = nullptr;
+  // Backward, which op reads this op's input gradient (note_grad_use): bn — the convolution
+  // below, one without bias or activation (GradUse::conv); conv — the batch norm below (GradUse::bn).
+  bool grad_to_conv = false, grad_to_bn = false;
 };
 
 Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout)
@@ -349,8 +352,12 @@ void Model::build_ops() {
   // output in another form (note_bn_input).
   for (size_t i = 0; i + 1 < ops_.size(); ++i)
     if (ops_[i]->kind == OpKind::conv && ops_[i]->act == Act::none && !ops_[i]->a.data() &&
-        ops_[i + 1]->kind == OpKind::bn)
+        ops_[i + 1]->kind == OpKind::bn) {
       be_.note_bn_input(ops_[i]->z.data());
+      ops_[i + 1]->grad_to_conv = !slices_[size_t(ops_[i]->param)].has_bias;
+    }
+  for (size_t i = 1; i < ops_.size(); ++i)
+    ops_[i]->grad_to_bn = ops_[i]->kind == OpKind::conv && ops_[i - 1]->kind == OpKind::bn;
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
   for (auto& op : ops_)
@@ -577,6 +584,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       g.batch = batch;
       const LayerSlice& s = slices_[size_t(op.param)];
       const float* a = op.a.data() ? op.a.data() : op.z.data();
+      if (op.grad_to_bn && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::bn);
       be_.conv_backward(in, params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
                         grads_.data() + s.w_off, s.has_bias ? grads_.data() + s.b_off : nobias_db_.data(),
                         first ? nullptr : grad_[nxt].data(), accumulate);
@@ -618,6 +626,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       }
       if (!first) {
         if (bn_reduce_ && trained_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
+        if (op.grad_to_conv) be_.note_grad_use(d, Backend::GradUse::conv);
         be_.bn_backward(d, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(),
                         params_.data() + s.w_off, relu_out);
       }
@@ -628,22 +637,26 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       break;
     }
     case OpKind::res_end:
-      // The fused ReLU's backward from its output (> 0 exactly where its input is), before that
-      // buffer takes the gradient; the output's gradient goes down both branches: kept for the
-      // body, which runs second.
-      if (op.act == Act::relu) be_.act_backward(d, op.a.data(), op.a.data(), n, Act::relu);
-      be_.copy(op.a.data(), d, n * sizeof(float));
+      // The fused ReLU's backward from its output (> 0 exactly where its input is), and the
+      // output's gradient down both branches: kept (in the output's buffer, whose values are no
+      // longer needed) for the body, which runs second.
+      be_.residual_backward(d, op.a.data(), op.a.data(), n, op.act == Act::relu);
       break;
     case OpKind::res_shortcut: {
-      // d: the shortcut's input gradient (the block's input), kept; the body's turn.
+      // d: the shortcut's input gradient (the block's input), kept; the body's turn. With an
+      // identity shortcut d still is the output's gradient, the body's too: nothing to move
+      // (res_begin adds the kept copy).
       const Op& e = *ops_[size_t(op.end)];
-      be_.copy(op.a.data(), d, size_t(batch) * size_t(op.out.size()) * sizeof(float));
-      be_.copy(d, e.a.data(), size_t(batch) * size_t(e.out.size()) * sizeof(float));
+      if (op.end != op.mid + 1) {  // a projection shortcut's ops between
+        be_.copy(op.a.data(), d, size_t(batch) * size_t(op.out.size()) * sizeof(float));
+        be_.copy(d, e.a.data(), size_t(batch) * size_t(e.out.size()) * sizeof(float));
+      }
       break;
     }
-    case OpKind::res_begin:
-      be_.add(ops_[size_t(op.mid)]->a.data(), d, n);
+    case OpKind::res_begin: {
+      be_.add(op.end == op.mid + 1 ? ops_[size_t(op.end)]->a.data() : ops_[size_t(op.mid)]->a.data(), d, n);
       break;
+    }
     case OpKind::act:
       be_.act_backward(d, in, op.a.data(), n, op.act);
       break;

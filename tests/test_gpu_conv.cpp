@@ -15,7 +15,10 @@
 // Outputs are poisoned with NaN on the GPU first, so an element the GPU forgets fails.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -276,19 +279,25 @@ TEST(CudaConv, ActivationsLayoutDropoutAugment) {
     EXPECT_LE(rel_err(get(*g, gr), d), 1e-5) << "backward " << act_name(act);
   }
 
-  const int batch = 37, c = 64, hw = 49;
-  const std::vector<float> x = uniform(size_t(batch) * c * hw, 72);
-  std::vector<float> t(x.size()), u(x.size());
-  cpu->nhwc_to_nchw(x.data(), t.data(), batch, c, hw);
-  cpu->nchw_to_nhwc(x.data(), u.data(), batch, c, hw);
-  auto gx = put(*g, x);
-  auto gt = poisoned(*g, x.size()), gu = poisoned(*g, x.size());
-  g->nhwc_to_nchw(gx.data(), gt.data(), batch, c, hw);
-  g->nchw_to_nhwc(gx.data(), gu.data(), batch, c, hw);
-  EXPECT_EQ(get(*g, gt), t);
-  EXPECT_EQ(get(*g, gu), u);
+  // Layouts: 64 channels (tiles), and an image's 1 or 3 channels or one pixel (a few rows: one
+  // thread per column).
+  for (const auto& [batch, c, hw] : {std::array<int, 3>{37, 64, 49}, {5, 3, 1000}, {4, 1, 784}, {6, 100, 1}}) {
+    const std::vector<float> x = uniform(size_t(batch) * c * hw, 72);
+    std::vector<float> t(x.size()), u(x.size());
+    cpu->nhwc_to_nchw(x.data(), t.data(), batch, c, hw);
+    cpu->nchw_to_nhwc(x.data(), u.data(), batch, c, hw);
+    auto gx = put(*g, x);
+    auto gt = poisoned(*g, x.size()), gu = poisoned(*g, x.size());
+    g->nhwc_to_nchw(gx.data(), gt.data(), batch, c, hw);
+    g->nchw_to_nhwc(gx.data(), gu.data(), batch, c, hw);
+    EXPECT_EQ(get(*g, gt), t) << "to NCHW, c " << c << " hw " << hw;
+    EXPECT_EQ(get(*g, gu), u) << "to NHWC, c " << c << " hw " << hw;
+  }
 
   // Dropout: the mask from the step in device memory, an image (NHWC) and flat features.
+  const int batch = 37;
+  const std::vector<float> x = uniform(size_t(batch) * 64 * 49, 72);
+  auto gx = put(*g, x);
   StepCtl ctl;
   ctl.step = 41;
   ctl.cursor = 5;
@@ -428,5 +437,86 @@ TEST(CudaConv, Bf16OutputKeptForBatchNorm) {
     g->bn_sums(kept.data(), rows, c.out, sums.data());
     const std::vector<double> s = get(*g, sums);
     EXPECT_EQ(s[0], double(rows)) << "sums after a float write, " << label;
+  }
+}
+
+// bf16 gradients between a convolution and batch norm (note_grad_use): batch norm → conv (no
+// bias) → batch norm, forward, then backward with the model's hints (the lower batch norm's
+// input gradient in bf16 only, the convolution's input gradient kept bf16 for the upper one)
+// against the same backend without them (floats between the layers, converted to bf16 for the
+// GEMMs and widened after). The convolution sees the same bf16 dz either way (round to nearest
+// from the same floats), so its weight gradient is the same bits; cuDNN's bf16 input gradient
+// read as it is gives what its widened copy gives: the same bits to the end. A 1x1 GEMM's input
+// gradient written in bf16 (D in bf16) instead of fp32 is within its rounding of the other.
+TEST(CudaConv, Bf16GradientsKeptBetweenConvAndBatchNorm) {
+  SKIP_WITHOUT_GPU();
+  setenv("DPT_BF16_GRADS", "1", 1);  // the default; DPT_BF16_GRADS=0 in the environment would turn the hints off
+  auto g = gpu(Precision::bf16);
+  unsetenv("DPT_BF16_GRADS");
+  for (const ConvGeom& c : {geom(8, 64, 14, 14, 64, 3, 1, 1), geom(8, 64, 14, 14, 256, 1, 1, 0),
+                            geom(8, 64, 14, 14, 128, 3, 2, 1)}) {
+    const std::string label = what(c);
+    const bool gemm = c.k == 1 && c.stride == 1;
+    const ConvData d(c, 120 + uint64_t(c.out));
+    const int64_t rin = int64_t(c.batch) * c.h * c.w, rout = c.rows();
+    const size_t nin = size_t(rin) * c.c, nout = size_t(rout) * c.out;
+    auto gx = put(*g, d.x), gw = put(*g, d.w);
+    auto wa = put(*g, uniform(size_t(c.c), 121, 0.5f, 1.5f)), ba = put(*g, uniform(size_t(c.c), 122));
+    auto wb = put(*g, uniform(size_t(c.out), 123, 0.5f, 1.5f)), bb = put(*g, uniform(size_t(c.out), 124));
+    const std::vector<float> dy = uniform(nout, 125);
+    auto ya = poisoned(*g, nin), z = poisoned(*g, nout), yb = poisoned(*g, nout);
+    auto ma = poisoned(*g, size_t(c.c)), ia = poisoned(*g, size_t(c.c));
+    auto mb = poisoned(*g, size_t(c.out)), ib = poisoned(*g, size_t(c.out));
+    auto sa = poisoned_sums(*g, c.c), sb = poisoned_sums(*g, c.out);
+    g->note_bn_input(z.data());
+    g->bn_sums(gx.data(), rin, c.c, sa.data());
+    g->bn_forward(gx.data(), ya.data(), rin, c.c, sa.data(), wa.data(), ba.data(), 1e-5f, 0.1f, ma.data(), ia.data(),
+                  nullptr, nullptr, true);
+    g->conv_forward(ya.data(), gw.data(), nullptr, nullptr, z.data(), z.data(), c, Act::none);
+    g->bn_sums(z.data(), rout, c.out, sb.data());
+    g->bn_forward(z.data(), yb.data(), rout, c.out, sb.data(), wb.data(), bb.data(), 1e-5f, 0.1f, mb.data(), ib.data(),
+                  nullptr, nullptr, false);
+    struct Out {
+      std::vector<double> bsb, bsa;
+      std::vector<float> dwb, dbb, dw, dwa, dba, dx;
+    };
+    auto run = [&](bool hints) {
+      auto d1 = put(*g, dy), d2 = poisoned(*g, nin), dw = poisoned(*g, d.w.size()), db = poisoned(*g, size_t(c.out));
+      auto dwb = poisoned(*g, size_t(c.out)), dbb = poisoned(*g, size_t(c.out));
+      auto dwa = poisoned(*g, size_t(c.c)), dba = poisoned(*g, size_t(c.c));
+      auto bsb = poisoned_sums(*g, c.out), bsa = poisoned_sums(*g, c.c);
+      g->bn_backward_sums(d1.data(), z.data(), rout, c.out, mb.data(), bsb.data(), nullptr);
+      g->bn_param_grads(bsb.data(), ib.data(), c.out, dwb.data(), dbb.data(), false);
+      if (hints) g->note_grad_use(d1.data(), Backend::GradUse::conv);
+      g->bn_backward(d1.data(), z.data(), d1.data(), rout, c.out, bsb.data(), mb.data(), ib.data(), wb.data(), nullptr);
+      if (hints) g->note_grad_use(d2.data(), Backend::GradUse::bn);
+      g->conv_backward(ya.data(), gw.data(), z.data(), z.data(), d1.data(), nullptr, c, Act::none, dw.data(),
+                       db.data(), d2.data(), false);
+      g->bn_backward_sums(d2.data(), gx.data(), rin, c.c, ma.data(), bsa.data(), ya.data());
+      g->bn_param_grads(bsa.data(), ia.data(), c.c, dwa.data(), dba.data(), false);
+      g->bn_backward(d2.data(), gx.data(), d2.data(), rin, c.c, bsa.data(), ma.data(), ia.data(), wa.data(),
+                     ya.data());
+      if (hints) {  // the hinted gradients' floats were never written
+        EXPECT_TRUE(std::isnan(get(*g, db)[0])) << "bias gradient written, " << label;
+      }
+      return Out{get(*g, bsb), get(*g, bsa), get(*g, dwb), get(*g, dbb), get(*g, dw),
+                 get(*g, dwa), get(*g, dba), get(*g, d2)};
+    };
+    const Out a = run(false), b = run(true), a2 = run(false);
+    EXPECT_EQ(a.dx, a2.dx) << "the plain path twice " << label;
+    EXPECT_EQ(b.bsb, a.bsb) << label;
+    EXPECT_EQ(b.dwb, a.dwb) << label;
+    EXPECT_EQ(b.dbb, a.dbb) << label;
+    EXPECT_EQ(b.dw, a.dw) << "conv dw " << label;
+    if (gemm) {
+      EXPECT_LE(rel_err(b.dx, a.dx), 1.0 / 128) << "dx " << label;
+      EXPECT_LE(rel_err(b.dwa, a.dwa), 1.0 / 128) << "dw of the lower bn " << label;
+      EXPECT_LE(rel_err(b.dba, a.dba), 1.0 / 128) << "db of the lower bn " << label;
+    } else {
+      EXPECT_EQ(b.bsa, a.bsa) << "lower bn's sums " << label;
+      EXPECT_EQ(b.dwa, a.dwa) << label;
+      EXPECT_EQ(b.dba, a.dba) << label;
+      EXPECT_EQ(b.dx, a.dx) << "dx " << label;
+    }
   }
 }

@@ -287,11 +287,22 @@ class Backend {
   // then keeps that convolution's bf16 output as it is and has batch norm read it, and never
   // writes z's floats. Other backends ignore it.
   virtual void note_bn_input(const float* z) { (void)z; }
+  // A hint from the model just before the op that writes the input gradient dx, for that write
+  // only: GradUse::conv — bn_backward's dx is read only by the backward pass of the convolution
+  // below, one without bias or activation (its output was note_bn_input's z); GradUse::bn —
+  // conv_backward's dx is read only by the batch norm below (bn_backward_sums, bn_backward).
+  // The CUDA backend under bf16 then writes dx in bf16 only (the operand the reader takes), and
+  // never dx's floats. Other backends ignore it.
+  enum class GradUse { conv, bn };
+  virtual void note_grad_use(const float* dx, GradUse use) { (void)dx; (void)use; }
   // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);
   // y (n) = body + shortcut, then max(y, 0) with relu: a residual block's output. y may be
   // neither input.
   virtual void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu);
+  // Its backward: d (n) = d where y > 0 with relu (y: residual_sum's output), and keep = d, the
+  // output's gradient kept for the second branch. keep may be y. Defaults to act_backward + copy.
+  virtual void residual_backward(float* d, const float* y, float* keep, size_t n, bool relu);
   // y (batch, c) = the mean of each channel of x (batch, hw, c); backward: dx = dy / hw.
   virtual void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
   virtual void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);

@@ -35,6 +35,10 @@ void Backend::bn_backward(const float*, const float*, float*, int64_t, int, cons
                           const float*, const float*, const float*) { needs_resnet_ops(); }
 void Backend::add(const float*, float*, size_t) { needs_resnet_ops(); }
 void Backend::residual_sum(const float*, const float*, float*, size_t, bool) { needs_resnet_ops(); }
+void Backend::residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) {
+  if (relu) act_backward(d, y, y, n, Act::relu);
+  copy(keep, d, n * sizeof(float));
+}
 void Backend::global_avgpool_forward(const float*, float*, int, int, int) { needs_resnet_ops(); }
 void Backend::global_avgpool_backward(const float*, float*, int, int, int) { needs_resnet_ops(); }
 

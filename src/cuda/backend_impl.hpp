@@ -228,6 +228,8 @@ class CudaBackendImpl final : public CudaBackend {
                           Act act);
   bool pointwise_gemm(const ConvGeom& g) const;  // a 1x1 stride-1 conv taken as a Linear layer
   bool pointwise_gemm_bf16(const float* x, const float* w, float* z, const ConvGeom& g);
+  void pointwise_backward_bf16(const float* x, const float* w, const void* dz16, const ConvGeom& g, float* dw,
+                               float* dx, bool dx_to_bn, bool accumulate);
 
   // ---- convolutional networks (conv_path.cpp) ----
   void im2col(const float* x, const ConvGeom& g, float* cols) override;
@@ -261,7 +263,11 @@ class CudaBackendImpl final : public CudaBackend {
                    const float* mean, const float* invstd, const float* w, const float* relu_out) override;
   void add(const float* x, float* y, size_t n) override;
   void note_bn_input(const float* z) override { bn_inputs_.insert(z); }
+  void note_grad_use(const float* dx, GradUse use) override {
+    if (bf16_grads_) grad_uses_[dx] = use;
+  }
   void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) override;
+  void residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) override;
   void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override;
   void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override;
   void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
@@ -332,11 +338,14 @@ class CudaBackendImpl final : public CudaBackend {
   const void* valid_twin(const float* p, size_t n) const;
   void* only_twin(const float* z, size_t n);
   void made_only_twin(const float* z, size_t n);
+  bool take_grad_use(const float* dx, GradUse use);
+  void floats_of(const float* p, size_t n);
   const void* as_bf16(const float* p, size_t n, Scratch& fallback);
   // graph.cpp
   bool capturing() const;
   // resnet_ops.cpp
   double* bn_partial(int64_t rows, int c);
+  float* bn_coef(int c);
   void* relu_twin(const float* y, size_t n, bool relu);
   cuda::BnIn bn_in(const float* x, size_t n) const;
 
@@ -437,6 +446,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::map<const float*, Fusion> fusions_;       // per model, keyed by its logits buffer
   Scratch layer_partial_;  // LARS/LAMB: per-block partial sums of squares
   Scratch bn_partial_;  // batch norm's sums: per-block partial sums (double)
+  Scratch bn_coef_;     // batch norm's per-channel coefficients of the vector passes
   Scratch xent_loss_, xent_ok_;  // softmax_xent_smoothed: per-row loss (double) and hit
   Scratch tposed_x_, tposed_dz_;  // tf32: K-major copies of the weight gradient's operands
   int tf32_transpose_ = 1;        // DPT_TF32_TRANSPOSE: 0 none, 1 the smaller operand, 2 both
@@ -448,6 +458,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool im2col_convs_ = false;     // DPT_CONV=im2col: convolutions as im2col + cuBLASLt GEMMs
   bool gemm_1x1_ = true;          // DPT_CONV1X1=cudnn: 1x1 stride-1 convs on cuDNN too
   bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
+  bool bf16_grads_ = true;        // note_grad_use's hints taken (DPT_BF16_GRADS=0: ignored, to measure)
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
   std::map<std::array<int, 8>, bool> im2col_choice_;  // conv_cols's timed choice per shape
@@ -455,6 +466,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers
+  std::map<const float*, GradUse> grad_uses_;  // note_grad_use's hints not yet taken
 };
 
 }  // namespace dpt::cuda_impl

@@ -6,6 +6,8 @@
 #include <iterator>
 
 #include "backend_impl.hpp"
+#include "dpt/check.hpp"
+#include "cudnn_kernels.cuh"
 #include "kernels.cuh"
 
 namespace dpt::cuda_impl {
@@ -119,6 +121,26 @@ void CudaBackendImpl::made_only_twin(const float* z, size_t n) {
   Twin& t = twins_[z];
   t.valid = n;
   t.only = true;
+}
+
+// The hint note_grad_use gave for the next write of dx, taken (it holds for one write): true when
+// it was `use`.
+bool CudaBackendImpl::take_grad_use(const float* dx, GradUse use) {
+  auto it = grad_uses_.find(dx);
+  if (it == grad_uses_.end()) return false;
+  const bool match = it->second == use;
+  grad_uses_.erase(it);
+  return match;
+}
+
+// Where p's bf16 twin is its only copy, the floats [p, p + n) written from it (for a reader of
+// floats; the twin stays valid).
+void CudaBackendImpl::floats_of(const float* p, size_t n) {
+  auto it = twins_.find(p);
+  if (it == twins_.end() || !it->second.only) return;
+  if (it->second.valid < n) throw Error("a bf16-only tensor holds fewer values than its reader's");
+  cuda::widen_bf16(it->second.buf.get(), const_cast<float*>(p), n, false, stream_.get());
+  it->second.only = false;
 }
 
 // The bf16 operand for fp32 data [p, p + n): the weight shadow's slice when p lies in a

@@ -227,6 +227,20 @@ __global__ void batched_transpose_kernel(const float* __restrict__ src, float* _
   }
 }
 
+// The same for at most kSmallRows rows (an image's few channels to NHWC, or a flatten after the
+// global pool): one thread per column, reading each row's value (coalesced across the warp) and
+// writing its rows contiguously. The tiled kernel would leave most of each 32×32 tile empty.
+constexpr int kSmallRows = 4;
+__global__ void small_rows_transpose_kernel(const float* __restrict__ src, float* __restrict__ dst, int rows,
+                                            int64_t cols, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / cols, c = i - b * cols;
+    const float* s = src + size_t(b) * size_t(rows) * size_t(cols) + size_t(c);
+    float* d = dst + size_t(i) * size_t(rows);
+    for (int r = 0; r < rows; ++r) d[r] = s[size_t(r) * size_t(cols)];
+  }
+}
+
 // One thread per element in memory order (NHWC) of samples [n0, ...); the mask's element index
 // is the NCHW one.
 __global__ void dropout_kernel(const float* x, float* y, DropoutArgs d, Div per, Div c_n, uint32_t thr,
@@ -354,6 +368,12 @@ void act_backward(float* da, const float* z, const float* a, size_t n, Act act, 
 
 void batched_transpose(const float* src, float* dst, int batch, int rows, int cols, cudaStream_t s) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return;
+  if (rows <= kSmallRows) {
+    const int64_t total = int64_t(batch) * cols;
+    small_rows_transpose_kernel<<<grid_for(size_t(total)), kThreads, 0, s>>>(src, dst, rows, cols, total);
+    DPT_CHECK_LAUNCH("small_rows_transpose_kernel");
+    return;
+  }
   const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min(batch, 65535)));
   batched_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(src, dst, batch, rows, cols);
   DPT_CHECK_LAUNCH("batched_transpose_kernel");

@@ -305,31 +305,41 @@ bool CudaBackendImpl::pointwise_gemm_bf16(const float* x, const float* w, float*
   return true;
 }
 
+// bf16 between a convolution and batch norm (note_grad_use): where batch norm's backward wrote
+// dz (over da) in bf16 only, that is the GEMMs' operand as it is (the convolution has no bias or
+// activation: no pass over da); where only batch norm reads dx, cuDNN's bf16 dx stays bf16.
 void CudaBackendImpl::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da,
                                     float* cols, const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                                     bool accumulate) {
-  if (cols) {  // the im2col path (conv_cols)
-    Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
+  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
+  const bool dx_to_bn = dx && take_grad_use(dx, GradUse::bn) && bf16();
+  const cuda::BnIn dzin = bf16() && act == Act::none ? bn_in(da, ny) : cuda::BnIn{da, false};
+  if (cols || (!dzin.bf16 && pointwise_gemm(g))) {  // the im2col path (conv_cols), or a GEMM on floats
+    floats_of(da, ny);
+    if (cols) Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
+    else linear_backward(x, w, z, a, da, g.rows(), g.c, g.out, act, dw, db, dx, accumulate);
     return;
   }
   if (pointwise_gemm(g)) {
-    linear_backward(x, w, z, a, da, g.rows(), g.c, g.out, act, dw, db, dx, accumulate);
+    pointwise_backward_bf16(x, w, dzin.p, g, dw, dx, dx_to_bn, accumulate);
     return;
   }
   cudaStream_t s = stream_.get();
   ConvPlan& p = conv_plan(g);
-  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
   // The operands' bf16 copies are looked up before the outputs' notes drop any copy they hit.
   const void* xin = bf16() ? as_bf16(x, nx, bf16_b_) : static_cast<const void*>(x);
   const void* win = bf16() && dx ? as_bf16(w, nw, bf16_a_) : static_cast<const void*>(w);
-  note_write(da, ny * sizeof(float));
   note_write(dw, nw * sizeof(float));
-  note_write(db, size_t(g.out) * sizeof(float));
   if (dx) note_write(dx, nx * sizeof(float));
-  // dz over da, bf16(dz) and the bias gradient in one pass.
-  void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, ny) * 2, s) : nullptr;
-  cuda::act_backward_bgrad(da, z, a, g.rows(), g.out, act, db, accumulate, bgrad_partial(g.rows(), g.out), dz16, s);
-  const void* dy = bf16() ? dz16 : static_cast<const void*>(da);
+  const void* dy = dzin.p;
+  if (!dzin.bf16) {
+    // dz over da, bf16(dz) and the bias gradient in one pass.
+    note_write(da, ny * sizeof(float));
+    note_write(db, size_t(g.out) * sizeof(float));
+    void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, ny) * 2, s) : nullptr;
+    cuda::act_backward_bgrad(da, z, a, g.rows(), g.out, act, db, accumulate, bgrad_partial(g.rows(), g.out), dz16, s);
+    dy = bf16() ? dz16 : static_cast<const void*>(da);
+  }
   const float one = 1.f, zero = 0.f;
   if (!p.filter.made) choose_filter(p, g, xin, dy);
   if (bf16()) {
@@ -345,13 +355,38 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
                                                    p.w, dw));
   }
   if (dx) {
-    void* out = bf16() ? conv_dx16_.get(nx * 2, s) : static_cast<void*>(dx);
+    void* keep = dx_to_bn ? twin_slot(dx, nx) : nullptr;
+    void* out = keep ? keep : bf16() ? conv_dx16_.get(nx * 2, s) : static_cast<void*>(dx);
     if (!p.data.made) choose_data(p, g, win, dy, out);
     DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data.algo,
                                                  conv_workspace(p.data.ws), p.data.ws, &zero, p.x, out));
-    if (bf16()) cuda::widen_bf16(out, dx, nx, false, s);
+    if (keep) made_only_twin(dx, nx);
+    else if (bf16()) cuda::widen_bf16(out, dx, nx, false, s);
   }
   say_conv_plan(p, g);
+}
+
+// A 1x1 stride-1 convolution's backward pass from batch norm's bf16 dz (dz16, the bias-free case
+// of conv_backward): the weight gradient's GEMM, and the input gradient's with a bf16 D into dx's
+// twin where only batch norm reads dx (cuBLASLt), else in floats.
+void CudaBackendImpl::pointwise_backward_bf16(const float* x, const float* w, const void* dz16, const ConvGeom& g,
+                                              float* dw, float* dx, bool dx_to_bn, bool accumulate) {
+  const int rows = g.rows(), in = g.c, out = g.out;
+  const size_t nx = size_t(rows) * size_t(in);
+  const void* x16 = as_bf16(x, nx, bf16_b_);
+  const void* w16 = dx ? as_bf16(w, size_t(out) * size_t(in), bf16_a_) : nullptr;
+  note_write(dw, size_t(out) * size_t(in) * sizeof(float));
+  if (dx) note_write(dx, nx * sizeof(float));
+  weight_grad(x, x16, nullptr, dz16, rows, in, out, dw, accumulate ? 1.f : 0.f);
+  if (!dx) return;
+  if (void* dx16 = dx_to_bn && use_lt_ ? twin_slot(dx, nx) : nullptr) {
+    const LtSpec sp = spec(false, false, in, rows, out, w16, in, dz16, out, dx16, in, 0.f, CUDA_R_16BF);
+    if (lt_matmul(sp, w16, dz16, dx16, 0.f, nullptr)) {
+      made_only_twin(dx, nx);
+      return;
+    }
+  }
+  gemm(false, false, in, rows, out, w16, in, dz16, out, dx, in, 0.f);
 }
 
 }  // namespace dpt::cuda_impl

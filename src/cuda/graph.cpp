@@ -84,7 +84,10 @@ void CudaBackendImpl::refresh_shadows() {
 // that each replay uses the copy its own producer wrote.
 void CudaBackendImpl::capture_begin() {
   refresh_shadows();
-  for (auto& t : twins_) t.second.valid = 0;
+  for (auto& t : twins_) {  // a bf16-only tensor too: its producer in the step makes it again
+    t.second.valid = 0;
+    t.second.only = false;
+  }
 }
 
 // Capture ended: true when the captured step leaves a weight shadow stale (a write into the

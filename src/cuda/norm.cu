@@ -1,31 +1,24 @@
-// The CUDA backend's kernels for residual networks: batch norm (per-channel sums, the training
-// and evaluation affine passes, parameter gradients, the input gradient), the residual sum,
+// The CUDA backend's kernels for residual networks beside batch norm (bn.cu): the residual sum,
 // global average pooling, padded max/avg pooling and its gather-form backward, and the
-// label-smoothed softmax cross-entropy. Kernels first, launchers after.
+// label-smoothed softmax cross-entropy. Kernels first, launchers after. Channel tiles:
+// channel_tiles.cuh.
 //
-// Channel tiles. Most kernels run over a (rows, c) row-major matrix: an NHWC activation's pixels
-// by its channels. A block is tc × lanes = 256 threads: threadIdx.x is a channel of a tile of tc
-// (the smallest power of two covering c, at most 32), threadIdx.y one of lanes = 256 / tc rows,
-// and blockIdx.y picks the tile. A warp reads consecutive channels of consecutive rows (coalesced
-// for any c), and a thread keeps one channel throughout: no division by c.
-//
-// Determinism. A reduction is per-thread sums in a fixed row order, a fixed tree over the
-// block's row lanes, per-block partials in scratch, then a second kernel that sums the partials
-// in block order the same way. The block count depends on the shape only, not on the device.
-// Backward passes of pooling are gathers (one thread per input element), never atomics.
+// Determinism. A reduction runs in a fixed order; backward passes of pooling are gathers (one
+// thread per input element), never atomics.
 //
 // Fast math. The build compiles CUDA with --use_fast_math: single-precision division, sqrt, exp
 // and log become approximate, denormals flush to zero, and nvcc contracts a·b + c into an FMA.
-// Double precision is untouched, so per-channel statistics are computed in double and rounded
-// to float once, as the CPU backend does; the elementwise passes use __fmul_rn / __fadd_rn /
-// __fsub_rn / __fdiv_rn (never contracted, IEEE-rounded) in the CPU's operation order.
+// Double precision is untouched; the elementwise passes use __fmul_rn / __fadd_rn / __fsub_rn /
+// __fdiv_rn (never contracted, IEEE-rounded) in the CPU's operation order.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
+#include "channel_tiles.cuh"
 #include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
 #include "norm_kernels.cuh"
@@ -33,187 +26,10 @@
 namespace dpt::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kTileMax = 32;             // channels per tile at most: one warp's width
-constexpr int kMaxTiles = 65535;         // gridDim.y
-constexpr int64_t kReduceBlocks = 1024;  // a reduction's blocks, about 8 per SM of an H200
-constexpr int64_t kPassBlocks = 4096;    // an elementwise pass's blocks at most (grid-stride)
 // Pooling indexes pixels in 32 bits (Div): they and the grid-stride loop's last step fit in 2^31.
 constexpr int64_t kMaxPoolPixels = (int64_t(1) << 31) - kPassBlocks * kThreads;
 
 // ============================== kernels ==============================
-
-// Sums each of the N values over the block's row lanes (threadIdx.y), per channel lane
-// (threadIdx.x), in a fixed tree order; the totals are valid in row lane 0. Every thread of the
-// block calls it (it synchronises), once per kernel; blockDim.y is a power of two.
-template <int N> __device__ void lane_sums(double (&v)[N]) {
-  __shared__ double sh[N][kThreads];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int k = 0; k < N; ++k) sh[k][t] = v[k];
-  for (int h = blockDim.y / 2; h > 0; h /= 2) {
-    __syncthreads();
-    if (threadIdx.y < h)
-      for (int k = 0; k < N; ++k) sh[k][t] += sh[k][t + h * blockDim.x];
-  }
-  for (int k = 0; k < N; ++k) v[k] = sh[k][t];
-}
-
-// The first row of this thread in a pass over rows, and the step to its next one.
-__device__ __forceinline__ int64_t first_row() { return int64_t(blockIdx.x) * blockDim.y + threadIdx.y; }
-__device__ __forceinline__ int64_t row_step() { return int64_t(gridDim.x) * blockDim.y; }
-__device__ __forceinline__ int channel() { return blockIdx.y * blockDim.x + threadIdx.x; }
-
-// A ReLU's backward folded into batch norm's (Backend::bn_backward_sums' relu_out): dy where the
-// forward output is > 0. The output is read as float, or as its bf16 copy (2 bytes instead of
-// 4): a positive float is a positive bf16 (flushed denormals aside, which the fast-math kernels
-// that wrote it never produce), so both give the same mask.
-enum class Mask { none, f32, bf16 };
-
-// A batch-norm input: float, or bf16 where the float tensor was never written (a convolution's
-// bf16 output kept as it is: Backend::note_bn_input).
-__device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
-
-template <Mask M> __device__ __forceinline__ float masked(const float* dy, const void* relu_out, size_t i) {
-  if constexpr (M == Mask::f32) return static_cast<const float*>(relu_out)[i] > 0.f ? dy[i] : 0.f;
-  else if constexpr (M == Mask::bf16)
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(relu_out)[i]) > 0.f ? dy[i] : 0.f;
-  else return dy[i];
-}
-
-// partial (chunks, 2c): chunk blockIdx.x's (rows [chunk·chunk_rows, +chunk_rows)) sums for the
-// channels of tile blockIdx.y, [Σa (c), Σa·b (c)] with b = a = x (forward) or a = dy (masked),
-// b = x − mean (backward), in double as the CPU's. The forward pass reads x only.
-template <bool BWD, Mask M, class TX>
-__global__ void bn_partial_kernel(const float* __restrict__ a, const TX* __restrict__ x,
-                                  const float* __restrict__ mean, const void* __restrict__ relu_out,
-                                  int64_t rows, int c, int64_t chunk_rows, double* __restrict__ partial) {
-  const int j = channel();
-  const int64_t r0 = int64_t(blockIdx.x) * chunk_rows;
-  const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  double v[2] = {0.0, 0.0};
-  if (j < c) {
-    double m = 0.0;
-    if constexpr (BWD) m = mean[j];
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-      const size_t i = size_t(r) * size_t(c) + size_t(j);
-      const double d = BWD ? masked<M>(a, relu_out, i) : ld(x, i);
-      v[0] += d;
-      if constexpr (BWD) v[1] += d * (double(ld(x, i)) - m);
-      else v[1] += d * d;
-    }
-  }
-  lane_sums(v);
-  if (threadIdx.y == 0 && j < c) {
-    double* p = partial + size_t(blockIdx.x) * 2 * size_t(c);
-    p[j] = v[0];
-    p[c + j] = v[1];
-  }
-}
-
-// out[j] = Σ over the chunks of partial[chunk][j] (cols columns), chunk ascending per row lane,
-// then the lane tree; out[cols] = count.
-__global__ void column_total_kernel(const double* __restrict__ partial, int64_t chunks, int cols,
-                                    double count, double* __restrict__ out) {
-  const int j = channel();
-  double v[1] = {0.0};
-  if (j < cols)
-    for (int64_t k = threadIdx.y; k < chunks; k += blockDim.y) v[0] += partial[size_t(k) * size_t(cols) + size_t(j)];
-  lane_sums(v);
-  if (threadIdx.y == 0 && j < cols) out[j] = v[0];
-  if (blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) out[cols] = count;
-}
-
-struct BnStats {
-  double mean, var, invstd;
-};
-
-// The CPU's formulas in double. The variance's product is kept unfused (__dmul_rn): E[x²] − mean²
-// cancels, and the CPU rounds mean² before subtracting.
-__device__ BnStats bn_stats(const double* sums, int c, int j, float eps) {
-  const double n = sums[2 * c];
-  const double mean = sums[j] / n;
-  const double var = fmax(0.0, sums[c + j] / n - __dmul_rn(mean, mean));
-  return {mean, var, 1.0 / sqrt(var + double(eps))};
-}
-
-// y = x·scale + shift down this thread's channel j, rounded as the CPU's multiply then add; then
-// max(y, 0) with relu (act_fwd's expression), and its bf16 copy into y16 unless nullptr.
-template <class TX>
-__device__ void affine_rows(const TX* x, float* y, __nv_bfloat16* y16, int64_t rows, int c, int j,
-                            float scale, float shift, bool relu) {
-  for (int64_t r = first_row(); r < rows; r += row_step()) {
-    const size_t i = size_t(r) * size_t(c) + size_t(j);
-    float v = __fadd_rn(__fmul_rn(ld(x, i), scale), shift);
-    if (relu) v = v > 0.f ? v : 0.f;
-    y[i] = v;
-    if (y16) y16[i] = __float2bfloat16_rn(v);
-  }
-}
-
-// Training: every thread derives its channel's scale and shift from the sums; the one in row
-// lane 0 of block column 0 also writes the channel's saved mean and invstd and moves its running
-// stats (once per channel).
-template <class TX>
-__global__ void bn_train_kernel(const TX* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
-                                const double* __restrict__ sums, const float* __restrict__ w,
-                                const float* __restrict__ b, float eps, float momentum,
-                                float* __restrict__ save_mean, float* __restrict__ save_invstd,
-                                float* __restrict__ running_mean, float* __restrict__ running_var) {
-  const int j = channel();
-  if (j >= c) return;
-  const BnStats st = bn_stats(sums, c, j, eps);
-  if (blockIdx.x == 0 && threadIdx.y == 0) {
-    save_mean[j] = float(st.mean);
-    save_invstd[j] = float(st.invstd);
-    const double n = sums[2 * c], mom = momentum;
-    const double unbiased = n > 1 ? st.var * n / (n - 1) : st.var;
-    if (running_mean) running_mean[j] = float(mom * st.mean + (1.0 - mom) * running_mean[j]);
-    if (running_var) running_var[j] = float(mom * unbiased + (1.0 - mom) * running_var[j]);
-  }
-  affine_rows(x, y, y16, rows, c, j, float(st.invstd * w[j]), float(b[j] - st.mean * st.invstd * w[j]), relu);
-}
-
-template <class TX>
-__global__ void bn_infer_kernel(const TX* x, float* y, bool relu, int64_t rows, int c,
-                                const float* __restrict__ running_mean, const float* __restrict__ running_var,
-                                const float* __restrict__ w, const float* __restrict__ b, float eps) {
-  const int j = channel();
-  if (j >= c) return;
-  const double invstd = 1.0 / sqrt(double(running_var[j]) + double(eps));
-  affine_rows(x, y, nullptr, rows, c, j, float(invstd * w[j]), float(b[j] - running_mean[j] * invstd * w[j]), relu);
-}
-
-// dx = k·dy − off − m·(x − mean) with the CPU's per-channel k, m, off (double, rounded to float)
-// and its operation order, dy masked by relu_out (M). dx may equal dy: each element is read
-// before it is written, by the same thread.
-template <Mask M, class TX>
-__global__ void bn_backward_kernel(const float* dy, const TX* x, const void* relu_out, float* dx, int64_t rows,
-                                   int c, const double* __restrict__ sums, const float* __restrict__ mean,
-                                   const float* __restrict__ invstd, const float* __restrict__ w) {
-  const int j = channel();
-  if (j >= c) return;
-  const double n = sums[2 * c];
-  const double kj = double(w[j]) * invstd[j];
-  const float k = float(kj);
-  const float m = float(kj * double(invstd[j]) * invstd[j] * sums[c + j] / n);
-  const float off = float(kj * sums[j] / n);
-  const float mu = mean[j];
-  for (int64_t r = first_row(); r < rows; r += row_step()) {
-    const size_t i = size_t(r) * size_t(c) + size_t(j);
-    const float d = masked<M>(dy, relu_out, i), v = ld(x, i);
-    dx[i] = __fsub_rn(__fsub_rn(__fmul_rn(k, d), off), __fmul_rn(m, __fsub_rn(v, mu)));
-  }
-}
-
-__global__ void bn_param_grads_kernel(const double* __restrict__ sums, const float* __restrict__ invstd,
-                                      int c, float* __restrict__ dw, float* __restrict__ db, bool accumulate) {
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
-    const float gw = float(sums[c + j] * invstd[j]), gb = float(sums[j]);
-    dw[j] = accumulate ? dw[j] + gw : gw;
-    db[j] = accumulate ? db[j] + gb : gb;
-  }
-}
 
 __global__ void add_kernel(const float* x, float* y, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
@@ -259,6 +75,45 @@ __global__ void residual_sum4_kernel(const float4* __restrict__ a, const float4*
   }
 }
 
+// residual_backward: d = d where the mask (float, or bf16 with M16) > 0, else 0; keep = d. keep
+// may be the float mask: each element is read before it is written, by the same thread.
+template <bool M16> __device__ __forceinline__ float mask_at(const void* mask, size_t i) {
+  if constexpr (M16) return __bfloat162float(static_cast<const __nv_bfloat16*>(mask)[i]);
+  else return static_cast<const float*>(mask)[i];
+}
+
+template <bool M16>
+__global__ void residual_bwd_kernel(float* d, const void* mask, float* keep, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = mask_at<M16>(mask, i) > 0.f ? d[i] : 0.f;
+    d[i] = v;
+    keep[i] = v;
+  }
+}
+
+template <bool M16>
+__global__ void residual_bwd4_kernel(float4* d, const void* mask, float4* keep, size_t n4) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    float m[4];
+    if constexpr (M16) {
+      const uint2 u = static_cast<const uint2*>(mask)[i];
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+      m[0] = a.x, m[1] = a.y, m[2] = b.x, m[3] = b.y;
+    } else {
+      const float4 f = static_cast<const float4*>(mask)[i];
+      m[0] = f.x, m[1] = f.y, m[2] = f.z, m[3] = f.w;
+    }
+    float4 v = d[i];
+    v.x = m[0] > 0.f ? v.x : 0.f;
+    v.y = m[1] > 0.f ? v.y : 0.f;
+    v.z = m[2] > 0.f ? v.z : 0.f;
+    v.w = m[3] > 0.f ? v.w : 0.f;
+    d[i] = v;
+    keep[i] = v;
+  }
+}
+
 // y[n][j] = float(Σ_p x[n][p][j] / hw), one thread per (sample, channel), summed in double in p
 // order: the CPU's sums, bit for bit.
 __global__ void gap_fwd_kernel(const float* __restrict__ x, float* __restrict__ y, int batch, int hw, int c) {
@@ -294,11 +149,33 @@ __device__ __forceinline__ bool is_nan(float v) { return (__float_as_uint(v) & 0
 // first maximum, a NaN replaces it, argmax = the tap kh·k + kw. Avg: summed from the first valid
 // tap, divided by k² (the padding's zeros counted, count_include_pad). A window with no valid tap
 // (pad >= k, which PyTorch refuses) gives max −inf, argmax −1; avg 0.
-template <bool MAX>
+// V consecutive channels (1, or 4 in one 16-byte access).
+template <int V, class T> __device__ __forceinline__ void ldv(const T* p, size_t i, T (&v)[V]) {
+  if constexpr (V == 4) {
+    static_assert(sizeof(T) == 4, "four 4-byte values");
+    const float4 f = *reinterpret_cast<const float4*>(p + i);
+    const T* t = reinterpret_cast<const T*>(&f);
+    for (int k = 0; k < 4; ++k) v[k] = t[k];
+  } else {
+    for (int k = 0; k < V; ++k) v[k] = p[i + k];
+  }
+}
+template <int V, class T> __device__ __forceinline__ void stv(T* p, size_t i, const T (&v)[V]) {
+  if constexpr (V == 4) {
+    float4 f;
+    T* t = reinterpret_cast<T*>(&f);
+    for (int k = 0; k < 4; ++k) t[k] = v[k];
+    *reinterpret_cast<float4*>(p + i) = f;
+  } else {
+    for (int k = 0; k < V; ++k) p[i + k] = v[k];
+  }
+}
+
+template <bool MAX, int V>
 __global__ void padded_pool_fwd_kernel(const float* __restrict__ x, float* __restrict__ y,
                                        int32_t* __restrict__ argmax, PoolGeom g, Div plane, Div ow_n,
                                        int pixels) {
-  const int j = channel();
+  const int j = channel() * V;
   if (j >= g.c) return;
   const float area = float(g.k * g.k);
   for (int p = int(first_row()); p < pixels; p += int(row_step())) {
@@ -306,47 +183,52 @@ __global__ void padded_pool_fwd_kernel(const float* __restrict__ x, float* __res
     const int n = plane.divmod(p, q);
     const int oh = ow_n.divmod(q, ow);
     const int h0 = oh * g.stride - g.pad, w0 = ow * g.stride - g.pad;
-    float best = 0.f;
-    int idx = -1;
+    float best[V] = {};
+    int idx[V];
+    for (int k = 0; k < V; ++k) idx[k] = -1;
     for (int kh = 0; kh < g.k; ++kh) {
       const int ih = h0 + kh;
       if (ih < 0 || ih >= g.h) continue;
       for (int kw = 0; kw < g.k; ++kw) {
         const int iw = w0 + kw;
         if (iw < 0 || iw >= g.w) continue;
-        const float v = x[((size_t(n) * size_t(g.h) + size_t(ih)) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j)];
+        float v[V];
+        ldv<V>(x, ((size_t(n) * size_t(g.h) + size_t(ih)) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j), v);
         const int tap = kh * g.k + kw;
-        if (idx < 0) {
-          best = v;
-          idx = tap;
-        } else if (MAX) {
-          if (v > best || is_nan(v)) {
-            best = v;
-            idx = tap;
+        for (int k = 0; k < V; ++k) {
+          if (idx[k] < 0) {
+            best[k] = v[k];
+            idx[k] = tap;
+          } else if (MAX) {
+            if (v[k] > best[k] || is_nan(v[k])) {
+              best[k] = v[k];
+              idx[k] = tap;
+            }
+          } else {
+            best[k] += v[k];
           }
-        } else {
-          best += v;
         }
       }
     }
     const size_t o = size_t(p) * size_t(g.c) + size_t(j);
     if (MAX) {
-      y[o] = idx < 0 ? -INFINITY : best;
-      argmax[o] = idx;
+      for (int k = 0; k < V; ++k) best[k] = idx[k] < 0 ? -INFINITY : best[k];
+      stv<V>(argmax, o, idx);
     } else {
-      y[o] = __fdiv_rn(best, area);
+      for (int k = 0; k < V; ++k) best[k] = __fdiv_rn(best[k], area);
     }
+    stv<V>(y, o, best);
   }
 }
 
 // Backward: one input pixel (n, ih, iw), the sum over the windows holding it, oh then ow
 // ascending (the CPU's scatter order, so the same sums bit for bit). Max: dy where the window's
 // argmax is this element's tap; avg: dy / k².
-template <bool MAX>
+template <bool MAX, int V>
 __global__ void padded_pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
                                        float* __restrict__ dx, PoolGeom g, Div plane, Div w_n, Div st,
                                        int oh_n, int ow_n, int pixels) {
-  const int j = channel();
+  const int j = channel() * V;
   if (j >= g.c) return;
   const float area = float(g.k * g.k);
   for (int p = int(first_row()); p < pixels; p += int(row_step())) {
@@ -357,17 +239,23 @@ __global__ void padded_pool_bwd_kernel(const float* __restrict__ dy, const int32
     const int yh = ih + g.pad, yw = iw + g.pad;
     const int oh0 = yh < g.k ? 0 : st.div(yh - g.k) + 1, oh1 = min(oh_n - 1, st.div(yh));
     const int ow0 = yw < g.k ? 0 : st.div(yw - g.k) + 1, ow1 = min(ow_n - 1, st.div(yw));
-    float s = 0.f;
+    float s[V] = {};
     for (int oh = oh0; oh <= oh1; ++oh)
       for (int ow = ow0; ow <= ow1; ++ow) {
         const size_t o = ((size_t(n) * size_t(oh_n) + size_t(oh)) * size_t(ow_n) + size_t(ow)) * size_t(g.c) + size_t(j);
+        float d[V];
+        ldv<V>(dy, o, d);
         if (MAX) {
-          if (argmax[o] == (yh - oh * g.stride) * g.k + (yw - ow * g.stride)) s += dy[o];
+          int32_t am[V];
+          ldv<V>(argmax, o, am);
+          const int tap = (yh - oh * g.stride) * g.k + (yw - ow * g.stride);
+          for (int k = 0; k < V; ++k)
+            if (am[k] == tap) s[k] += d[k];
         } else {
-          s += __fdiv_rn(dy[o], area);
+          for (int k = 0; k < V; ++k) s[k] += __fdiv_rn(d[k], area);
         }
       }
-    dx[size_t(p) * size_t(g.c) + size_t(j)] = s;
+    stv<V>(dx, size_t(p) * size_t(g.c) + size_t(j), s);
   }
 }
 
@@ -429,153 +317,8 @@ __global__ void xent_smoothed_rows(const float* __restrict__ logits, const int32
 
 // ============================== launchers ==============================
 
-// The channel tiling of `cols` columns (see the top of the file).
-struct Tiles {
-  int tc = 1;             // channels per tile
-  int lanes = kThreads;   // rows per block
-  int count = 1;          // tiles
-};
-
-Tiles tiles_for(int64_t cols, const char* op) {
-  Tiles t;
-  while (t.tc < cols && t.tc < kTileMax) t.tc *= 2;
-  t.lanes = kThreads / t.tc;
-  const int64_t count = std::max<int64_t>(1, (cols + t.tc - 1) / t.tc);
-  if (count > kMaxTiles)
-    throw Error(std::string(op) + ": " + std::to_string(cols) + " channels exceed the grid's " +
-                std::to_string(int64_t(kMaxTiles) * kTileMax));
-  t.count = int(count);
-  return t;
-}
-
-dim3 block_of(const Tiles& t) { return dim3(unsigned(t.tc), unsigned(t.lanes)); }
-
-// A pass over `rows` rows: blockIdx.x grid-strides over the rows, blockIdx.y over the tiles.
-dim3 pass_grid(const Tiles& t, int64_t rows) {
-  const int64_t need = (rows + t.lanes - 1) / t.lanes;
-  const int64_t most = std::max<int64_t>(1, kPassBlocks / t.count);
-  return dim3(unsigned(std::clamp<int64_t>(need, 1, most)), unsigned(t.count));
-}
-
-// Row chunks of a reduction over (rows, c): about kReduceBlocks blocks in all, at least a row
-// per row lane. A function of the shape only.
-int64_t bn_chunks(int64_t rows, int c) {
-  const Tiles t = tiles_for(c, "bn sums");
-  const int64_t want = std::max<int64_t>(1, kReduceBlocks / t.count);
-  const int64_t fill = std::max<int64_t>(1, (rows + t.lanes - 1) / t.lanes);
-  return std::min(want, fill);
-}
-
-template <bool BWD, Mask M, class TX>
-void column_sums(const float* a, const TX* x, const float* mean, const void* relu_out, int64_t rows, int c,
-                 double* sums, double* partial, cudaStream_t s) {
-  if (c < 0 || rows < 0) throw Error("bn sums: negative shape");
-  const int64_t chunks = c > 0 ? bn_chunks(rows, c) : 0;
-  if (chunks > 0) {
-    const Tiles t = tiles_for(c, "bn sums");
-    const int64_t chunk_rows = (rows + chunks - 1) / chunks;
-    bn_partial_kernel<BWD, M, TX><<<dim3(unsigned(chunks), unsigned(t.count)), block_of(t), 0, s>>>(
-        a, x, mean, relu_out, rows, c, chunk_rows, partial);
-    DPT_CHECK_LAUNCH("bn_partial_kernel");
-  }
-  const Tiles tt = tiles_for(2 * int64_t(c), "bn sums");
-  column_total_kernel<<<dim3(1, unsigned(tt.count)), block_of(tt), 0, s>>>(partial, chunks, 2 * c,
-                                                                          double(rows), sums);
-  DPT_CHECK_LAUNCH("column_total_kernel");
-}
-
-unsigned grid_for(size_t n) {
-  const size_t blocks = (n + kThreads - 1) / kThreads;
-  return unsigned(std::max<size_t>(1, std::min<size_t>(blocks, 132 * 32)));
-}
-
-bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }
-
 }  // namespace
 
-size_t bn_partial_doubles(int64_t rows, int c) {
-  return c > 0 ? size_t(bn_chunks(rows, c)) * 2 * size_t(c) : 0;
-}
-
-const __nv_bfloat16* as16(const void* p) { return static_cast<const __nv_bfloat16*>(p); }
-
-void bn_sums(BnIn x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s) {
-  if (x.bf16) column_sums<false, Mask::none>(nullptr, as16(x.p), nullptr, nullptr, rows, c, sums, partial, s);
-  else column_sums<false, Mask::none>(nullptr, static_cast<const float*>(x.p), nullptr, nullptr, rows, c, sums, partial, s);
-}
-
-template <class TX>
-void backward_sums(const float* dy, const TX* x, int64_t rows, int c, const float* mean, const void* relu_out,
-                   bool relu_out_bf16, double* sums, double* partial, cudaStream_t s) {
-  if (!relu_out) column_sums<true, Mask::none>(dy, x, mean, nullptr, rows, c, sums, partial, s);
-  else if (relu_out_bf16) column_sums<true, Mask::bf16>(dy, x, mean, relu_out, rows, c, sums, partial, s);
-  else column_sums<true, Mask::f32>(dy, x, mean, relu_out, rows, c, sums, partial, s);
-}
-
-void bn_backward_sums(const float* dy, BnIn x, int64_t rows, int c, const float* mean,
-                      const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s) {
-  if (x.bf16) backward_sums(dy, as16(x.p), rows, c, mean, relu_out, relu_out_bf16, sums, partial, s);
-  else backward_sums(dy, static_cast<const float*>(x.p), rows, c, mean, relu_out, relu_out_bf16, sums, partial, s);
-}
-
-void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
-                const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
-                float* running_mean, float* running_var, cudaStream_t s) {
-  if (c <= 0) return;
-  const Tiles t = tiles_for(c, "bn_forward");
-  const dim3 grid = pass_grid(t, rows), block = block_of(t);
-  auto* o16 = static_cast<__nv_bfloat16*>(y16);
-  if (x.bf16)
-    bn_train_kernel<<<grid, block, 0, s>>>(as16(x.p), y, o16, relu, rows, c, sums, w, b, eps, momentum, save_mean,
-                                           save_invstd, running_mean, running_var);
-  else
-    bn_train_kernel<<<grid, block, 0, s>>>(static_cast<const float*>(x.p), y, o16, relu, rows, c, sums, w, b, eps,
-                                           momentum, save_mean, save_invstd, running_mean, running_var);
-  DPT_CHECK_LAUNCH("bn_train_kernel");
-}
-
-void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
-              const float* running_var, const float* w, const float* b, float eps, cudaStream_t s) {
-  if (c <= 0 || rows <= 0) return;
-  const Tiles t = tiles_for(c, "bn_infer");
-  const dim3 grid = pass_grid(t, rows), block = block_of(t);
-  if (x.bf16)
-    bn_infer_kernel<<<grid, block, 0, s>>>(as16(x.p), y, relu, rows, c, running_mean, running_var, w, b, eps);
-  else
-    bn_infer_kernel<<<grid, block, 0, s>>>(static_cast<const float*>(x.p), y, relu, rows, c, running_mean,
-                                           running_var, w, b, eps);
-  DPT_CHECK_LAUNCH("bn_infer_kernel");
-}
-
-void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
-                    bool accumulate, cudaStream_t s) {
-  if (c <= 0) return;
-  bn_param_grads_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, invstd, c, dw, db, accumulate);
-  DPT_CHECK_LAUNCH("bn_param_grads_kernel");
-}
-
-template <class TX>
-void backward_pass(const float* dy, const TX* x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
-                   int c, const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s) {
-  const Tiles t = tiles_for(c, "bn_backward");
-  const dim3 grid = pass_grid(t, rows), block = block_of(t);
-  if (!relu_out)
-    bn_backward_kernel<Mask::none><<<grid, block, 0, s>>>(dy, x, nullptr, dx, rows, c, sums, mean, invstd, w);
-  else if (relu_out_bf16)
-    bn_backward_kernel<Mask::bf16><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
-  else
-    bn_backward_kernel<Mask::f32><<<grid, block, 0, s>>>(dy, x, relu_out, dx, rows, c, sums, mean, invstd, w);
-  DPT_CHECK_LAUNCH("bn_backward_kernel");
-}
-
-void bn_backward(const float* dy, BnIn x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows, int c,
-                 const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s) {
-  if (c <= 0 || rows <= 0) return;
-  if (x.bf16) backward_pass(dy, as16(x.p), relu_out, relu_out_bf16, dx, rows, c, sums, mean, invstd, w, s);
-  else backward_pass(dy, static_cast<const float*>(x.p), relu_out, relu_out_bf16, dx, rows, c, sums, mean, invstd, w, s);
-}
-
-// float4 over the first n / 4 · 4 values when both are 16-byte aligned, the rest one by one.
 void add(const float* x, float* y, size_t n, cudaStream_t s) {
   size_t done = 0;
   if (aligned16(x) && aligned16(y) && n >= 4) {
@@ -608,6 +351,28 @@ void residual_sum(const float* body, const float* shortcut, float* y, void* y16,
   }
 }
 
+// As add: four at a time where every pointer allows (the bf16 mask's 8 bytes per four), the rest
+// one by one.
+void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, size_t n, cudaStream_t s) {
+  size_t done = 0;
+  auto run = [&](auto m16) {
+    constexpr bool M16 = decltype(m16)::value;
+    if (aligned16(d) && aligned16(keep) && reinterpret_cast<uintptr_t>(mask) % (M16 ? 8 : 16) == 0 && n >= 4) {
+      residual_bwd4_kernel<M16><<<grid_for(n / 4), kThreads, 0, s>>>(reinterpret_cast<float4*>(d), mask,
+                                                                      reinterpret_cast<float4*>(keep), n / 4);
+      DPT_CHECK_LAUNCH("residual_bwd4_kernel");
+      done = n / 4 * 4;
+    }
+    if (done < n) {
+      const void* mrest = static_cast<const char*>(mask) + done * (M16 ? 2 : 4);
+      residual_bwd_kernel<M16><<<grid_for(n - done), kThreads, 0, s>>>(d + done, mrest, keep + done, n - done);
+      DPT_CHECK_LAUNCH("residual_bwd_kernel");
+    }
+  };
+  if (mask_bf16) run(std::true_type{});
+  else run(std::false_type{});
+}
+
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c, cudaStream_t s) {
   if (batch <= 0 || c <= 0) return;
   const Tiles t = tiles_for(c, "global_avgpool_forward");
@@ -622,29 +387,51 @@ void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int 
   DPT_CHECK_LAUNCH("gap_bwd_kernel");
 }
 
+// Four channels per thread where c and every pointer allow (the ResNet stem's 64 channels).
 void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max,
                          cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.oh() <= 0 || g.ow() <= 0) return;
-  const Tiles t = tiles_for(g.c, "padded_pool_forward");
+  const bool v4 = g.c % 4 == 0 && aligned16(x) && aligned16(y) && (!max || aligned16(argmax));
+  const Tiles t = tiles_for(v4 ? g.c / 4 : g.c, "padded_pool_forward");
   const int64_t pixels = int64_t(g.batch) * g.oh() * g.ow();
   if (pixels >= kMaxPoolPixels) throw Error("padded_pool_forward: " + std::to_string(pixels) + " output pixels exceed 2^31");
   const dim3 grid = pass_grid(t, pixels), block = block_of(t);
   const Div plane(g.oh() * g.ow()), ow_n(g.ow());
-  if (max) padded_pool_fwd_kernel<true><<<grid, block, 0, s>>>(x, y, argmax, g, plane, ow_n, int(pixels));
-  else padded_pool_fwd_kernel<false><<<grid, block, 0, s>>>(x, y, nullptr, g, plane, ow_n, int(pixels));
+  auto run = [&](auto mx, auto vv) {
+    constexpr bool MAX = decltype(mx)::value;
+    constexpr int V = decltype(vv)::value;
+    padded_pool_fwd_kernel<MAX, V><<<grid, block, 0, s>>>(x, y, MAX ? argmax : nullptr, g, plane, ow_n, int(pixels));
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  using One = std::integral_constant<int, 1>;
+  using Four = std::integral_constant<int, 4>;
+  if (max) v4 ? run(T{}, Four{}) : run(T{}, One{});
+  else v4 ? run(F{}, Four{}) : run(F{}, One{});
   DPT_CHECK_LAUNCH("padded_pool_fwd_kernel");
 }
 
 void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max,
                           cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.h <= 0 || g.w <= 0) return;
-  const Tiles t = tiles_for(g.c, "padded_pool_backward");
+  const bool v4 = g.c % 4 == 0 && aligned16(dy) && aligned16(dx) && (!max || aligned16(argmax));
+  const Tiles t = tiles_for(v4 ? g.c / 4 : g.c, "padded_pool_backward");
   const int64_t pixels = int64_t(g.batch) * g.h * g.w;
   if (pixels >= kMaxPoolPixels) throw Error("padded_pool_backward: " + std::to_string(pixels) + " input pixels exceed 2^31");
   const dim3 grid = pass_grid(t, pixels), block = block_of(t);
   const Div plane(g.h * g.w), w_n(g.w), st(g.stride);
-  if (max) padded_pool_bwd_kernel<true><<<grid, block, 0, s>>>(dy, argmax, dx, g, plane, w_n, st, g.oh(), g.ow(), int(pixels));
-  else padded_pool_bwd_kernel<false><<<grid, block, 0, s>>>(dy, nullptr, dx, g, plane, w_n, st, g.oh(), g.ow(), int(pixels));
+  auto run = [&](auto mx, auto vv) {
+    constexpr bool MAX = decltype(mx)::value;
+    constexpr int V = decltype(vv)::value;
+    padded_pool_bwd_kernel<MAX, V><<<grid, block, 0, s>>>(dy, MAX ? argmax : nullptr, dx, g, plane, w_n, st, g.oh(),
+                                                          g.ow(), int(pixels));
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  using One = std::integral_constant<int, 1>;
+  using Four = std::integral_constant<int, 4>;
+  if (max) v4 ? run(T{}, Four{}) : run(T{}, One{});
+  else v4 ? run(F{}, Four{}) : run(F{}, One{});
   DPT_CHECK_LAUNCH("padded_pool_bwd_kernel");
 }
 

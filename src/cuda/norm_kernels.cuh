@@ -1,6 +1,6 @@
-// Launchers for the CUDA backend's kernels of residual networks (defined in norm.cu): batch
-// norm's reductions and elementwise passes, the residual sum, global and padded pooling, and
-// the label-smoothed softmax cross-entropy. Layouts and semantics are Backend's (backend.hpp);
+// Launchers for the CUDA backend's kernels of residual networks: batch norm's reductions and
+// elementwise passes (bn.cu), the residual sum, global and padded pooling, and the
+// label-smoothed softmax cross-entropy (norm.cu). Layouts and semantics are Backend's (backend.hpp);
 // each launcher takes the stream it enqueues on, returns at once and checks the launch; pointers
 // are device memory, sums included. Every reduction runs in a fixed order (no atomics): the same
 // inputs give the same bits on every run.
@@ -14,9 +14,14 @@
 
 namespace dpt::cuda {
 
-// A batch-norm input x: float, or (bf16) the bf16 tensor that stands for it.
+// A batch-norm operand read (x, dy): float, or (bf16) the bf16 tensor that stands for it.
 struct BnIn {
   const void* p;
+  bool bf16;
+};
+// Batch norm's input gradient written: float, or bf16.
+struct BnOut {
+  void* p;
   bool bf16;
 };
 
@@ -28,24 +33,28 @@ size_t bn_partial_doubles(int64_t rows, int c);
 void bn_sums(BnIn x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s);
 // sums (2c + 1) = [Σdy (c), Σdy·(x − mean) (c), rows], the same way; dy counted only where
 // relu_out > 0 unless relu_out is nullptr (relu_out: float, or bf16 with relu_out_bf16).
-void bn_backward_sums(const float* dy, BnIn x, int64_t rows, int c, const float* mean,
+void bn_backward_sums(BnIn dy, BnIn x, int64_t rows, int c, const float* mean,
                       const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s);
 // Backend::bn_forward: mean, var, invstd from the sums in double; the running stats (when not
 // nullptr) moved once per channel; y = max(y, 0) with relu; y's bf16 copy into y16 unless nullptr.
+// coef: scratch of 2c floats (bn_backward: 4c), the per-channel coefficients of the vector pass.
 void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
                 const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
-                float* running_mean, float* running_var, cudaStream_t s);
+                float* running_mean, float* running_var, float* coef, cudaStream_t s);
 void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
               const float* running_var, const float* w, const float* b, float eps, cudaStream_t s);
 void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
                     bool accumulate, cudaStream_t s);
-// dx may equal dy; relu_out as bn_backward_sums'.
-void bn_backward(const float* dy, BnIn x, const void* relu_out, bool relu_out_bf16, float* dx, int64_t rows,
-                 int c, const double* sums, const float* mean, const float* invstd, const float* w, cudaStream_t s);
+// dx may be dy (the same memory and type); relu_out as bn_backward_sums'.
+void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOut dx, int64_t rows, int c,
+                 const double* sums, const float* mean, const float* invstd, const float* w, float* coef,
+                 cudaStream_t s);
 // y (n) += x (n).
 void add(const float* x, float* y, size_t n, cudaStream_t s);
 // y (n) = body + shortcut, max(y, 0) with relu; y's bf16 copy into y16 unless nullptr.
 void residual_sum(const float* body, const float* shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s);
+// d (n) = d where mask > 0, else 0 (mask: float, or bf16 with mask_bf16), and keep = d; keep may be the mask.
+void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, size_t n, cudaStream_t s);
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c, cudaStream_t s);
 void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c, cudaStream_t s);
 // Pooling with g.pad >= 0: windows clipped to the input (the CPU backend's padded_pool_*). The

@@ -22,6 +22,11 @@ void CudaBackendImpl::bn_sums(const float* x, int64_t rows, int c, double* sums)
   cuda::bn_sums(bn_in(x, size_t(rows) * size_t(c)), rows, c, sums, partial, stream_.get());
 }
 
+// Scratch for batch norm's per-channel coefficients (4c floats).
+float* CudaBackendImpl::bn_coef(int c) {
+  return static_cast<float*>(bn_coef_.get(std::max<size_t>(1, 4 * size_t(c)) * sizeof(float), stream_.get()));
+}
+
 // bf16: a ReLU's output is most often a convolution's input (ResNet's blocks): a fused ReLU
 // writes its bf16 twin in the same pass, as act_forward does, so that convolution does not
 // convert it and batch norm's backward reads the mask from it. Call after y's note_write.
@@ -29,11 +34,13 @@ void* CudaBackendImpl::relu_twin(const float* y, size_t n, bool relu) {
   return bf16() && relu && !im2col_convs_ ? twin_slot(y, n) : nullptr;
 }
 
-// Batch norm's input x: its bf16 twin where that is x's only copy (the floats never written).
+// A batch-norm operand (x, dy): its bf16 twin where that is its only copy (the floats never written).
 cuda::BnIn CudaBackendImpl::bn_in(const float* x, size_t n) const {
   auto it = twins_.find(x);
   if (it != twins_.end() && it->second.only) {
-    if (it->second.valid < n) throw Error("batch norm: its input's bf16 copy holds fewer values than the pass");
+    if (it->second.valid < n)
+      throw Error("batch norm: an operand's bf16 copy holds fewer values (" + std::to_string(it->second.valid) +
+                  ") than the pass (" + std::to_string(n) + ")");
     return {it->second.buf.get(), true};
   }
   return {x, false};
@@ -52,7 +59,7 @@ void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, 
   const cuda::BnIn xin = bn_in(x, n);
   void* y16 = relu_twin(y, n, relu);
   cuda::bn_forward(xin, y, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean,
-                   running_var, stream_.get());
+                   running_var, bn_coef(c), stream_.get());
   if (y16) twins_[y].valid = n;
 }
 
@@ -65,10 +72,12 @@ void CudaBackendImpl::bn_infer(const float* x, float* y, int64_t rows, int c, co
 
 void CudaBackendImpl::bn_backward_sums(const float* dy, const float* x, int64_t rows, int c,
                                        const float* mean, double* sums, const float* relu_out) {
+  const size_t n = size_t(rows) * size_t(c);
   double* partial = bn_partial(rows, c);
-  const void* mask16 = relu_out ? valid_twin(relu_out, size_t(rows) * size_t(c)) : nullptr;
+  const void* mask16 = relu_out ? valid_twin(relu_out, n) : nullptr;
+  const cuda::BnIn dyin = bn_in(dy, n), xin = bn_in(x, n);
   note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
-  cuda::bn_backward_sums(dy, bn_in(x, size_t(rows) * size_t(c)), rows, c, mean, mask16 ? mask16 : relu_out, mask16 != nullptr, sums, partial,
+  cuda::bn_backward_sums(dyin, xin, rows, c, mean, mask16 ? mask16 : relu_out, mask16 != nullptr, sums, partial,
                          stream_.get());
 }
 
@@ -79,15 +88,21 @@ void CudaBackendImpl::bn_param_grads(const double* sums, const float* invstd, in
   cuda::bn_param_grads(sums, invstd, c, dw, db, accumulate, stream_.get());
 }
 
+// bf16, dx read only by the convolution below (note_grad_use): dx written in bf16 only, into its
+// twin, the operand that convolution's backward takes (its floats never written).
 void CudaBackendImpl::bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
                                   const double* sums, const float* mean, const float* invstd,
                                   const float* w, const float* relu_out) {
   const size_t n = size_t(rows) * size_t(c);
+  const bool to_conv = take_grad_use(dx, GradUse::conv) && bf16();
   const void* mask16 = relu_out ? valid_twin(relu_out, n) : nullptr;
-  const cuda::BnIn xin = bn_in(x, n);
+  const cuda::BnIn xin = bn_in(x, n), dyin = bn_in(dy, n);
   note_write(dx, n * sizeof(float));
-  cuda::bn_backward(dy, xin, mask16 ? mask16 : relu_out, mask16 != nullptr, dx, rows, c, sums, mean, invstd, w,
-                    stream_.get());
+  void* dx16 = to_conv ? twin_slot(dx, n) : nullptr;
+  const cuda::BnOut out = dx16 ? cuda::BnOut{dx16, true} : cuda::BnOut{dx, false};
+  cuda::bn_backward(dyin, xin, mask16 ? mask16 : relu_out, mask16 != nullptr, out, rows, c, sums, mean, invstd, w,
+                    bn_coef(c), stream_.get());
+  if (dx16) made_only_twin(dx, n);
 }
 
 void CudaBackendImpl::add(const float* x, float* y, size_t n) {
@@ -100,6 +115,19 @@ void CudaBackendImpl::residual_sum(const float* body, const float* shortcut, flo
   void* y16 = relu_twin(y, n, relu);
   cuda::residual_sum(body, shortcut, y, y16, n, relu, stream_.get());
   if (y16) twins_[y].valid = n;
+}
+
+// The ReLU's mask from the output's bf16 twin where residual_sum wrote one (2 bytes instead of 4),
+// looked up before keep's note drops it (keep may be y).
+void CudaBackendImpl::residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) {
+  if (!relu) {
+    copy(keep, d, n * sizeof(float));
+    return;
+  }
+  const void* mask16 = valid_twin(y, n);
+  note_write(d, n * sizeof(float));
+  note_write(keep, n * sizeof(float));
+  cuda::residual_backward(d, mask16 ? mask16 : y, mask16 != nullptr, keep, n, stream_.get());
 }
 
 void CudaBackendImpl::global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
