@@ -387,6 +387,14 @@ void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int 
   DPT_CHECK_LAUNCH("gap_bwd_kernel");
 }
 
+// f(MAX, V), both compile-time constants: max or avg pooling, four channels per thread or one.
+template <class F> void pool_variant(bool max, bool v4, F&& f) {
+  using One = std::integral_constant<int, 1>;
+  using Four = std::integral_constant<int, 4>;
+  if (max) v4 ? f(std::true_type{}, Four{}) : f(std::true_type{}, One{});
+  else v4 ? f(std::false_type{}, Four{}) : f(std::false_type{}, One{});
+}
+
 // Four channels per thread where c and every pointer allow (the ResNet stem's 64 channels).
 void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max,
                          cudaStream_t s) {
@@ -397,17 +405,11 @@ void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGe
   if (pixels >= kMaxPoolPixels) throw Error("padded_pool_forward: " + std::to_string(pixels) + " output pixels exceed 2^31");
   const dim3 grid = pass_grid(t, pixels), block = block_of(t);
   const Div plane(g.oh() * g.ow()), ow_n(g.ow());
-  auto run = [&](auto mx, auto vv) {
+  pool_variant(max, v4, [&](auto mx, auto vv) {
     constexpr bool MAX = decltype(mx)::value;
     constexpr int V = decltype(vv)::value;
     padded_pool_fwd_kernel<MAX, V><<<grid, block, 0, s>>>(x, y, MAX ? argmax : nullptr, g, plane, ow_n, int(pixels));
-  };
-  using T = std::true_type;
-  using F = std::false_type;
-  using One = std::integral_constant<int, 1>;
-  using Four = std::integral_constant<int, 4>;
-  if (max) v4 ? run(T{}, Four{}) : run(T{}, One{});
-  else v4 ? run(F{}, Four{}) : run(F{}, One{});
+  });
   DPT_CHECK_LAUNCH("padded_pool_fwd_kernel");
 }
 
@@ -420,18 +422,12 @@ void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, con
   if (pixels >= kMaxPoolPixels) throw Error("padded_pool_backward: " + std::to_string(pixels) + " input pixels exceed 2^31");
   const dim3 grid = pass_grid(t, pixels), block = block_of(t);
   const Div plane(g.h * g.w), w_n(g.w), st(g.stride);
-  auto run = [&](auto mx, auto vv) {
+  pool_variant(max, v4, [&](auto mx, auto vv) {
     constexpr bool MAX = decltype(mx)::value;
     constexpr int V = decltype(vv)::value;
     padded_pool_bwd_kernel<MAX, V><<<grid, block, 0, s>>>(dy, MAX ? argmax : nullptr, dx, g, plane, w_n, st, g.oh(),
                                                           g.ow(), int(pixels));
-  };
-  using T = std::true_type;
-  using F = std::false_type;
-  using One = std::integral_constant<int, 1>;
-  using Four = std::integral_constant<int, 4>;
-  if (max) v4 ? run(T{}, Four{}) : run(T{}, One{});
-  else v4 ? run(F{}, Four{}) : run(F{}, One{});
+  });
   DPT_CHECK_LAUNCH("padded_pool_bwd_kernel");
 }
 
