@@ -223,6 +223,31 @@ TEST(BenchModels, WidthsAndLayerListsParseAndWriteBack) {
   const ModelPlan plan = model_plan(c);
   EXPECT_EQ(plan.input.size(), 36);
   EXPECT_EQ(plan.output().c, 4);
+  // A model's own batches (/W or /W,S before the ':'), written back the same way; the others take
+  // the [scaling] ones.
+  const std::string clist = c.list;
+  ms = parse_models("tiny/4:12,16,8,4; cnn@1,6,6/2,6:conv(4,3,pad=1) relu maxpool(2) flatten linear(4); plain:12,4");
+  ASSERT_EQ(ms.size(), 3u);
+  EXPECT_EQ(ms[0].weak_batch, 4);
+  EXPECT_EQ(ms[0].strong_batch, 0);
+  EXPECT_EQ(ms[1].weak_batch, 2);
+  EXPECT_EQ(ms[1].strong_batch, 6);
+  EXPECT_EQ(ms[1].input, (std::vector<int>{1, 6, 6}));
+  EXPECT_EQ(ms[0].text(), "tiny/4:12,16,8,4");
+  EXPECT_EQ(ms[1].text(), "cnn@1,6,6/2,6:" + clist);
+  const auto back = parse_models(ms[0].text() + "; " + ms[1].text() + "; " + ms[2].text());
+  EXPECT_EQ(back[1].weak_batch, 2);
+  EXPECT_EQ(back[1].strong_batch, 6);
+  EXPECT_EQ(back[2].weak_batch, 0);
+  Settings st;
+  st.weak_batch_per_rank = 8;
+  st.strong_global_batch = 32;
+  EXPECT_EQ(st.weak_batch(ms[0]), 4);
+  EXPECT_EQ(st.strong_batch(ms[0]), 32);
+  EXPECT_EQ(st.weak_batch(ms[1]), 2);
+  EXPECT_EQ(st.strong_batch(ms[1]), 6);
+  EXPECT_EQ(st.weak_batch(ms[2]), 8);
+  EXPECT_EQ(st.strong_batch(ms[2]), 32);
 }
 
 TEST(BenchModels, BadModelsNameTheModelAndWhatIsWrong) {
@@ -236,6 +261,8 @@ TEST(BenchModels, BadModelsNameTheModelAndWhatIsWrong) {
   };
   EXPECT_NE(err("a:12,4; cnn:conv(4,3) flatten linear(4)").find("needs the images' shape"), std::string::npos);
   EXPECT_NE(err("a@1,6,6:12,4").find("belongs to layer lists"), std::string::npos);
+  for (const char* bad : {"a/0:12,4", "a/x:12,4", "a/4,:12,4", "a/4,,8:12,4", "a/1,2,3:12,4", "a/:12,4", "a/-2:12,4"})
+    EXPECT_NE(err(bad).find("a model's own batches are /W or /W,S"), std::string::npos) << bad << ": " << err(bad);
   const std::string big = err("cnn@1,4,4:conv(4,7) flatten linear(4)");
   EXPECT_NE(big.find("model cnn"), std::string::npos) << big;
   EXPECT_NE(big.find("conv"), std::string::npos) << big;

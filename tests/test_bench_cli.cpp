@@ -183,6 +183,24 @@ TEST_F(BenchCli, ThePyTorchPeerBuildsLayerLists) {
   EXPECT_NE(c.out.find("peer 4 4"), std::string::npos) << c.out << r.out;
 }
 
+// A model's own batches (/W,S in scaling.models): its weak rows at W per rank, its strong rows
+// splitting S; the other model keeps the [scaling] batches (8 per rank, 16 global).
+TEST_F(BenchCli, AModelsOwnBatches) {
+  const fs::path out = dir / "own-batches";
+  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
+                 out.string() + " --report.sections scaling --report.plots false --scaling.variants unsharded-fp32"
+                 " --scaling.models 'small:16,32,4 mine/4,12:16,32,4'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const Outcome c = sh("/usr/bin/python3 -c \"import json,sys; t=json.load(open(sys.argv[1]))['tables']['scaling']['rows']; "
+                       "print(' '.join(sorted('%s-%s-n%d-b%d' % (r['model'], r['mode'], r['ranks'], r['batch_per_rank']) "
+                       "for r in t)))\" " + (out / "records.json").string());
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("mine-strong-n1-b12 mine-strong-n2-b6 mine-weak-n1-b4 mine-weak-n2-b4 "
+                       "small-strong-n1-b16 small-strong-n2-b8 small-weak-n1-b8 small-weak-n2-b8"),
+            std::string::npos)
+      << c.out << r.out;
+}
+
 TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
   Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() +
                  " --scaling.repeets 3");

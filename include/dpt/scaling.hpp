@@ -40,11 +40,16 @@ struct ModelSpec {
   std::vector<int> layers;  // the MLP shorthand's widths, else empty
   std::string list = {};        // a layer list, else ""
   std::vector<int> input = {};  // a layer list's image shape C,H,W
+  int weak_batch = 0;    // samples per rank of its weak-scaling and bucket rows (0: scaling.weak_batch_per_rank)
+  int strong_batch = 0;  // global batch of its strong-scaling rows (0: scaling.strong_global_batch)
   bool is_list() const { return !list.empty(); }
-  std::string text() const;  // as scaling.models writes it: name:widths or name@C,H,W:list
+  // As scaling.models writes it: name[/W[,S]]:widths or name@C,H,W[/W[,S]]:list.
+  std::string text() const;
 };
 // scaling.models' value: models separated by whitespace (MLP widths) or, where any is a layer
 // list, by ';' — `default:784,256,10; cnn@1,28,28:conv(32,3,pad=1) relu maxpool(2) flatten linear(10)`.
+// `/W` or `/W,S` before the ':' gives that model its own weak batch per rank (W) and strong
+// global batch (S, else the [scaling] one): `rn50@3,224,224/64,256:resnet50(classes=10)`.
 // Throws InputError naming the model and what is wrong.
 std::vector<ModelSpec> parse_models(const std::string& value);
 // A model's shapes: a layer list on its images, the MLP shorthand on its first width.
@@ -82,6 +87,9 @@ struct Settings {
   std::vector<ModelSpec> models;
   int weak_batch_per_rank = 256;
   int strong_global_batch = 1024;
+  // A model's batches: its own (scaling.models' /W,S) or the two above.
+  int weak_batch(const ModelSpec& m) const { return m.weak_batch > 0 ? m.weak_batch : weak_batch_per_rank; }
+  int strong_batch(const ModelSpec& m) const { return m.strong_batch > 0 ? m.strong_batch : strong_global_batch; }
   int warmup_steps = 50, timed_steps = 200, repeats = 3;
   int data_iters = 100;       // load_batch calls timed for the data share
   double latency_ms = 0.05;   // a step shorter than this is called launch/latency-bound

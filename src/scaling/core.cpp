@@ -137,8 +137,9 @@ std::string ModelSpec::text() const {
   if (is_list()) {
     o += "@";
     for (size_t i = 0; i < input.size(); ++i) o += (i ? "," : "") + std::to_string(input[i]);
-    return o + ":" + list;
   }
+  if (weak_batch > 0) o += "/" + std::to_string(weak_batch) + (strong_batch > 0 ? "," + std::to_string(strong_batch) : "");
+  if (is_list()) return o + ":" + list;
   o += ":";
   for (size_t i = 0; i < layers.size(); ++i) o += (i ? "," : "") + std::to_string(layers[i]);
   return o;

@@ -239,7 +239,7 @@ std::vector<Variant> runnable_variants(const Settings& s, const ModelSpec& m, st
   std::vector<Variant> out;
   for (const Variant& v : variants_of(s)) {
     try {
-      validate(v.apply(timing_config(s, m, s.weak_batch_per_rank)));
+      validate(v.apply(timing_config(s, m, s.weak_batch(m))));
       out.push_back(v);
     } catch (const InputError& e) {
       notes.push_back("variant " + v.name() + " not measured: " + e.what());
@@ -256,7 +256,7 @@ Table measure_scaling(Context& cx) {
   const std::vector<int> ns = subset_sizes(cx.size, s.max_ranks);
   const int nmax = ns.back();
   for (const ModelSpec& m : s.models) {
-    const int64_t rows = 4 * std::max<int64_t>(int64_t(s.weak_batch_per_rank) * nmax, s.strong_global_batch);
+    const int64_t rows = 4 * std::max<int64_t>(int64_t(s.weak_batch(m)) * nmax, s.strong_batch(m));
     const Dataset ds = synthetic_for(m, rows);
     const std::vector<Variant> variants = runnable_variants(s, m, t.notes);
     for (int n : ns) {
@@ -268,8 +268,8 @@ Table measure_scaling(Context& cx) {
           std::map<int, RowTiming> by_batch;
           for (const char* mode : {"weak", "strong"}) {
             const bool weak = mode[0] == 'w';
-            if (!weak && s.strong_global_batch % n != 0) continue;
-            const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / n;
+            if (!weak && s.strong_batch(m) % n != 0) continue;
+            const int b = weak ? s.weak_batch(m) : s.strong_batch(m) / n;
             if (!by_batch.count(b))
               by_batch[b] = time_row(cx, sub.get(), *comm, v.apply(timing_config(s, m, b)), ds, true);
             const RowTiming& rt = by_batch[b];
@@ -439,7 +439,7 @@ Table measure_buckets(Context& cx) {
           {},
           {}};
   for (const ModelSpec& m : s.models) {
-    const Dataset ds = synthetic_for(m, 4 * int64_t(s.weak_batch_per_rank) * cx.size);
+    const Dataset ds = synthetic_for(m, 4 * int64_t(s.weak_batch(m)) * cx.size);
     for (int n : subset_sizes(cx.size, s.max_ranks)) {
       if (n < 2) continue;
       SubComm sub(cx.world, n);
@@ -447,7 +447,7 @@ Table measure_buckets(Context& cx) {
         auto comm = subset_comm(cx, sub.get());
         const size_t first = t.rows.size();
         for (double mb : s.bucket_mb) {
-          Config c = timing_config(s, m, s.weak_batch_per_rank);
+          Config c = timing_config(s, m, s.weak_batch(m));
           c.bucket_mb = mb;
           const RowTiming rt = time_row(cx, sub.get(), *comm, c, ds, false);
           const auto bk = bucket_elements(m, mb);
@@ -456,7 +456,7 @@ Table measure_buckets(Context& cx) {
           if (cx.rank == 0)
             t.rows.push_back({txt(m.name), num(n), num(mb), num(double(bk.size())), num(largest),
                               resolved ? num(rt.step.med * 1e3) : none(), num(rt.step.min * 1e3), num(rt.step.max * 1e3),
-                              resolved ? num(double(s.weak_batch_per_rank) * n / rt.step.med) : none(), none(),
+                              resolved ? num(double(s.weak_batch(m)) * n / rt.step.med) : none(), none(),
                               txt(resolved ? "" : "unresolved")});
         }
         if (cx.rank == 0 && t.rows.size() > first) {

@@ -102,7 +102,7 @@ Table predict_scaling(const Settings& s, const Table& sc, const std::vector<Alph
       for (int n = 1; n <= std::max(s.predict_max_ranks, ntop); n *= 2) {
         const double c = comm_at(n);
         const double step = compute + exposed_frac * c, step_no = compute + c;
-        const double b = double(s.weak_batch_per_rank);
+        const double b = double(s.weak_batch(m));
         const bool measured = rows.count(n) > 0;
         t.rows.push_back({txt(m.name), txt(v.name()), num(n), measured ? num(sc.at(rows[n], "efficiency")->num) : none(),
                           num(efficiency(n * b / step, n, thr1)), num(efficiency(n * b / step_no, n, thr1)),

@@ -269,8 +269,8 @@ std::vector<PeerRun> run_ddp_peer(Context& cx, std::vector<std::string>& notes,
         bool unbuildable = false;  // a layer list torch_cnn.build does not know: one launch says so
         for (bool weak : {true, false})
           for (int k : procs) {
-            if (unbuildable || (!weak && s.strong_global_batch % k != 0)) continue;
-            const int b = weak ? s.weak_batch_per_rank : s.strong_global_batch / k;
+            if (unbuildable || (!weak && s.strong_batch(m) % k != 0)) continue;
+            const int b = weak ? s.weak_batch(m) : s.strong_batch(m) / k;
             if (ran[{m.name, k, b}]) continue;
             ran[{m.name, k, b}] = true;
             PeerRun run = launch(s, m, k, b, gpu, logs);
@@ -331,10 +331,10 @@ Table peer_table(const Settings& s, const Table& sc, const std::vector<PeerRun>&
       for (auto& r : runs)
         if (r.model == m.name && std::find(ns.begin(), ns.end(), r.ranks) == ns.end()) ns.push_back(r.ranks);
       std::sort(ns.begin(), ns.end());
-      auto batch = [&](int n) { return weak ? s.weak_batch_per_rank : s.strong_global_batch / n; };
+      auto batch = [&](int n) { return weak ? s.weak_batch(m) : s.strong_batch(m) / n; };
       const PeerRun* one = run_for(m.name, 1, batch(1));
       for (int n : ns) {
-        if (!weak && s.strong_global_batch % n != 0) continue;
+        if (!weak && s.strong_batch(m) % n != 0) continue;
         const int b = batch(n);
         const PeerRun* run = run_for(m.name, n, b);
         if (!run) continue;

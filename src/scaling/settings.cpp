@@ -315,6 +315,28 @@ std::vector<ModelSpec> parse_models(const std::string& value) {
     ModelSpec m;
     std::string head = trim(item.substr(0, c));
     const std::string body = trim(item.substr(c + 1));
+    const auto slash = head.find('/');
+    if (slash != std::string::npos) {  // its own batches: /W or /W,S
+      const std::string b = head.substr(slash + 1);
+      head = head.substr(0, slash);
+      std::vector<int> v;
+      bool ok = true;
+      for (const std::string& tok : split(b, ",")) {
+        size_t pos = 0;
+        long x = 0;
+        try {
+          x = std::stol(tok, &pos);
+        } catch (const std::exception&) {
+          pos = 0;
+        }
+        ok = ok && pos > 0 && pos == tok.size() && x >= 1 && x <= (1 << 24);
+        v.push_back(int(ok ? x : 0));
+      }
+      if (!ok || v.empty() || v.size() > 2 || b.empty() || b.front() == ',' || b.back() == ',' || b.find(",,") != std::string::npos)
+        throw InputError("'" + item + "': a model's own batches are /W or /W,S (positive integers: the weak batch per rank, the strong global batch), not /" + b);
+      m.weak_batch = v[0];
+      m.strong_batch = v.size() == 2 ? v[1] : 0;
+    }
     const auto at = head.find('@');
     if (at != std::string::npos) {
       m.input = parse_input_shape(head.substr(at + 1));
