@@ -53,6 +53,12 @@ class BenchCli : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(dir); }
 
+  // bench-scaling on tiny.ini with these arguments, on `ranks` processes under mpirun (0: alone).
+  static Outcome sweep(const std::string& args, int ranks = 2) {
+    return sh((ranks ? mpirun(ranks) : std::string()) + DPT_BINARY_DIR + "/bench-scaling --config " +
+              (dir / "tiny.ini").string() + " " + args);
+  }
+
   // The report folder holds every file, the JSON parses with the grid's time-to-target tables
   // (one check run per subset: `ranks` of them), the plots are drawn where matplotlib is, and
   // the stdout table has a units row.
@@ -87,8 +93,7 @@ fs::path BenchCli::dir;
 
 TEST_F(BenchCli, TwoRanksMeasureEverySubsetAndWriteTheReport) {
   const fs::path out = dir / "two";
-  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
-                 out.string() + " --grid.epochs 1");
+  Outcome r = sweep("--out " + out.string() + " --grid.epochs 1");
   expect_report(r, out, 4, 2);  // n = 1, 2 × weak, strong; a check run on 1 and 2 ranks
   EXPECT_TRUE(fs::exists(out / "busbw-vs-size.svg"));
   EXPECT_NE(r.out.find("#wrong"), std::string::npos);
@@ -96,7 +101,7 @@ TEST_F(BenchCli, TwoRanksMeasureEverySubsetAndWriteTheReport) {
 
 TEST_F(BenchCli, AloneItIsOneRank) {
   const fs::path out = dir / "one";
-  Outcome r = sh(std::string(DPT_BINARY_DIR) + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " + out.string());
+  Outcome r = sweep("--out " + out.string(), 0);
   expect_report(r, out, 2, 1);  // n = 1 × weak, strong
   EXPECT_NE(r.out.find("one rank: no allreduce"), std::string::npos) << r.out;
 }
@@ -105,9 +110,8 @@ TEST_F(BenchCli, AloneItIsOneRank) {
 // 1 rule × 1 warm-up × 2 batches.
 TEST_F(BenchCli, GridAloneWithLarsAndLamb) {
   const fs::path out = dir / "grid";
-  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
-                 out.string() + " --report.sections grid --grid.optimizers 'sgd:0.1 lars:2 lamb:0.01' --grid.lr_rules sqrt"
-                 " --grid.warmup on --grid.global_batches 16,32");
+  Outcome r = sweep("--out " + out.string() + " --report.sections grid --grid.optimizers 'sgd:0.1 lars:2 lamb:0.01' --grid.lr_rules sqrt"
+                    " --grid.warmup on --grid.global_batches 16,32");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("# Weak and strong scaling"), std::string::npos) << r.out;
   const std::string cmd = "python3 -c \"import json,sys; d=json.load(open('" + (out / "records.json").string() +
@@ -122,11 +126,10 @@ TEST_F(BenchCli, VariantsCollectivesAndThePyTorchPeerOnCpuRanks) {
   const fs::path out = dir / "peer";
   // Debian's torch 1.13 under Python 3.11 fails on torchrun's default --redirects 0; 2 (stderr
   // to files, teed) works there and on current torch alike.
-  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
-                 out.string() + " --grid.enabled false --scaling.variants 'unsharded-fp32 sharded-bf16'" +
-                 " --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR + "/bench/torch_ddp.py" +
-                 " --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps 3 --ddp.repeats 2" +
-                 " --ddp.buckets_mb 1,25");
+  Outcome r = sweep("--out " + out.string() + " --grid.enabled false --scaling.variants 'unsharded-fp32 sharded-bf16'" +
+                    " --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR + "/bench/torch_ddp.py" +
+                    " --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps 3 --ddp.repeats 2" +
+                    " --ddp.buckets_mb 1,25");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* title : {"# Reduce-scatter alone", "# All-gather alone", "# PyTorch DDP beside dptrain"})
     EXPECT_NE(r.out.find(title), std::string::npos) << title << "\n" << r.out;
@@ -159,12 +162,11 @@ TEST_F(BenchCli, ThePyTorchPeerBuildsLayerLists) {
   if (std::system("/usr/bin/python3 -c 'import torch, torch.distributed' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "/usr/bin/python3 has no torch";
   const fs::path out = dir / "peer-lists";
-  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
-                 out.string() + " --report.sections scaling --report.plots false --scaling.models "
-                 "'cnn@1,8,8:conv(4,3,pad=1) relu maxpool(2) flatten linear(4); bnnet@1,8,8:conv(4,3,pad=1) bn relu "
-                 "flatten linear(4)' --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR +
-                 "/bench/torch_ddp.py --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1"
-                 " --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 --ddp.compile none");
+  Outcome r = sweep("--out " + out.string() + " --report.sections scaling --report.plots false --scaling.models "
+                    "'cnn@1,8,8:conv(4,3,pad=1) relu maxpool(2) flatten linear(4); bnnet@1,8,8:conv(4,3,pad=1) bn relu "
+                    "flatten linear(4)' --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR +
+                    "/bench/torch_ddp.py --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1"
+                    " --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 --ddp.compile none");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("builds MLPs only"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("PyTorch DDP peer, bnnet on 1: torch_cnn.build cannot build"), std::string::npos) << r.out;
@@ -187,9 +189,8 @@ TEST_F(BenchCli, ThePyTorchPeerBuildsLayerLists) {
 // splitting S; the other model keeps the [scaling] batches (8 per rank, 16 global).
 TEST_F(BenchCli, AModelsOwnBatches) {
   const fs::path out = dir / "own-batches";
-  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() + " --out " +
-                 out.string() + " --report.sections scaling --report.plots false --scaling.variants unsharded-fp32"
-                 " --scaling.models 'small:16,32,4 mine/4,12:16,32,4'");
+  Outcome r = sweep("--out " + out.string() + " --report.sections scaling --report.plots false --scaling.variants unsharded-fp32"
+                    " --scaling.models 'small:16,32,4 mine/4,12:16,32,4'");
   ASSERT_EQ(r.code, 0) << r.out;
   const Outcome c = sh("/usr/bin/python3 -c \"import json,sys; t=json.load(open(sys.argv[1]))['tables']['scaling']['rows']; "
                        "print(' '.join(sorted('%s-%s-n%d-b%d' % (r['model'], r['mode'], r['ranks'], r['batch_per_rank']) "
@@ -202,12 +203,10 @@ TEST_F(BenchCli, AModelsOwnBatches) {
 }
 
 TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
-  Outcome r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() +
-                 " --scaling.repeets 3");
+  Outcome r = sweep("--scaling.repeets 3");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("scaling.repeets"), std::string::npos) << r.out;
-  r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + (dir / "tiny.ini").string() +
-         " --scaling.variants 'sharded-fp32 zero3-bf16'");
+  r = sweep("--scaling.variants 'sharded-fp32 zero3-bf16'");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("scaling.variants = 'zero3-bf16' (command line)"), std::string::npos) << r.out;
 }
@@ -220,7 +219,7 @@ TEST_F(BenchCli, StrayPositionalArgumentIsNamed) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("unexpected argument '" + ini + "'"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--config " + ini), std::string::npos) << r.out;
-  r = sh(mpirun(2) + DPT_BINARY_DIR + "/bench-scaling --config " + ini + " --out " + (dir / "stray").string() + " stray");
+  r = sweep("--out " + (dir / "stray").string() + " stray");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("unexpected argument 'stray'"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("--config stray"), std::string::npos) << r.out;
