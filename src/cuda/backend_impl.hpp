@@ -339,6 +339,7 @@ class CudaBackendImpl final : public CudaBackend {
   void* only_twin(const float* z, size_t n);
   void made_only_twin(const float* z, size_t n);
   bool take_grad_use(const float* dx, GradUse use);
+  const void* only_copy(const float* p, size_t n) const;
   void floats_of(const float* p, size_t n);
   const void* as_bf16(const float* p, size_t n, Scratch& fallback);
   // graph.cpp

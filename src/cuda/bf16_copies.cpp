@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <iterator>
+#include <string>
 
 #include "backend_impl.hpp"
 #include "dpt/check.hpp"
@@ -133,14 +134,24 @@ bool CudaBackendImpl::take_grad_use(const float* dx, GradUse use) {
   return match;
 }
 
+// p's bf16 twin where that is p's only copy (its floats never written: made_only_twin), else
+// nullptr; throws when it holds fewer than the reader's n values.
+const void* CudaBackendImpl::only_copy(const float* p, size_t n) const {
+  auto it = twins_.find(p);
+  if (it == twins_.end() || !it->second.only) return nullptr;
+  if (it->second.valid < n)
+    throw Error("a bf16-only tensor holds fewer values (" + std::to_string(it->second.valid) + ") than its reader's (" +
+                std::to_string(n) + ")");
+  return it->second.buf.get();
+}
+
 // Where p's bf16 twin is its only copy, the floats [p, p + n) written from it (for a reader of
 // floats; the twin stays valid).
 void CudaBackendImpl::floats_of(const float* p, size_t n) {
-  auto it = twins_.find(p);
-  if (it == twins_.end() || !it->second.only) return;
-  if (it->second.valid < n) throw Error("a bf16-only tensor holds fewer values than its reader's");
-  cuda::widen_bf16(it->second.buf.get(), const_cast<float*>(p), n, false, stream_.get());
-  it->second.only = false;
+  const void* t = only_copy(p, n);
+  if (!t) return;
+  cuda::widen_bf16(t, const_cast<float*>(p), n, false, stream_.get());
+  twins_[p].only = false;
 }
 
 // The bf16 operand for fp32 data [p, p + n): the weight shadow's slice when p lies in a

@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "backend_impl.hpp"
-#include "dpt/check.hpp"
 #include "norm_kernels.cuh"
 
 namespace dpt::cuda_impl {
@@ -36,13 +35,7 @@ void* CudaBackendImpl::relu_twin(const float* y, size_t n, bool relu) {
 
 // A batch-norm operand (x, dy): its bf16 twin where that is its only copy (the floats never written).
 cuda::BnIn CudaBackendImpl::bn_in(const float* x, size_t n) const {
-  auto it = twins_.find(x);
-  if (it != twins_.end() && it->second.only) {
-    if (it->second.valid < n)
-      throw Error("batch norm: an operand's bf16 copy holds fewer values (" + std::to_string(it->second.valid) +
-                  ") than the pass (" + std::to_string(n) + ")");
-    return {it->second.buf.get(), true};
-  }
+  if (const void* t = only_copy(x, n)) return {t, true};
   return {x, false};
 }
 
