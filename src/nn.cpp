@@ -135,8 +135,9 @@ struct Model::Op {
   int begin = -1, mid = -1, end = -1;
   const float* body_y = nullptr;
   // Backward, which op reads this op's input gradient (note_grad_use): bn — the convolution
-  // below, one without bias or activation (GradUse::conv); conv — the batch norm below (GradUse::bn).
-  bool grad_to_conv = false, grad_to_bn = false;
+  // below, one without bias or activation (GradUse::conv); conv — the batch norm below
+  // (GradUse::bn), a residual block's add (GradUse::sum).
+  bool grad_to_conv = false, grad_to_bn = false, grad_to_sum = false;
 };
 
 Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout)
@@ -358,6 +359,33 @@ void Model::build_ops() {
     }
   for (size_t i = 1; i < ops_.size(); ++i)
     ops_[i]->grad_to_bn = ops_[i]->kind == OpKind::conv && ops_[i - 1]->kind == OpKind::bn;
+  // Outputs whose every reader takes a bf16 operand (note_bf16_readers): the backend may keep
+  // them in another form. A batch norm's output read by the convolution above (without columns:
+  // it takes its input as a GEMM operand), or by a residual block's sum (the body's or the
+  // shortcut's last op); a block's sum that the next block's first ops read (a convolution or a
+  // batch norm, the identity shortcut's sum).
+  auto bf16_reader = [&](size_t k) {
+    const Op& r = *ops_[k];
+    return (r.kind == OpKind::conv && !r.cols.data()) || r.kind == OpKind::bn;
+  };
+  for (size_t i = 0; i + 1 < ops_.size(); ++i) {
+    const Op& op = *ops_[i];
+    const OpKind next = ops_[i + 1]->kind;
+    bool hint = false;
+    if (op.kind == OpKind::bn)
+      hint = (op.act == Act::relu && bf16_reader(i + 1) && next == OpKind::conv) || next == OpKind::res_shortcut ||
+             next == OpKind::res_end;
+    else if (op.kind == OpKind::res_end && next == OpKind::res_begin) {
+      const Op& nb = *ops_[i + 1];
+      const size_t mid = size_t(nb.mid), end = size_t(nb.end);
+      hint = i + 2 < mid && bf16_reader(i + 2) && (end == mid + 1 || bf16_reader(mid + 1));
+    }
+    if (hint) be_.note_bf16_readers(op.a.data());
+  }
+  // A residual block's body's first op, a convolution: its input gradient only the block's add
+  // reads (GradUse::sum).
+  for (size_t i = 1; i < ops_.size(); ++i)
+    ops_[i]->grad_to_sum = ops_[i]->kind == OpKind::conv && ops_[i - 1]->kind == OpKind::res_begin;
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
   for (auto& op : ops_)
@@ -585,6 +613,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       const LayerSlice& s = slices_[size_t(op.param)];
       const float* a = op.a.data() ? op.a.data() : op.z.data();
       if (op.grad_to_bn && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::bn);
+      if (op.grad_to_sum && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::sum);
       be_.conv_backward(in, params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
                         grads_.data() + s.w_off, s.has_bias ? grads_.data() + s.b_off : nobias_db_.data(),
                         first ? nullptr : grad_[nxt].data(), accumulate);

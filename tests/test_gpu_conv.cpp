@@ -520,3 +520,69 @@ TEST(CudaConv, Bf16GradientsKeptBetweenConvAndBatchNorm) {
     }
   }
 }
+
+// A ReLU-fused batch norm's output that only the convolution above reads (note_bf16_readers):
+// batch norm writes its bf16 copy only. The convolution takes that copy as its operand either
+// way (written in the same pass as the floats, when the floats are written) and the ReLU's
+// backward reads its mask from it: the convolution's output, its weight and input gradients
+// and batch norm's backward are the same bits as with the floats written, which never are.
+TEST(CudaConv, Bf16OnlyBatchNormOutputForTheConvolutionAbove) {
+  SKIP_WITHOUT_GPU();
+  setenv("DPT_BF16_ACTS", "1", 1);  // the default; DPT_BF16_ACTS=0 in the environment would turn the hint off
+  auto g = gpu(Precision::bf16);
+  unsetenv("DPT_BF16_ACTS");
+  for (const ConvGeom& c : {geom(8, 64, 14, 14, 64, 3, 1, 1), geom(8, 64, 14, 14, 256, 1, 1, 0),
+                            geom(8, 64, 14, 14, 128, 3, 2, 1), geom(4, 12, 9, 9, 16, 3, 1, 1)}) {
+    const std::string label = what(c);
+    const ConvData d(c, 130 + uint64_t(c.out));
+    const int64_t rin = int64_t(c.batch) * c.h * c.w;
+    const size_t nin = size_t(rin) * c.c, nout = size_t(c.rows()) * c.out;
+    auto gx = put(*g, d.x), gw = put(*g, d.w);
+    auto wa = put(*g, uniform(size_t(c.c), 131, 0.5f, 1.5f)), ba = put(*g, uniform(size_t(c.c), 132));
+    const std::vector<float> dy = uniform(nout, 133);
+    auto kept = poisoned(*g, nin), plain = poisoned(*g, nin);
+    g->note_bf16_readers(kept.data());
+    struct Out {
+      std::vector<double> sums, bsums;
+      std::vector<float> z, dw, db, dwa, dba, dx;
+    };
+    auto run = [&](Buffer<float>& ya) {
+      auto sa = poisoned_sums(*g, c.c), bsa = poisoned_sums(*g, c.c);
+      auto ma = poisoned(*g, size_t(c.c)), ia = poisoned(*g, size_t(c.c));
+      auto z = poisoned(*g, nout), d1 = put(*g, dy), d2 = poisoned(*g, nin);
+      auto dw = poisoned(*g, d.w.size()), db = poisoned(*g, size_t(c.out));
+      auto dwa = poisoned(*g, size_t(c.c)), dba = poisoned(*g, size_t(c.c));
+      g->bn_sums(gx.data(), rin, c.c, sa.data());
+      g->bn_forward(gx.data(), ya.data(), rin, c.c, sa.data(), wa.data(), ba.data(), 1e-5f, 0.1f, ma.data(),
+                    ia.data(), nullptr, nullptr, true);
+      g->conv_forward(ya.data(), gw.data(), nullptr, nullptr, z.data(), z.data(), c, Act::none);
+      g->conv_backward(ya.data(), gw.data(), z.data(), z.data(), d1.data(), nullptr, c, Act::none, dw.data(),
+                       db.data(), d2.data(), false);
+      g->bn_backward_sums(d2.data(), gx.data(), rin, c.c, ma.data(), bsa.data(), ya.data());
+      g->bn_param_grads(bsa.data(), ia.data(), c.c, dwa.data(), dba.data(), false);
+      g->bn_backward(d2.data(), gx.data(), d2.data(), rin, c.c, bsa.data(), ma.data(), ia.data(), wa.data(),
+                     ya.data());
+      return Out{get(*g, sa), get(*g, bsa), get(*g, z), get(*g, dw), get(*g, db),
+                 get(*g, dwa), get(*g, dba), get(*g, d2)};
+    };
+    const Out a = run(plain), b = run(kept);
+    EXPECT_EQ(b.sums, a.sums) << label;
+    EXPECT_EQ(b.z, a.z) << "conv output " << label;
+    EXPECT_EQ(b.dw, a.dw) << "conv dw " << label;
+    EXPECT_EQ(b.db, a.db) << "conv db " << label;
+    EXPECT_EQ(b.bsums, a.bsums) << "bn backward sums " << label;
+    EXPECT_EQ(b.dwa, a.dwa) << label;
+    EXPECT_EQ(b.dba, a.dba) << label;
+    EXPECT_EQ(b.dx, a.dx) << "dx " << label;
+    const std::vector<float> ky = get(*g, kept), py = get(*g, plain);
+    EXPECT_TRUE(std::isnan(ky[0]) && std::isnan(ky[nin - 1])) << "kept output's floats written, " << label;
+    EXPECT_FALSE(std::isnan(py[0]) || std::isnan(py[nin - 1])) << label;
+    // A reader of floats (im2col's columns) gets them widened from the copy, the same values.
+    auto cols = poisoned(*g, size_t(c.rows()) * size_t(c.cols()));
+    auto zk = poisoned(*g, nout), zp = poisoned(*g, nout);
+    g->conv_forward(kept.data(), gw.data(), nullptr, cols.data(), zk.data(), zk.data(), c, Act::none);
+    g->conv_forward(plain.data(), gw.data(), nullptr, cols.data(), zp.data(), zp.data(), c, Act::none);
+    EXPECT_EQ(get(*g, zk), get(*g, zp)) << "im2col from the kept output " << label;
+    EXPECT_EQ(get(*g, kept), bf16_round(py)) << "widened floats " << label;
+  }
+}

@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -364,6 +365,71 @@ TEST(CudaResnet, ResidualSum) {
           g->residual_sum(ga.data() + off, gb.data() + off, gy.data() + off, n, relu);
           EXPECT_EQ(get(*g, gy), y) << "n " << n << " offset " << off << (relu ? " relu " : " ") << int(p);
         }
+  }
+}
+
+// bf16, outputs that only bf16 readers take (note_bf16_readers): a batch norm's output written
+// in bf16 only, then a residual sum of such terms (the body, the shortcut, or both) and its own
+// output kept in bf16 only; add into a gradient kept in bf16 only. Each is exactly the CPU's sum
+// of the bf16-rounded terms; the floats of a kept tensor are never written (still the poison),
+// and a reader of floats (copy) gets them widened from the bf16 copy.
+TEST(CudaResnet, Bf16OnlyTermsOfTheResidualSum) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  setenv("DPT_BF16_ACTS", "1", 1);  // the default; DPT_BF16_ACTS=0 in the environment would turn the hints off
+  auto g = gpu(Precision::bf16);
+  unsetenv("DPT_BF16_ACTS");
+  auto round16 = [](std::vector<float> v) {
+    for (float& x : v) x = bf16_value(bf16_bits(x));
+    return v;
+  };
+  for (const BnShape& s : {BnShape{4999, 33}, BnShape{3136, 64}}) {
+    const std::string label = what(s);
+    const BnData d(s, 600 + uint64_t(s.c));
+    const size_t n = d.x.size();
+    auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
+    auto sums = poisoned_sums(*g, s.c);
+    auto mean = poisoned(*g, size_t(s.c)), inv = poisoned(*g, size_t(s.c));
+    g->bn_sums(gx.data(), s.rows, s.c, sums.data());
+    // The batch norm's output as floats (plain), and the same kept in bf16 only.
+    auto plain = poisoned(*g, n), kept = poisoned(*g, n), kept2 = poisoned(*g, n);
+    g->note_bf16_readers(kept.data());
+    g->note_bf16_readers(kept2.data());
+    for (Buffer<float>* y : {&plain, &kept, &kept2})
+      g->bn_forward(gx.data(), y->data(), s.rows, s.c, sums.data(), gw.data(), gb.data(), 1e-5f, 0.1f, mean.data(),
+                    inv.data(), nullptr, nullptr, false);
+    const std::vector<float> body = get(*g, plain), body16 = round16(body);
+    EXPECT_TRUE(std::isnan(get(*g, kept)[0]) && std::isnan(get(*g, kept)[n - 1])) << "kept floats written " << label;
+    const std::vector<float> other = uniform(n, 601);
+    auto gother = put(*g, other);
+    for (bool relu : {false, true}) {
+      std::vector<float> want(n), want_both(n);
+      cpu->residual_sum(body16.data(), other.data(), want.data(), n, relu);
+      cpu->residual_sum(body16.data(), body16.data(), want_both.data(), n, relu);
+      auto y1 = poisoned(*g, n), y2 = poisoned(*g, n), y3 = poisoned(*g, n);
+      g->residual_sum(kept.data(), gother.data(), y1.data(), n, relu);  // the body kept
+      g->residual_sum(gother.data(), kept.data(), y2.data(), n, relu);  // the shortcut kept
+      g->residual_sum(kept.data(), kept2.data(), y3.data(), n, relu);   // both
+      EXPECT_EQ(get(*g, y1), want) << "body kept " << label << relu;
+      EXPECT_EQ(get(*g, y2), want) << "shortcut kept " << label << relu;
+      EXPECT_EQ(get(*g, y3), want_both) << "both kept " << label << relu;
+      // The sum kept in bf16 only: its floats never written; widened for a reader of floats.
+      auto ky = poisoned(*g, n), wide = poisoned(*g, n);
+      g->note_bf16_readers(ky.data());
+      g->residual_sum(kept.data(), gother.data(), ky.data(), n, relu);
+      EXPECT_TRUE(std::isnan(get(*g, ky)[0])) << "kept sum's floats written " << label << relu;
+      g->copy(wide.data(), ky.data(), n * sizeof(float));
+      EXPECT_EQ(get(*g, wide), round16(want)) << "kept sum widened " << label << relu;
+    }
+    // add(x, y) with y kept in bf16 only (a convolution's input gradient for the block's add):
+    // y = bf16(y) + x, in floats; and with x kept: y += bf16(x).
+    std::vector<float> want = other;
+    cpu->add(body16.data(), want.data(), n);
+    g->add(gother.data(), kept.data(), n);
+    EXPECT_EQ(get(*g, kept), want) << "add into a kept tensor " << label;
+    auto y = put(*g, other);
+    g->add(kept2.data(), y.data(), n);
+    EXPECT_EQ(get(*g, y), want) << "add of a kept tensor " << label;
   }
 }
 

@@ -287,13 +287,22 @@ class Backend {
   // then keeps that convolution's bf16 output as it is and has batch norm read it, and never
   // writes z's floats. Other backends ignore it.
   virtual void note_bn_input(const float* z) { (void)z; }
+  // A hint from the model, once: every reader of the activation buffer y (a batch norm's output,
+  // or a residual block's sum) can take it as a bf16 operand: a convolution (its input, forward
+  // and backward), a batch norm, a residual block's sum, and the fused ReLU's backward (its
+  // mask). The CUDA backend under bf16 then writes y's bf16 copy only, never y's floats; a
+  // residual sum's terms are then bf16 values (as PyTorch's autocast keeps its activations).
+  // Other backends ignore it.
+  virtual void note_bf16_readers(const float* y) { (void)y; }
   // A hint from the model just before the op that writes the input gradient dx, for that write
   // only: GradUse::conv — bn_backward's dx is read only by the backward pass of the convolution
   // below, one without bias or activation (its output was note_bn_input's z); GradUse::bn —
-  // conv_backward's dx is read only by the batch norm below (bn_backward_sums, bn_backward).
-  // The CUDA backend under bf16 then writes dx in bf16 only (the operand the reader takes), and
-  // never dx's floats. Other backends ignore it.
-  enum class GradUse { conv, bn };
+  // conv_backward's dx is read only by the batch norm below (bn_backward_sums, bn_backward);
+  // GradUse::sum — conv_backward's dx is a residual block's body's input gradient, read only by
+  // the block's add (the shortcut's gradient added to it).
+  // The CUDA backend under bf16 then writes dx in bf16 only (the operand the reader takes, or
+  // what add widens as it sums), and never dx's floats. Other backends ignore it.
+  enum class GradUse { conv, bn, sum };
   virtual void note_grad_use(const float* dx, GradUse use) { (void)dx; (void)use; }
   // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);

@@ -5,6 +5,8 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <initializer_list>
 #include <cudnn.h>
 
 #include <array>
@@ -229,7 +231,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool pointwise_gemm(const ConvGeom& g) const;  // a 1x1 stride-1 conv taken as a Linear layer
   bool pointwise_gemm_bf16(const float* x, const float* w, float* z, const ConvGeom& g);
   void pointwise_backward_bf16(const float* x, const float* w, const void* dz16, const ConvGeom& g, float* dw,
-                               float* dx, bool dx_to_bn, bool accumulate);
+                               float* dx, bool keep_dx16, bool accumulate);
 
   // ---- convolutional networks (conv_path.cpp) ----
   void im2col(const float* x, const ConvGeom& g, float* cols) override;
@@ -263,6 +265,9 @@ class CudaBackendImpl final : public CudaBackend {
                    const float* mean, const float* invstd, const float* w, const float* relu_out) override;
   void add(const float* x, float* y, size_t n) override;
   void note_bn_input(const float* z) override { bn_inputs_.insert(z); }
+  void note_bf16_readers(const float* y) override {
+    if (bf16_acts_) bf16_readers_.insert(y);
+  }
   void note_grad_use(const float* dx, GradUse use) override {
     if (bf16_grads_) grad_uses_[dx] = use;
   }
@@ -338,7 +343,7 @@ class CudaBackendImpl final : public CudaBackend {
   const void* valid_twin(const float* p, size_t n) const;
   void* only_twin(const float* z, size_t n);
   void made_only_twin(const float* z, size_t n);
-  bool take_grad_use(const float* dx, GradUse use);
+  bool take_grad_use(const float* dx, std::initializer_list<GradUse> uses);
   const void* only_copy(const float* p, size_t n) const;
   void floats_of(const float* p, size_t n);
   const void* as_bf16(const float* p, size_t n, Scratch& fallback);
@@ -347,7 +352,8 @@ class CudaBackendImpl final : public CudaBackend {
   // resnet_ops.cpp
   double* bn_partial(int64_t rows, int c);
   float* bn_coef(int c);
-  void* relu_twin(const float* y, size_t n, bool relu);
+  void* out_twin(const float* y, size_t n, bool relu, bool& only);
+  void wrote_twin(const float* y, size_t n, const void* y16, bool only);
   cuda::BnIn bn_in(const float* x, size_t n) const;
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
@@ -460,6 +466,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool gemm_1x1_ = true;          // DPT_CONV1X1=cudnn: 1x1 stride-1 convs on cuDNN too
   bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
   bool bf16_grads_ = true;        // note_grad_use's hints taken (DPT_BF16_GRADS=0: ignored, to measure)
+  bool bf16_acts_ = true;         // note_bf16_readers's hints taken (DPT_BF16_ACTS=0: ignored, to measure)
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
   std::map<std::array<int, 8>, bool> im2col_choice_;  // conv_cols's timed choice per shape
@@ -467,6 +474,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers
+  std::set<const float*> bf16_readers_;   // note_bf16_readers's buffers
   std::map<const float*, GradUse> grad_uses_;  // note_grad_use's hints not yet taken
 };
 

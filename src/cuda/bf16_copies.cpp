@@ -3,6 +3,7 @@
 // their fp32 source is written (the scheme is described at the top of cuda_backend.cpp).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <iterator>
 #include <string>
 
@@ -84,6 +85,12 @@ void CudaBackendImpl::forget(void* p) noexcept {
     sh = overlaps(sh->p, 1, p, bytes) ? shadows_.erase(sh) : sh + 1;
   for (auto f = fusions_.begin(); f != fusions_.end();)
     f = overlaps(f->first, 1, p, bytes) ? fusions_.erase(f) : std::next(f);
+  // The model's hints on the allocation end with it (a later one at the same address has none).
+  for (std::set<const float*>* hinted : {&bn_inputs_, &bf16_readers_})
+    for (auto h = hinted->begin(); h != hinted->end();)
+      h = overlaps(*h, 1, p, bytes) ? hinted->erase(h) : std::next(h);
+  for (auto h = grad_uses_.begin(); h != grad_uses_.end();)
+    h = overlaps(h->first, 1, p, bytes) ? grad_uses_.erase(h) : std::next(h);
 }
 
 // The twin buffer of p for n elements, created on first use (never while a graph is being
@@ -125,11 +132,11 @@ void CudaBackendImpl::made_only_twin(const float* z, size_t n) {
 }
 
 // The hint note_grad_use gave for the next write of dx, taken (it holds for one write): true when
-// it was `use`.
-bool CudaBackendImpl::take_grad_use(const float* dx, GradUse use) {
+// it was one of `uses`.
+bool CudaBackendImpl::take_grad_use(const float* dx, std::initializer_list<GradUse> uses) {
   auto it = grad_uses_.find(dx);
   if (it == grad_uses_.end()) return false;
-  const bool match = it->second == use;
+  const bool match = std::find(uses.begin(), uses.end(), it->second) != uses.end();
   grad_uses_.erase(it);
   return match;
 }

@@ -23,6 +23,7 @@ void CudaBackendImpl::conv_forward(const float* x, const float* w, const float* 
     cudnn_conv_forward(x, w, b, z, a, g, act);
     return;
   }
+  floats_of(x, size_t(g.batch) * g.h * g.w * g.c);  // im2col reads floats (an input kept in bf16 only)
   const size_t n = size_t(g.rows()) * size_t(g.cols());
   void* c16 = bf16() ? twin_slot(cols, n) : nullptr;
   if (!c16) {

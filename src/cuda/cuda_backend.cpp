@@ -158,6 +158,7 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   const char* pw = std::getenv("DPT_CONV1X1");
   gemm_1x1_ = !(pw && std::string(pw) == "cudnn");
   bf16_grads_ = env_int("DPT_BF16_GRADS", 1) != 0;
+  bf16_acts_ = env_int("DPT_BF16_ACTS", 1) != 0;
   conv_heuristic_ = opt.conv_heuristic;
   conv_ws_limit_ = opt.conv_workspace_bytes;
   describe_ = make_description();

@@ -307,21 +307,23 @@ bool CudaBackendImpl::pointwise_gemm_bf16(const float* x, const float* w, float*
 
 // bf16 between a convolution and batch norm (note_grad_use): where batch norm's backward wrote
 // dz (over da) in bf16 only, that is the GEMMs' operand as it is (the convolution has no bias or
-// activation: no pass over da); where only batch norm reads dx, cuDNN's bf16 dx stays bf16.
+// activation: no pass over da); where only batch norm or a residual block's sum reads dx
+// (GradUse::bn, GradUse::sum), cuDNN's bf16 dx stays bf16.
 void CudaBackendImpl::conv_backward(const float* x, const float* w, const float* z, const float* a, float* da,
                                     float* cols, const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                                     bool accumulate) {
   const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
-  const bool dx_to_bn = dx && take_grad_use(dx, GradUse::bn) && bf16();
+  const bool keep_dx16 = dx && take_grad_use(dx, {GradUse::bn, GradUse::sum}) && bf16();
   const cuda::BnIn dzin = bf16() && act == Act::none ? bn_in(da, ny) : cuda::BnIn{da, false};
   if (cols || (!dzin.bf16 && pointwise_gemm(g))) {  // the im2col path (conv_cols), or a GEMM on floats
     floats_of(da, ny);
+    if (cols) floats_of(x, nx);  // im2col reads floats (an input kept in bf16 only)
     if (cols) Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
     else linear_backward(x, w, z, a, da, g.rows(), g.c, g.out, act, dw, db, dx, accumulate);
     return;
   }
   if (pointwise_gemm(g)) {
-    pointwise_backward_bf16(x, w, dzin.p, g, dw, dx, dx_to_bn, accumulate);
+    pointwise_backward_bf16(x, w, dzin.p, g, dw, dx, keep_dx16, accumulate);
     return;
   }
   cudaStream_t s = stream_.get();
@@ -355,7 +357,7 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
                                                    p.w, dw));
   }
   if (dx) {
-    void* keep = dx_to_bn ? twin_slot(dx, nx) : nullptr;
+    void* keep = keep_dx16 ? twin_slot(dx, nx) : nullptr;
     void* out = keep ? keep : bf16() ? conv_dx16_.get(nx * 2, s) : static_cast<void*>(dx);
     if (!p.data.made) choose_data(p, g, win, dy, out);
     DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data.algo,
@@ -368,9 +370,9 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
 
 // A 1x1 stride-1 convolution's backward pass from batch norm's bf16 dz (dz16, the bias-free case
 // of conv_backward): the weight gradient's GEMM, and the input gradient's with a bf16 D into dx's
-// twin where only batch norm reads dx (cuBLASLt), else in floats.
+// twin where only batch norm or a residual block's sum reads dx (cuBLASLt), else in floats.
 void CudaBackendImpl::pointwise_backward_bf16(const float* x, const float* w, const void* dz16, const ConvGeom& g,
-                                              float* dw, float* dx, bool dx_to_bn, bool accumulate) {
+                                              float* dw, float* dx, bool keep_dx16, bool accumulate) {
   const int rows = g.rows(), in = g.c, out = g.out;
   const size_t nx = size_t(rows) * size_t(in);
   const void* x16 = as_bf16(x, nx, bf16_b_);
@@ -379,7 +381,7 @@ void CudaBackendImpl::pointwise_backward_bf16(const float* x, const float* w, co
   if (dx) note_write(dx, nx * sizeof(float));
   weight_grad(x, x16, nullptr, dz16, rows, in, out, dw, accumulate ? 1.f : 0.f);
   if (!dx) return;
-  if (void* dx16 = dx_to_bn && use_lt_ ? twin_slot(dx, nx) : nullptr) {
+  if (void* dx16 = keep_dx16 && use_lt_ ? twin_slot(dx, nx) : nullptr) {
     const LtSpec sp = spec(false, false, in, rows, out, w16, in, dz16, out, dx16, in, 0.f, CUDA_R_16BF);
     if (lt_matmul(sp, w16, dz16, dx16, 0.f, nullptr)) {
       made_only_twin(dx, nx);

@@ -92,6 +92,7 @@ void CudaBackendImpl::download(void* dst, const void* src, size_t bytes) {
 
 void CudaBackendImpl::copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
+  if (bytes % sizeof(float) == 0) floats_of(static_cast<const float*>(src), bytes / sizeof(float));  // bf16-only
   note_write(dst, bytes);
   DPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
 }

@@ -45,29 +45,56 @@ __global__ void add4_kernel(const float4* x, float4* y, size_t n4) {
   }
 }
 
-// y = body + shortcut, max(y, 0) with relu, and y's bf16 copy into y16 unless nullptr.
+// out = a16 + b with a16 (n) in bf16: a residual block's input gradient, the body's kept in bf16
+// plus the shortcut's (out may be b).
+__global__ void sum_bf16_kernel(const __nv_bfloat16* a16, const float* b, float* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(a16[i]) + b[i];
+}
+
+// Four consecutive values (index i of the float4 view) from float or bf16 storage.
+__device__ __forceinline__ float4 ld4(const float* p, size_t i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ float4 ld4(const __nv_bfloat16* p, size_t i) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return {a.x, a.y, b.x, b.y};
+}
+__device__ __forceinline__ float ld1(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld1(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
+
+__global__ void sum_bf16x4_kernel(const __nv_bfloat16* a16, const float4* b, float4* out, size_t n4) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 p = ld4(a16, i), q = b[i];
+    out[i] = {p.x + q.x, p.y + q.y, p.z + q.z, p.w + q.w};
+  }
+}
+
+// y = body + shortcut, max(y, 0) with relu: y unless nullptr, and its bf16 copy into y16 unless
+// nullptr. body and shortcut each float or bf16 (a copy that is the tensor's only one).
 __device__ __forceinline__ float sum_act(float a, float b, bool relu) {
   const float v = a + b;
   return relu ? (v > 0.f ? v : 0.f) : v;
 }
 
-__global__ void residual_sum_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
+template <class TA, class TB>
+__global__ void residual_sum_kernel(const TA* __restrict__ a, const TB* __restrict__ b, float* __restrict__ y,
                                     __nv_bfloat16* __restrict__ y16, size_t n, bool relu) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float v = sum_act(a[i], b[i], relu);
-    y[i] = v;
+    const float v = sum_act(ld1(a, i), ld1(b, i), relu);
+    if (y) y[i] = v;
     if (y16) y16[i] = __float2bfloat16_rn(v);
   }
 }
 
-__global__ void residual_sum4_kernel(const float4* __restrict__ a, const float4* __restrict__ b,
-                                     float4* __restrict__ y, __nv_bfloat162* __restrict__ y16, size_t n4,
-                                     bool relu) {
+template <class TA, class TB>
+__global__ void residual_sum4_kernel(const TA* __restrict__ a, const TB* __restrict__ b, float4* __restrict__ y,
+                                     __nv_bfloat162* __restrict__ y16, size_t n4, bool relu) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
-    const float4 p = a[i], q = b[i];
+    const float4 p = ld4(a, i), q = ld4(b, i);
     const float4 v = {sum_act(p.x, q.x, relu), sum_act(p.y, q.y, relu), sum_act(p.z, q.z, relu),
                       sum_act(p.w, q.w, relu)};
-    y[i] = v;
+    if (y) y[i] = v;
     if (y16) {
       y16[2 * i] = __floats2bfloat162_rn(v.x, v.y);
       y16[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
@@ -334,20 +361,46 @@ void add(const float* x, float* y, size_t n, cudaStream_t s) {
 }
 
 // As add: float4 where every pointer allows (the bf16 copy's 8 bytes per four), the rest one by one.
-void residual_sum(const float* body, const float* shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s) {
+void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s) {
   auto* o16 = static_cast<__nv_bfloat16*>(y16);
+  auto run = [&](auto* a, auto* b) {
+    // Four at a time where every pointer allows it (8 bytes per four in bf16), the rest one by one.
+    auto fits = [](const auto* p) {
+      return reinterpret_cast<uintptr_t>(p) % (sizeof(*p) == 2 ? 8 : 16) == 0;
+    };
+    size_t done = 0;
+    if (fits(a) && fits(b) && aligned16(y) && reinterpret_cast<uintptr_t>(y16) % 8 == 0 && n >= 4) {
+      residual_sum4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(a, b, reinterpret_cast<float4*>(y),
+                                                                 reinterpret_cast<__nv_bfloat162*>(o16), n / 4, relu);
+      DPT_CHECK_LAUNCH("residual_sum4_kernel");
+      done = n / 4 * 4;
+    }
+    if (done < n) {
+      residual_sum_kernel<<<grid_for(n - done), kThreads, 0, s>>>(a + done, b + done, y ? y + done : nullptr,
+                                                                  o16 ? o16 + done : nullptr, n - done, relu);
+      DPT_CHECK_LAUNCH("residual_sum_kernel");
+    }
+  };
+  auto f32 = [](const void* p) { return static_cast<const float*>(p); };
+  auto b16 = [](const void* p) { return static_cast<const __nv_bfloat16*>(p); };
+  if (!body.bf16 && !shortcut.bf16) run(f32(body.p), f32(shortcut.p));
+  else if (body.bf16 && !shortcut.bf16) run(b16(body.p), f32(shortcut.p));
+  else if (!body.bf16) run(f32(body.p), b16(shortcut.p));
+  else run(b16(body.p), b16(shortcut.p));
+}
+
+void sum_bf16(const void* a16, const float* b, float* out, size_t n, cudaStream_t s) {
+  const auto* a = static_cast<const __nv_bfloat16*>(a16);
   size_t done = 0;
-  if (aligned16(body) && aligned16(shortcut) && aligned16(y) && reinterpret_cast<uintptr_t>(y16) % 8 == 0 && n >= 4) {
-    residual_sum4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(
-        reinterpret_cast<const float4*>(body), reinterpret_cast<const float4*>(shortcut), reinterpret_cast<float4*>(y),
-        reinterpret_cast<__nv_bfloat162*>(o16), n / 4, relu);
-    DPT_CHECK_LAUNCH("residual_sum4_kernel");
+  if (reinterpret_cast<uintptr_t>(a) % 8 == 0 && aligned16(b) && aligned16(out) && n >= 4) {
+    sum_bf16x4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(a, reinterpret_cast<const float4*>(b),
+                                                            reinterpret_cast<float4*>(out), n / 4);
+    DPT_CHECK_LAUNCH("sum_bf16x4_kernel");
     done = n / 4 * 4;
   }
   if (done < n) {
-    residual_sum_kernel<<<grid_for(n - done), kThreads, 0, s>>>(body + done, shortcut + done, y + done,
-                                                                o16 ? o16 + done : nullptr, n - done, relu);
-    DPT_CHECK_LAUNCH("residual_sum_kernel");
+    sum_bf16_kernel<<<grid_for(n - done), kThreads, 0, s>>>(a + done, b + done, out + done, n - done);
+    DPT_CHECK_LAUNCH("sum_bf16_kernel");
   }
 }
 

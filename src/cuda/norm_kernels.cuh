@@ -14,11 +14,13 @@
 
 namespace dpt::cuda {
 
-// A batch-norm operand read (x, dy): float, or (bf16) the bf16 tensor that stands for it.
-struct BnIn {
+// An operand read (batch norm's x and dy, a residual sum's terms): float, or (bf16) the bf16
+// tensor that stands for it.
+struct Operand {
   const void* p;
   bool bf16;
 };
+using BnIn = Operand;
 // Batch norm's input gradient written: float, or bf16.
 struct BnOut {
   void* p;
@@ -36,7 +38,8 @@ void bn_sums(BnIn x, int64_t rows, int c, double* sums, double* partial, cudaStr
 void bn_backward_sums(BnIn dy, BnIn x, int64_t rows, int c, const float* mean,
                       const void* relu_out, bool relu_out_bf16, double* sums, double* partial, cudaStream_t s);
 // Backend::bn_forward: mean, var, invstd from the sums in double; the running stats (when not
-// nullptr) moved once per channel; y = max(y, 0) with relu; y's bf16 copy into y16 unless nullptr.
+// nullptr) moved once per channel; y = max(y, 0) with relu; y unless nullptr, and its bf16 copy
+// into y16 unless nullptr.
 // coef: scratch of 2c floats (bn_backward: 4c), the per-channel coefficients of the vector pass.
 void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
                 const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
@@ -51,8 +54,11 @@ void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOu
                  cudaStream_t s);
 // y (n) += x (n).
 void add(const float* x, float* y, size_t n, cudaStream_t s);
-// y (n) = body + shortcut, max(y, 0) with relu; y's bf16 copy into y16 unless nullptr.
-void residual_sum(const float* body, const float* shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s);
+// out (n) = a16 (n, bf16) + b (n); out may be b.
+void sum_bf16(const void* a16, const float* b, float* out, size_t n, cudaStream_t s);
+// y (n) = body + shortcut (each float, or bf16 with .bf16), max(y, 0) with relu; y unless
+// nullptr, and its bf16 copy into y16 unless nullptr.
+void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s);
 // d (n) = d where mask > 0, else 0 (mask: float, or bf16 with mask_bf16), and keep = d; keep may be the mask.
 void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, size_t n, cudaStream_t s);
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c, cudaStream_t s);

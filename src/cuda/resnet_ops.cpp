@@ -26,11 +26,24 @@ float* CudaBackendImpl::bn_coef(int c) {
   return static_cast<float*>(bn_coef_.get(std::max<size_t>(1, 4 * size_t(c)) * sizeof(float), stream_.get()));
 }
 
-// bf16: a ReLU's output is most often a convolution's input (ResNet's blocks): a fused ReLU
-// writes its bf16 twin in the same pass, as act_forward does, so that convolution does not
-// convert it and batch norm's backward reads the mask from it. Call after y's note_write.
-void* CudaBackendImpl::relu_twin(const float* y, size_t n, bool relu) {
-  return bf16() && relu && !im2col_convs_ ? twin_slot(y, n) : nullptr;
+// bf16: the twin an op writes y's values into. A ReLU's output is most often a convolution's
+// input (ResNet's blocks): a fused ReLU writes its bf16 twin in the same pass, as act_forward
+// does, so that convolution does not convert it and the ReLU's backward reads its mask from it.
+// Where only bf16 readers take y (note_bf16_readers) the twin is written instead of y's floats
+// (only). nullptr (floats only) otherwise. Call before y's note_write, then wrote_twin.
+void* CudaBackendImpl::out_twin(const float* y, size_t n, bool relu, bool& only) {
+  only = false;
+  if (!bf16() || im2col_convs_) return nullptr;
+  const bool hinted = bf16_readers_.count(y) > 0;
+  if (!relu && !hinted) return nullptr;
+  void* t = twin_slot(y, n);
+  only = t && hinted;
+  return t;
+}
+
+void CudaBackendImpl::wrote_twin(const float* y, size_t n, const void* y16, bool only) {
+  if (only) made_only_twin(y, n);
+  else if (y16) twins_[y].valid = n;
 }
 
 // A batch-norm operand (x, dy): its bf16 twin where that is its only copy (the floats never written).
@@ -50,10 +63,11 @@ void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, 
   note_write(running_mean, size_t(c) * sizeof(float));
   note_write(running_var, size_t(c) * sizeof(float));
   const cuda::BnIn xin = bn_in(x, n);
-  void* y16 = relu_twin(y, n, relu);
-  cuda::bn_forward(xin, y, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean,
-                   running_var, bn_coef(c), stream_.get());
-  if (y16) twins_[y].valid = n;
+  bool only = false;
+  void* y16 = out_twin(y, n, relu, only);
+  cuda::bn_forward(xin, only ? nullptr : y, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd,
+                   running_mean, running_var, bn_coef(c), stream_.get());
+  wrote_twin(y, n, y16, only);
 }
 
 void CudaBackendImpl::bn_infer(const float* x, float* y, int64_t rows, int c, const float* running_mean,
@@ -87,7 +101,7 @@ void CudaBackendImpl::bn_backward(const float* dy, const float* x, float* dx, in
                                   const double* sums, const float* mean, const float* invstd,
                                   const float* w, const float* relu_out) {
   const size_t n = size_t(rows) * size_t(c);
-  const bool to_conv = take_grad_use(dx, GradUse::conv) && bf16();
+  const bool to_conv = take_grad_use(dx, {GradUse::conv}) && bf16();
   const void* mask16 = relu_out ? valid_twin(relu_out, n) : nullptr;
   const cuda::BnIn xin = bn_in(x, n), dyin = bn_in(dy, n);
   note_write(dx, n * sizeof(float));
@@ -98,16 +112,26 @@ void CudaBackendImpl::bn_backward(const float* dy, const float* x, float* dx, in
   if (dx16) made_only_twin(dx, n);
 }
 
+// A residual block's input gradient: y, the body's (a convolution's input gradient kept in bf16
+// only: note_grad_use's GradUse::sum), plus x, the shortcut's, in one pass.
 void CudaBackendImpl::add(const float* x, float* y, size_t n) {
+  const void* y16 = only_copy(y, n);
+  const void* x16 = y16 ? nullptr : only_copy(x, n);
   note_write(y, n * sizeof(float));
-  cuda::add(x, y, n, stream_.get());
+  if (y16) cuda::sum_bf16(y16, x, y, n, stream_.get());
+  else if (x16) cuda::sum_bf16(x16, y, y, n, stream_.get());
+  else cuda::add(x, y, n, stream_.get());
 }
 
+// Terms kept in bf16 only (note_bf16_readers: a batch norm's output) are read as they are; y is
+// written in bf16 only where only bf16 readers take it.
 void CudaBackendImpl::residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) {
+  const cuda::Operand b = bn_in(body, n), sc = bn_in(shortcut, n);
+  bool only = false;
+  void* y16 = out_twin(y, n, relu, only);
   note_write(y, n * sizeof(float));
-  void* y16 = relu_twin(y, n, relu);
-  cuda::residual_sum(body, shortcut, y, y16, n, relu, stream_.get());
-  if (y16) twins_[y].valid = n;
+  cuda::residual_sum(b, sc, only ? nullptr : y, y16, n, relu, stream_.get());
+  wrote_twin(y, n, y16, only);
 }
 
 // The ReLU's mask from the output's bf16 twin where residual_sum wrote one (2 bytes instead of 4),
