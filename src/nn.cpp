@@ -136,8 +136,8 @@ struct Model::Op {
   const float* body_y = nullptr;
   // Backward, which op reads this op's input gradient (note_grad_use): bn — the convolution
   // below, one without bias or activation (GradUse::conv); conv — the batch norm below
-  // (GradUse::bn), a residual block's add (GradUse::sum).
-  bool grad_to_conv = false, grad_to_bn = false, grad_to_sum = false;
+  // (GradUse::bn), a residual block's add (GradUse::sum), a convolution with a fused ReLU (GradUse::act).
+  bool grad_to_conv = false, grad_to_bn = false, grad_to_sum = false, grad_to_act = false;
 };
 
 Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout)
@@ -375,6 +375,8 @@ void Model::build_ops() {
     if (op.kind == OpKind::bn)
       hint = (op.act == Act::relu && bf16_reader(i + 1) && next == OpKind::conv) || next == OpKind::res_shortcut ||
              next == OpKind::res_end;
+    else if (op.kind == OpKind::conv)
+      hint = op.act == Act::relu && op.a.data() && !op.cols.data() && bf16_reader(i + 1) && next == OpKind::conv;
     else if (op.kind == OpKind::res_end && next == OpKind::res_begin) {
       const Op& nb = *ops_[i + 1];
       const size_t mid = size_t(nb.mid), end = size_t(nb.end);
@@ -383,9 +385,15 @@ void Model::build_ops() {
     if (hint) be_.note_bf16_readers(op.a.data());
   }
   // A residual block's body's first op, a convolution: its input gradient only the block's add
-  // reads (GradUse::sum).
-  for (size_t i = 1; i < ops_.size(); ++i)
-    ops_[i]->grad_to_sum = ops_[i]->kind == OpKind::conv && ops_[i - 1]->kind == OpKind::res_begin;
+  // reads (GradUse::sum). A convolution above a convolution with a fused ReLU: its input gradient
+  // only that ReLU's backward reads (GradUse::act).
+  for (size_t i = 1; i < ops_.size(); ++i) {
+    Op& op = *ops_[i];
+    const Op& below = *ops_[i - 1];
+    op.grad_to_sum = op.kind == OpKind::conv && below.kind == OpKind::res_begin;
+    op.grad_to_act = op.kind == OpKind::conv && below.kind == OpKind::conv && below.act == Act::relu &&
+                     below.a.data() && !below.cols.data();
+  }
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
   for (auto& op : ops_)
@@ -614,6 +622,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       const float* a = op.a.data() ? op.a.data() : op.z.data();
       if (op.grad_to_bn && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::bn);
       if (op.grad_to_sum && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::sum);
+      if (op.grad_to_act && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::act);
       be_.conv_backward(in, params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
                         grads_.data() + s.w_off, s.has_bias ? grads_.data() + s.b_off : nobias_db_.data(),
                         first ? nullptr : grad_[nxt].data(), accumulate);

@@ -207,6 +207,8 @@ class Backend {
   // z (rows, out) = im2col(x)·Wᵀ + b and a = act(z), w (out, k, k, c), b nullptr for a conv
   // without bias (linear_forward takes a nullptr b the same way); cols (rows, cols) is
   // kept for conv_backward (a backend may keep it in its own form, or need none: conv_cols).
+  // With a ReLU (a != z) a backend may leave z unwritten and take the ReLU's mask from a in
+  // conv_backward (a > 0 exactly where z > 0): the CUDA backend's cuDNN path under bf16 does.
   // Default: im2col + linear_forward.
   virtual void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z,
                             float* a, const ConvGeom& g, Act act);
@@ -216,7 +218,9 @@ class Backend {
   // they are given cols = nullptr. Called once per layer as a model is built, never inside a
   // captured step.
   virtual size_t conv_cols(const ConvGeom& g);
-  // da (rows, out) holds dLoss/da and becomes dz; dw, db as linear_backward's (added to when
+  // da (rows, out) holds dLoss/da and becomes dz (where the CUDA backend keeps da in bf16 only,
+  // GradUse::act, its bf16 copy does, and da's floats are left as they are); dw, db as
+  // linear_backward's (added to when
   // accumulate); dx (batch, h, w, c) unless nullptr. x is the last conv_forward's input, cols
   // its cols, which is overwritten (it holds the input gradient's columns before col2im).
   // Default: linear_backward on cols + col2im.
@@ -288,7 +292,8 @@ class Backend {
   // writes z's floats. Other backends ignore it.
   virtual void note_bn_input(const float* z) { (void)z; }
   // A hint from the model, once: every reader of the activation buffer y (a batch norm's output,
-  // or a residual block's sum) can take it as a bf16 operand: a convolution (its input, forward
+  // a residual block's sum, a convolution's output after its fused ReLU) can take it as a bf16
+  // operand: a convolution (its input, forward
   // and backward), a batch norm, a residual block's sum, and the fused ReLU's backward (its
   // mask). The CUDA backend under bf16 then writes y's bf16 copy only, never y's floats; a
   // residual sum's terms are then bf16 values (as PyTorch's autocast keeps its activations).
@@ -299,10 +304,11 @@ class Backend {
   // below, one without bias or activation (its output was note_bn_input's z); GradUse::bn —
   // conv_backward's dx is read only by the batch norm below (bn_backward_sums, bn_backward);
   // GradUse::sum — conv_backward's dx is a residual block's body's input gradient, read only by
-  // the block's add (the shortcut's gradient added to it).
+  // the block's add (the shortcut's gradient added to it); GradUse::act — conv_backward's dx is
+  // read only by the backward pass of the convolution below, one with a fused ReLU.
   // The CUDA backend under bf16 then writes dx in bf16 only (the operand the reader takes, or
   // what add widens as it sums), and never dx's floats. Other backends ignore it.
-  enum class GradUse { conv, bn, sum };
+  enum class GradUse { conv, bn, sum, act };
   virtual void note_grad_use(const float* dx, GradUse use) { (void)dx; (void)use; }
   // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);

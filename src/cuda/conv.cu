@@ -37,6 +37,10 @@ __device__ __forceinline__ float& lane(float& v, int) { return v; }
 __device__ __forceinline__ float& lane(float4& v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
+__device__ __forceinline__ float lane(const float& v, int) { return v; }
+__device__ __forceinline__ float lane(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
 
 struct alignas(8) Bf16x4 { __nv_bfloat162 lo, hi; };
 __device__ __forceinline__ void put(float* p, const float& v) { *p = v; }
@@ -164,31 +168,48 @@ __global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* 
   }
 }
 
-// One thread per input element: the windows that hold it, oh then ow ascending (the CPU's
-// scatter order). Max: dy where the window's argmax is this element; avg: dy / k².
-template <bool MAX>
+// One thread per input element (V consecutive channels of one pixel): the windows that hold it,
+// oh then ow ascending (the CPU's scatter order). Max: dy where the window's argmax is this
+// element; avg: dy / k². V = 4: 16-byte loads of dy and argmax and stores of dx, the same sums.
+template <int V> struct VecI;
+template <> struct VecI<1> { using T = int32_t; };
+template <> struct VecI<4> { using T = int4; };
+__device__ __forceinline__ int32_t lane(const int32_t& v, int) { return v; }
+__device__ __forceinline__ int32_t lane(const int4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+template <int V, bool MAX>
 __global__ void pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
                                 float* dx, PoolGeom g, Div c_n, Div w_n, Div h_n, Div st, int oh_n, int ow_n,
                                 int pix0, int total) {
+  using F = typename VecF<V>::T;
+  using I = typename VecI<V>::T;
   const float area = float(g.k * g.k);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     int c, iw, ih;
-    const int pix = pix0 + c_n.divmod(i, c);
+    const int pix = pix0 + c_n.divmod(i, c);  // c: the group of V channels
     const int n = h_n.divmod(w_n.divmod(pix, iw), ih);
     // Windows oh with oh·s <= ih < oh·s + k.
     const int oh0 = ih < g.k ? 0 : st.div(ih - g.k) + 1, oh1 = min(oh_n - 1, st.div(ih));
     const int ow0 = iw < g.k ? 0 : st.div(iw - g.k) + 1, ow1 = min(ow_n - 1, st.div(iw));
-    float s = 0.f;
+    F s{};
     for (int oh = oh0; oh <= oh1; ++oh)
       for (int ow = ow0; ow <= ow1; ++ow) {
-        const size_t o = ((size_t(n) * oh_n + oh) * ow_n + ow) * size_t(g.c) + size_t(c);
+        const size_t o = ((size_t(n) * oh_n + oh) * ow_n + ow) * size_t(c_n.d) + size_t(c);  // in units of V
+        const F d = reinterpret_cast<const F*>(dy)[o];
         if (MAX) {
-          if (argmax[o] == (ih - oh * g.stride) * g.k + (iw - ow * g.stride)) s += dy[o];
+          const I am = reinterpret_cast<const I*>(argmax)[o];
+          const int32_t tap = (ih - oh * g.stride) * g.k + (iw - ow * g.stride);
+#pragma unroll
+          for (int q = 0; q < V; ++q)
+            if (lane(am, q) == tap) lane(s, q) += lane(d, q);
         } else {
-          s += __fdiv_rn(dy[o], area);
+#pragma unroll
+          for (int q = 0; q < V; ++q) lane(s, q) += __fdiv_rn(lane(d, q), area);
         }
       }
-    dx[size_t(pix) * size_t(g.c) + size_t(c)] = s;
+    reinterpret_cast<F*>(dx)[size_t(pix) * size_t(c_n.d) + size_t(c)] = s;
   }
 }
 
@@ -346,10 +367,16 @@ void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, 
 
 void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max,
                    cudaStream_t s) {
-  const Div c_n(g.c), w_n(g.w), h_n(g.h), st(g.stride);
-  in_chunks(int64_t(g.batch) * g.h * g.w, g.c, [&](int pix0, int total) {
-    if (max) pool_bwd_kernel<true><<<grid_for(size_t(total)), kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, g.oh(), g.ow(), pix0, total);
-    else pool_bwd_kernel<false><<<grid_for(size_t(total)), kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, g.oh(), g.ow(), pix0, total);
+  const bool v4 = g.c % 4 == 0 && aligned(dy, 16) && aligned(dx, 16) && (!max || aligned(argmax, 16));
+  const int V = v4 ? 4 : 1;
+  const Div c_n(g.c / V), w_n(g.w), h_n(g.h), st(g.stride);
+  in_chunks(int64_t(g.batch) * g.h * g.w, g.c / V, [&](int pix0, int total) {
+    const unsigned grid = grid_for(size_t(total));
+    const int oh = g.oh(), ow = g.ow();
+    if (max && v4) pool_bwd_kernel<4, true><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
+    else if (max) pool_bwd_kernel<1, true><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
+    else if (v4) pool_bwd_kernel<4, false><<<grid, kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
+    else pool_bwd_kernel<1, false><<<grid, kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
     DPT_CHECK_LAUNCH("pool_bwd_kernel");
   });
 }

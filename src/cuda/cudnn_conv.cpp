@@ -284,9 +284,20 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   const float one = 1.f, zero = 0.f;
   DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
                                           conv_workspace(p.fwd.ws), p.fwd.ws, &zero, p.y, y));
-  if (only) made_only_twin(z, ny);
-  else if (bf16()) cuda::conv_epilogue_bf16(y, b, z, a, size_t(g.rows()), g.out, act, s);
-  else cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
+  if (only) {
+    made_only_twin(z, ny);
+  } else if (bf16()) {
+    // A ReLU's backward takes its mask from a (a > 0 exactly where z > 0): z is not written. Where
+    // only bf16 readers take a (note_bf16_readers: the convolution above), a's bf16 copy alone.
+    const bool relu = act == Act::relu && a != z;
+    bool a_only = false;
+    void* a16 = relu ? out_twin(a, ny, false, a_only) : nullptr;
+    cuda::conv_epilogue_bf16(y, b, relu ? nullptr : (a != z ? z : nullptr), a_only ? nullptr : a, a16,
+                             size_t(g.rows()), g.out, act, s);
+    wrote_twin(a, ny, a16, a_only);
+  } else {
+    cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
+  }
 }
 
 // A 1x1 stride-1 convolution's GEMM with a bf16 output into z's twin (cuBLASLt, D in bf16):
@@ -313,7 +324,7 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
                                     float* cols, const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                                     bool accumulate) {
   const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
-  const bool keep_dx16 = dx && take_grad_use(dx, {GradUse::bn, GradUse::sum}) && bf16();
+  const bool keep_dx16 = dx && take_grad_use(dx, {GradUse::bn, GradUse::sum, GradUse::act}) && bf16();
   const cuda::BnIn dzin = bf16() && act == Act::none ? bn_in(da, ny) : cuda::BnIn{da, false};
   if (cols || (!dzin.bf16 && pointwise_gemm(g))) {  // the im2col path (conv_cols), or a GEMM on floats
     floats_of(da, ny);
@@ -335,12 +346,26 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   if (dx) note_write(dx, nx * sizeof(float));
   const void* dy = dzin.p;
   if (!dzin.bf16) {
-    // dz over da, bf16(dz) and the bias gradient in one pass.
-    note_write(da, ny * sizeof(float));
+    const bool relu16 = bf16() && act == Act::relu && a != z;  // z not written (cudnn_conv_forward)
+    const void* a16 = relu16 ? valid_twin(a, ny) : nullptr;
+    void* d16 = a16 ? const_cast<void*>(only_copy(da, ny)) : nullptr;
     note_write(db, size_t(g.out) * sizeof(float));
-    void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, ny) * 2, s) : nullptr;
-    cuda::act_backward_bgrad(da, z, a, g.rows(), g.out, act, db, accumulate, bgrad_partial(g.rows(), g.out), dz16, s);
-    dy = bf16() ? dz16 : static_cast<const void*>(da);
+    if (d16) {
+      // da kept in bf16 only (GradUse::act: the convolution above's input gradient): the ReLU's
+      // backward and the bias gradient over it in place, the mask from a's bf16 copy.
+      note_write(da, ny * sizeof(float));
+      cuda::relu_backward_bgrad_bf16(d16, a16, g.rows(), g.out, db, accumulate, bgrad_partial(g.rows(), g.out), s);
+      dy = d16;
+    } else {
+      // dz over da, bf16(dz) and the bias gradient in one pass; a ReLU's mask from a's floats.
+      if (relu16) floats_of(a, ny);
+      floats_of(da, ny);
+      note_write(da, ny * sizeof(float));
+      void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, ny) * 2, s) : nullptr;
+      cuda::act_backward_bgrad(da, relu16 ? a : z, a, g.rows(), g.out, act, db, accumulate,
+                               bgrad_partial(g.rows(), g.out), dz16, s);
+      dy = bf16() ? dz16 : static_cast<const void*>(da);
+    }
   }
   const float one = 1.f, zero = 0.f;
   if (!p.filter.made) choose_filter(p, g, xin, dy);

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "act.cuh"
 #include "dpt/cuda_check.hpp"
@@ -17,13 +18,52 @@ __global__ void widen_bf16_kernel(const __nv_bfloat16* src, float* dst, size_t n
   }
 }
 
-// z = float(y16) + b[channel], a = act(z); a may be z. NHWC: the channel is the index mod c.
-__global__ void conv_epilogue_bf16_kernel(const __nv_bfloat16* y16, const float* b, float* z, float* a, size_t n,
-                                          unsigned c, Act act) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float v = __bfloat162float(y16[i]) + (b ? b[i % c] : 0.f);
-    if (a != z) z[i] = v;
-    a[i] = act_fwd(v, act);
+// v = float(y16) + b[channel]: z = v, a = act(v), a16 = bf16(a), each unless nullptr. NHWC: the
+// channel is the index mod c. V values per thread: V = 8 where c % 8 == 0 and the operands are
+// 16-byte aligned (one 16-byte load of y16, the bias's eight channels), else 1.
+template <int V> struct Pack;
+template <> struct Pack<1> {
+  static __device__ void load(const __nv_bfloat16* p, float* v) { v[0] = __bfloat162float(*p); }
+  static __device__ void store(float* p, const float* v) { *p = v[0]; }
+  static __device__ void store(__nv_bfloat16* p, const float* v) { *p = __float2bfloat16_rn(v[0]); }
+};
+template <> struct Pack<8> {
+  static __device__ void load(const __nv_bfloat16* p, float* v) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      v[2 * k] = f.x;
+      v[2 * k + 1] = f.y;
+    }
+  }
+  static __device__ void store(float* p, const float* v) {
+    reinterpret_cast<float4*>(p)[0] = {v[0], v[1], v[2], v[3]};
+    reinterpret_cast<float4*>(p)[1] = {v[4], v[5], v[6], v[7]};
+  }
+  static __device__ void store(__nv_bfloat16* p, const float* v) {
+    uint4 u;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
+    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(p) = u;
+  }
+};
+
+template <int V>
+__global__ void conv_epilogue_bf16_kernel(const __nv_bfloat16* y16, const float* b, float* z, float* a,
+                                          __nv_bfloat16* a16, size_t groups, unsigned cg, Act act) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < groups; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t e = i * V;
+    const unsigned c0 = unsigned(i % cg) * V;
+    float v[V];
+    Pack<V>::load(y16 + e, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] += b ? b[c0 + k] : 0.f;
+    if (z) Pack<V>::store(z + e, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = act_fwd(v[k], act);
+    if (a) Pack<V>::store(a + e, v);
+    if (a16) Pack<V>::store(a16 + e, v);
   }
 }
 
@@ -39,12 +79,17 @@ unsigned grid_for(size_t n) { return unsigned(std::min<size_t>((n + 255) / 256, 
 
 }  // namespace
 
-void conv_epilogue_bf16(const void* y16, const float* b, float* z, float* a, size_t rows, int c, Act act,
-                        cudaStream_t s) {
+void conv_epilogue_bf16(const void* y16, const float* b, float* z, float* a, void* a16, size_t rows, int c,
+                        Act act, cudaStream_t s) {
   const size_t n = rows * size_t(c);
   if (n == 0) return;
-  conv_epilogue_bf16_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(y16), b, z, a, n,
-                                                         unsigned(c), act);
+  auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const auto* y = static_cast<const __nv_bfloat16*>(y16);
+  auto* o16 = static_cast<__nv_bfloat16*>(a16);
+  if (c % 8 == 0 && al(y16) && al(z) && al(a) && al(a16))
+    conv_epilogue_bf16_kernel<8><<<grid_for(n / 8), 256, 0, s>>>(y, b, z, a, o16, n / 8, unsigned(c / 8), act);
+  else
+    conv_epilogue_bf16_kernel<1><<<grid_for(n), 256, 0, s>>>(y, b, z, a, o16, n, unsigned(c), act);
   DPT_CHECK_LAUNCH("conv_epilogue_bf16");
 }
 

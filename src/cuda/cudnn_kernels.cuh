@@ -11,9 +11,9 @@ namespace dpt::cuda {
 // dst (n, fp32) = (accumulate ? dst : 0) + src (n, bf16).
 void widen_bf16(const void* src, float* dst, size_t n, bool accumulate, cudaStream_t s);
 // A bf16 convolution's epilogue over (rows, c) NHWC: z = float(y16) + b (b nullptr: none),
-// a = act(z); a may equal z.
-void conv_epilogue_bf16(const void* y16, const float* b, float* z, float* a, size_t rows, int c, Act act,
-                        cudaStream_t s);
+// a = act(z), a16 = bf16(a), each written unless nullptr.
+void conv_epilogue_bf16(const void* y16, const float* b, float* z, float* a, void* a16, size_t rows, int c,
+                        Act act, cudaStream_t s);
 // a = act(z) and a16 = bf16(a) (round to nearest even) in one pass: the next convolution's input.
 void act_forward_twin(const float* z, float* a, void* a16, size_t n, Act act, cudaStream_t s);
 
