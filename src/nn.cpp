@@ -136,7 +136,8 @@ struct Model::Op {
   const float* body_y = nullptr;
   // Backward, which op reads this op's input gradient (note_grad_use): bn — the convolution
   // below, one without bias or activation (GradUse::conv); conv — the batch norm below
-  // (GradUse::bn), a residual block's add (GradUse::sum), a convolution with a fused ReLU (GradUse::act).
+  // (GradUse::bn), a residual block's add (GradUse::sum), a convolution with a fused ReLU
+  // (GradUse::act); res_end — the batch norm below, the last op of the shortcut or the body (GradUse::bn).
   bool grad_to_conv = false, grad_to_bn = false, grad_to_sum = false, grad_to_act = false;
 };
 
@@ -376,13 +377,13 @@ void Model::build_ops() {
       hint = (op.act == Act::relu && bf16_reader(i + 1) && next == OpKind::conv) || next == OpKind::res_shortcut ||
              next == OpKind::res_end;
     else if (op.kind == OpKind::conv)
-      hint = op.act == Act::relu && op.a.data() && !op.cols.data() && bf16_reader(i + 1) && next == OpKind::conv;
+      hint = op.act == Act::relu && !op.cols.data() && bf16_reader(i + 1) && next == OpKind::conv;
     else if (op.kind == OpKind::res_end && next == OpKind::res_begin) {
       const Op& nb = *ops_[i + 1];
       const size_t mid = size_t(nb.mid), end = size_t(nb.end);
       hint = i + 2 < mid && bf16_reader(i + 2) && (end == mid + 1 || bf16_reader(mid + 1));
     }
-    if (hint) be_.note_bf16_readers(op.a.data());
+    if (hint) be_.note_bf16_readers(op.a.data() ? op.a.data() : op.z.data());  // a conv's ReLU overwrites z
   }
   // A residual block's body's first op, a convolution: its input gradient only the block's add
   // reads (GradUse::sum). A convolution above a convolution with a fused ReLU: its input gradient
@@ -391,8 +392,9 @@ void Model::build_ops() {
     Op& op = *ops_[i];
     const Op& below = *ops_[i - 1];
     op.grad_to_sum = op.kind == OpKind::conv && below.kind == OpKind::res_begin;
+    if (op.kind == OpKind::res_end) op.grad_to_bn = below.kind == OpKind::bn;
     op.grad_to_act = op.kind == OpKind::conv && below.kind == OpKind::conv && below.act == Act::relu &&
-                     below.a.data() && !below.cols.data();
+                     !below.cols.data();
   }
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
@@ -678,6 +680,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       // The fused ReLU's backward from its output (> 0 exactly where its input is), and the
       // output's gradient down both branches: kept (in the output's buffer, whose values are no
       // longer needed) for the body, which runs second.
+      if (op.grad_to_bn) be_.note_grad_use(d, Backend::GradUse::bn);
       be_.residual_backward(d, op.a.data(), op.a.data(), n, op.act == Act::relu);
       break;
     case OpKind::res_shortcut: {

@@ -591,7 +591,8 @@ TEST(CudaConv, Bf16OnlyBatchNormOutputForTheConvolutionAbove) {
   }
 }
 
-// Two convolutions, the lower with a bias and a fused ReLU, under bf16 with the model's hints
+// Two convolutions, the lower with a bias and a fused ReLU (its output over z, as the model
+// runs it), under bf16 with the model's hints
 // (the lower's output in bf16 only: note_bf16_readers; the upper's input gradient kept in bf16
 // for the lower's ReLU backward: GradUse::act) against the same backend without them (the
 // lower's output in floats, converted for the upper; the upper's cuDNN bf16 input gradient
@@ -622,16 +623,16 @@ TEST(CudaConv, Bf16BetweenConvolutionsWithReLU) {
       std::vector<float> y, dw2, db2, dw1, db1, dx;
     };
     auto run = [&](Buffer<float>& a1, bool hints) {
-      auto z1 = poisoned(*g, n1), z2 = poisoned(*g, n2), d2 = put(*g, dy), d1 = poisoned(*g, n1);
+      auto z2 = poisoned(*g, n2), d2 = put(*g, dy), d1 = poisoned(*g, n1);
       auto dw2 = poisoned(*g, du.w.size()), db2 = poisoned(*g, du.b.size());
       auto dw1 = poisoned(*g, dl.w.size()), db1 = poisoned(*g, dl.b.size()), dx = poisoned(*g, dl.x.size());
-      g->conv_forward(gx.data(), w1.data(), b1.data(), nullptr, z1.data(), a1.data(), lo, Act::relu);
+      g->conv_forward(gx.data(), w1.data(), b1.data(), nullptr, a1.data(), a1.data(), lo, Act::relu);
       g->conv_forward(a1.data(), w2.data(), b2.data(), nullptr, z2.data(), z2.data(), up, Act::none);
       if (hints) g->note_grad_use(d1.data(), Backend::GradUse::act);
       g->conv_backward(a1.data(), w2.data(), z2.data(), z2.data(), d2.data(), nullptr, up, Act::none, dw2.data(),
                        db2.data(), d1.data(), false);
       if (hints) EXPECT_TRUE(std::isnan(get(*g, d1)[0])) << "kept input gradient's floats written, " << label;
-      g->conv_backward(gx.data(), w1.data(), z1.data(), a1.data(), d1.data(), nullptr, lo, Act::relu, dw1.data(),
+      g->conv_backward(gx.data(), w1.data(), a1.data(), a1.data(), d1.data(), nullptr, lo, Act::relu, dw1.data(),
                        db1.data(), dx.data(), false);
       return Out{get(*g, z2), get(*g, dw2), get(*g, db2), get(*g, dw1), get(*g, db1), get(*g, dx)};
     };

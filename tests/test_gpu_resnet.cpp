@@ -433,6 +433,53 @@ TEST(CudaResnet, Bf16OnlyTermsOfTheResidualSum) {
   }
 }
 
+// The residual sum's backward with the gradient only the batch norm below reads
+// (note_grad_use: GradUse::bn): the masked gradient written in bf16 only, which batch norm's
+// backward takes as its dy. Its sums and input gradient are the bits the same kernels give from
+// floats holding the bf16-rounded masked gradient; the kept copy is the masked gradient in
+// floats, exactly the CPU's.
+TEST(CudaResnet, ResidualBackwardKeepsBatchNormsGradientInBf16) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  setenv("DPT_BF16_GRADS", "1", 1);  // the default; DPT_BF16_GRADS=0 in the environment would turn the hints off
+  auto g = gpu(Precision::bf16);
+  unsetenv("DPT_BF16_GRADS");
+  for (const BnShape& s : {BnShape{4999, 33}, BnShape{3136, 64}}) {
+    const std::string label = what(s);
+    const BnData d(s, 700 + uint64_t(s.c));
+    const size_t n = d.x.size();
+    const std::vector<float> body = uniform(n, 701), shortcut = uniform(n, 702);
+    std::vector<float> y(n), want_d = d.dy, want_keep(n);
+    cpu->residual_sum(body.data(), shortcut.data(), y.data(), n, true);
+    cpu->residual_backward(want_d.data(), y.data(), want_keep.data(), n, true);
+    auto gbody = put(*g, body), gshort = put(*g, shortcut), gy = poisoned(*g, n);
+    g->residual_sum(gbody.data(), gshort.data(), gy.data(), n, true);  // y's bf16 copy: the mask
+    auto gd = put(*g, d.dy), keep = poisoned(*g, n);
+    g->note_grad_use(gd.data(), Backend::GradUse::bn);
+    g->residual_backward(gd.data(), gy.data(), keep.data(), n, true);
+    EXPECT_EQ(get(*g, keep), want_keep) << "kept gradient " << label;
+    EXPECT_EQ(get(*g, gd), d.dy) << "d's floats written " << label;
+    std::vector<float> rounded = want_d;
+    for (float& v : rounded) v = bf16_value(bf16_bits(v));
+    auto plain = put(*g, rounded);
+    auto gx = put(*g, d.x), gw = put(*g, d.w);
+    auto mean = put(*g, uniform(size_t(s.c), 703, -0.2f, 0.2f)), inv = put(*g, uniform(size_t(s.c), 704, 0.5f, 2.f));
+    std::vector<std::vector<double>> sums;
+    std::vector<std::vector<float>> dx;
+    for (Buffer<float>* dy : {&gd, &plain}) {
+      auto bs = poisoned_sums(*g, s.c);
+      auto out = poisoned(*g, n);
+      g->bn_backward_sums(dy->data(), gx.data(), s.rows, s.c, mean.data(), bs.data(), nullptr);
+      g->bn_backward(dy->data(), gx.data(), out.data(), s.rows, s.c, bs.data(), mean.data(), inv.data(), gw.data(),
+                     nullptr);
+      sums.push_back(get(*g, bs));
+      dx.push_back(get(*g, out));
+    }
+    EXPECT_TRUE(same_bits(sums[0], sums[1])) << "sums " << label;
+    EXPECT_TRUE(same_bits(dx[0], dx[1])) << "dx " << label;
+  }
+}
+
 TEST(CudaResnet, GlobalAvgPool) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});

@@ -218,8 +218,8 @@ class Backend {
   // they are given cols = nullptr. Called once per layer as a model is built, never inside a
   // captured step.
   virtual size_t conv_cols(const ConvGeom& g);
-  // da (rows, out) holds dLoss/da and becomes dz (where the CUDA backend keeps da in bf16 only,
-  // GradUse::act, its bf16 copy does, and da's floats are left as they are); dw, db as
+  // da (rows, out) holds dLoss/da and becomes dz (not under bf16 on the CUDA backend's cuDNN
+  // path, where dz is made in bf16 for the GEMMs and da's floats are left as they are); dw, db as
   // linear_backward's (added to when
   // accumulate); dx (batch, h, w, c) unless nullptr. x is the last conv_forward's input, cols
   // its cols, which is overwritten (it holds the input gradient's columns before col2im).
@@ -302,7 +302,8 @@ class Backend {
   // A hint from the model just before the op that writes the input gradient dx, for that write
   // only: GradUse::conv — bn_backward's dx is read only by the backward pass of the convolution
   // below, one without bias or activation (its output was note_bn_input's z); GradUse::bn —
-  // conv_backward's dx is read only by the batch norm below (bn_backward_sums, bn_backward);
+  // conv_backward's dx, or residual_backward's d, is read only by the batch norm below
+  // (bn_backward_sums, bn_backward);
   // GradUse::sum — conv_backward's dx is a residual block's body's input gradient, read only by
   // the block's add (the shortcut's gradient added to it); GradUse::act — conv_backward's dx is
   // read only by the backward pass of the convolution below, one with a fused ReLU.

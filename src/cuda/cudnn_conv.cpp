@@ -287,13 +287,14 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   if (only) {
     made_only_twin(z, ny);
   } else if (bf16()) {
-    // A ReLU's backward takes its mask from a (a > 0 exactly where z > 0): z is not written. Where
-    // only bf16 readers take a (note_bf16_readers: the convolution above), a's bf16 copy alone.
-    const bool relu = act == Act::relu && a != z;
+    // A ReLU's backward takes its mask from a (a > 0 exactly where z > 0): z is not written (the
+    // model lets a overwrite z). Where only bf16 readers take a (note_bf16_readers: the
+    // convolution above), a's bf16 copy alone.
+    const bool relu = act == Act::relu;
     bool a_only = false;
     void* a16 = relu ? out_twin(a, ny, false, a_only) : nullptr;
-    cuda::conv_epilogue_bf16(y, b, relu ? nullptr : (a != z ? z : nullptr), a_only ? nullptr : a, a16,
-                             size_t(g.rows()), g.out, act, s);
+    cuda::conv_epilogue_bf16(y, b, relu || a == z ? nullptr : z, a_only ? nullptr : a, a16, size_t(g.rows()), g.out,
+                             act, s);
     wrote_twin(a, ny, a16, a_only);
   } else {
     cuda::bias_act_forward(z, a, b, g.rows(), g.out, act, s);
@@ -346,7 +347,7 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   if (dx) note_write(dx, nx * sizeof(float));
   const void* dy = dzin.p;
   if (!dzin.bf16) {
-    const bool relu16 = bf16() && act == Act::relu && a != z;  // z not written (cudnn_conv_forward)
+    const bool relu16 = bf16() && act == Act::relu;  // z not written (cudnn_conv_forward): the mask from a
     const void* a16 = relu16 ? valid_twin(a, ny) : nullptr;
     void* d16 = a16 ? const_cast<void*>(only_copy(da, ny)) : nullptr;
     note_write(db, size_t(g.out) * sizeof(float));
@@ -357,13 +358,14 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
       cuda::relu_backward_bgrad_bf16(d16, a16, g.rows(), g.out, db, accumulate, bgrad_partial(g.rows(), g.out), s);
       dy = d16;
     } else {
-      // dz over da, bf16(dz) and the bias gradient in one pass; a ReLU's mask from a's floats.
+      // dz (over da: fp32 and TF32 only; the GEMMs take bf16(dz)), bf16(dz) and the bias
+      // gradient in one pass; a ReLU's mask from a's floats.
       if (relu16) floats_of(a, ny);
       floats_of(da, ny);
       note_write(da, ny * sizeof(float));
       void* dz16 = bf16() ? bf16_dz_.get(std::max<size_t>(1, ny) * 2, s) : nullptr;
       cuda::act_backward_bgrad(da, relu16 ? a : z, a, g.rows(), g.out, act, db, accumulate,
-                               bgrad_partial(g.rows(), g.out), dz16, s);
+                               bgrad_partial(g.rows(), g.out), dz16, s, /*write_dz=*/!bf16());
       dy = bf16() ? dz16 : static_cast<const void*>(da);
     }
   }

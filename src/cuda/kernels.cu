@@ -126,7 +126,7 @@ __device__ __forceinline__ void column_partials(const float (&s)[V], float (*par
 template <int V, Act A>
 __global__ void act_bgrad_kernel(float* da, const float* __restrict__ z,
                                  const float* __restrict__ a, void* dz16, float* partial,
-                                 int batch, int out, int rpc) {
+                                 int batch, int out, int rpc, bool write_dz) {
   using F = typename Vec<V>::F;
   using H = typename Vec<V>::H;
   __shared__ float part[8][32 * V + 1];
@@ -148,7 +148,7 @@ __global__ void act_bgrad_kernel(float* da, const float* __restrict__ z,
         if (A == Act::tanh || A == Act::sigmoid) aa = reinterpret_cast<const F*>(a)[i];
 #pragma unroll
         for (int k = 0; k < V; ++k) at(d, k) *= act_grad(at(zz, k), at(aa, k), A);
-        reinterpret_cast<F*>(da)[i] = d;
+        if (write_dz) reinterpret_cast<F*>(da)[i] = d;
       }
       if (dz16) store_bf16(static_cast<H*>(dz16) + i, d);
 #pragma unroll
@@ -508,14 +508,14 @@ void bias_act_launch(float* z, float* a, const float* b, void* a16, int batch, i
 
 template <int V>
 void act_bgrad_launch(float* da, const float* z, const float* a, void* dz16, float* partial,
-                      int batch, int out, int chunks, int rpc, Act act, cudaStream_t s) {
+                      int batch, int out, int chunks, int rpc, Act act, bool w, cudaStream_t s) {
   const dim3 grid(unsigned((out / V + 31) / 32), unsigned(chunks)), block(32, 8);
   switch (act) {
-    case Act::none: act_bgrad_kernel<V, Act::none><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
-    case Act::relu: act_bgrad_kernel<V, Act::relu><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
-    case Act::tanh: act_bgrad_kernel<V, Act::tanh><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
-    case Act::sigmoid: act_bgrad_kernel<V, Act::sigmoid><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
-    case Act::gelu: act_bgrad_kernel<V, Act::gelu><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc); break;
+    case Act::none: act_bgrad_kernel<V, Act::none><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc, w); break;
+    case Act::relu: act_bgrad_kernel<V, Act::relu><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc, w); break;
+    case Act::tanh: act_bgrad_kernel<V, Act::tanh><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc, w); break;
+    case Act::sigmoid: act_bgrad_kernel<V, Act::sigmoid><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc, w); break;
+    case Act::gelu: act_bgrad_kernel<V, Act::gelu><<<grid, block, 0, s>>>(da, z, a, dz16, partial, batch, out, rpc, w); break;
   }
   DPT_CHECK_LAUNCH("act_bgrad_kernel");
 }
@@ -597,12 +597,13 @@ void bgrad_pass(int batch, int out, float* db, bool accumulate, float* partial, 
 }  // namespace
 
 void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
-                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s) {
+                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s, bool write_dz) {
+  const bool w = write_dz || !dz16;
   bgrad_pass(batch, out, db, accumulate, partial, s, [&](int rpc, int chunks) {
     if (out % 4 == 0 && aligned(da, 16) && aligned(z, 16) && aligned(a, 16) && aligned(dz16, 8))
-      act_bgrad_launch<4>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
+      act_bgrad_launch<4>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, w, s);
     else
-      act_bgrad_launch<1>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, s);
+      act_bgrad_launch<1>(da, z, a, dz16, partial, batch, out, chunks, rpc, act, w, s);
   });
 }
 

@@ -20,8 +20,10 @@ void bias_act_forward(float* z, float* a, const float* b, int batch, int out, Ac
 // One pass over (batch,out): da becomes dz = da·act'(z) (the derivative from z and/or a = act(z)),
 // dz16 (bf16), when set, = bf16(dz), and db (out) = (accumulate ? db : 0) + Σ_rows dz, summed
 // through `partial` (act_bgrad_partial_floats(batch, out) floats of scratch) in a fixed order.
+// write_dz false, with dz16 set: da is left as it is (only bf16(dz) is read afterwards).
 void act_backward_bgrad(float* da, const float* z, const float* a, int batch, int out, Act act,
-                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s);
+                        float* db, bool accumulate, float* partial, void* dz16, cudaStream_t s,
+                        bool write_dz = true);
 size_t act_bgrad_partial_floats(int batch, int out);
 // The bf16 path's ReLU backward: d16 (batch,out, bf16) holds bf16(da) and becomes bf16(dz),
 // dz = da·[a16 > 0] (a16 the layer's bf16 activation); db = (accumulate ? db : 0) + Σ_rows dz

@@ -109,17 +109,19 @@ template <bool M16> __device__ __forceinline__ float mask_at(const void* mask, s
   else return static_cast<const float*>(mask)[i];
 }
 
+// d16 (unless nullptr): the masked d written there in bf16 instead of over d's floats.
 template <bool M16>
-__global__ void residual_bwd_kernel(float* d, const void* mask, float* keep, size_t n) {
+__global__ void residual_bwd_kernel(float* d, const void* mask, float* keep, __nv_bfloat16* d16, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float v = mask_at<M16>(mask, i) > 0.f ? d[i] : 0.f;
-    d[i] = v;
+    if (d16) d16[i] = __float2bfloat16_rn(v);
+    else d[i] = v;
     keep[i] = v;
   }
 }
 
 template <bool M16>
-__global__ void residual_bwd4_kernel(float4* d, const void* mask, float4* keep, size_t n4) {
+__global__ void residual_bwd4_kernel(float4* d, const void* mask, float4* keep, __nv_bfloat162* d16, size_t n4) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     float m[4];
     if constexpr (M16) {
@@ -136,7 +138,12 @@ __global__ void residual_bwd4_kernel(float4* d, const void* mask, float4* keep, 
     v.y = m[1] > 0.f ? v.y : 0.f;
     v.z = m[2] > 0.f ? v.z : 0.f;
     v.w = m[3] > 0.f ? v.w : 0.f;
-    d[i] = v;
+    if (d16) {
+      d16[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+      d16[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+    } else {
+      d[i] = v;
+    }
     keep[i] = v;
   }
 }
@@ -406,19 +413,23 @@ void sum_bf16(const void* a16, const float* b, float* out, size_t n, cudaStream_
 
 // As add: four at a time where every pointer allows (the bf16 mask's 8 bytes per four), the rest
 // one by one.
-void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, size_t n, cudaStream_t s) {
+void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, void* d16, size_t n, cudaStream_t s) {
   size_t done = 0;
+  auto* o16 = static_cast<__nv_bfloat16*>(d16);
   auto run = [&](auto m16) {
     constexpr bool M16 = decltype(m16)::value;
-    if (aligned16(d) && aligned16(keep) && reinterpret_cast<uintptr_t>(mask) % (M16 ? 8 : 16) == 0 && n >= 4) {
+    if (aligned16(d) && aligned16(keep) && reinterpret_cast<uintptr_t>(mask) % (M16 ? 8 : 16) == 0 &&
+        reinterpret_cast<uintptr_t>(d16) % 8 == 0 && n >= 4) {
       residual_bwd4_kernel<M16><<<grid_for(n / 4), kThreads, 0, s>>>(reinterpret_cast<float4*>(d), mask,
-                                                                      reinterpret_cast<float4*>(keep), n / 4);
+                                                                      reinterpret_cast<float4*>(keep),
+                                                                      reinterpret_cast<__nv_bfloat162*>(o16), n / 4);
       DPT_CHECK_LAUNCH("residual_bwd4_kernel");
       done = n / 4 * 4;
     }
     if (done < n) {
       const void* mrest = static_cast<const char*>(mask) + done * (M16 ? 2 : 4);
-      residual_bwd_kernel<M16><<<grid_for(n - done), kThreads, 0, s>>>(d + done, mrest, keep + done, n - done);
+      residual_bwd_kernel<M16><<<grid_for(n - done), kThreads, 0, s>>>(d + done, mrest, keep + done,
+                                                                       o16 ? o16 + done : nullptr, n - done);
       DPT_CHECK_LAUNCH("residual_bwd_kernel");
     }
   };

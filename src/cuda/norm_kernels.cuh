@@ -59,8 +59,9 @@ void sum_bf16(const void* a16, const float* b, float* out, size_t n, cudaStream_
 // y (n) = body + shortcut (each float, or bf16 with .bf16), max(y, 0) with relu; y unless
 // nullptr, and its bf16 copy into y16 unless nullptr.
 void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s);
-// d (n) = d where mask > 0, else 0 (mask: float, or bf16 with mask_bf16), and keep = d; keep may be the mask.
-void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, size_t n, cudaStream_t s);
+// d (n) = d where mask > 0, else 0 (mask: float, or bf16 with mask_bf16), and keep = d; keep may be
+// the mask. With d16, the masked d goes there in bf16 and d's floats are left as they are.
+void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, void* d16, size_t n, cudaStream_t s);
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c, cudaStream_t s);
 void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c, cudaStream_t s);
 // Pooling with g.pad >= 0: windows clipped to the input (the CPU backend's padded_pool_*). The

@@ -135,8 +135,11 @@ void CudaBackendImpl::residual_sum(const float* body, const float* shortcut, flo
 }
 
 // The ReLU's mask from the output's bf16 twin where residual_sum wrote one (2 bytes instead of 4),
-// looked up before keep's note drops it (keep may be y).
+// looked up before keep's note drops it (keep may be y). Where only the batch norm below reads d
+// (note_grad_use: GradUse::bn), the masked d is written in bf16 only, the operand it takes.
 void CudaBackendImpl::residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) {
+  const bool to_bn = take_grad_use(d, {GradUse::bn}) && bf16();
+  floats_of(d, n);
   if (!relu) {
     copy(keep, d, n * sizeof(float));
     return;
@@ -144,7 +147,9 @@ void CudaBackendImpl::residual_backward(float* d, const float* y, float* keep, s
   const void* mask16 = valid_twin(y, n);
   note_write(d, n * sizeof(float));
   note_write(keep, n * sizeof(float));
-  cuda::residual_backward(d, mask16 ? mask16 : y, mask16 != nullptr, keep, n, stream_.get());
+  void* d16 = to_bn ? twin_slot(d, n) : nullptr;
+  cuda::residual_backward(d, mask16 ? mask16 : y, mask16 != nullptr, keep, d16, n, stream_.get());
+  if (d16) made_only_twin(d, n);
 }
 
 void CudaBackendImpl::global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
