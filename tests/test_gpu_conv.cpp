@@ -454,9 +454,7 @@ TEST(CudaConv, Bf16OutputKeptForBatchNorm) {
 // gradient written in bf16 (D in bf16) instead of fp32 is within its rounding of the other.
 TEST(CudaConv, Bf16GradientsKeptBetweenConvAndBatchNorm) {
   SKIP_WITHOUT_GPU();
-  setenv("DPT_BF16_GRADS", "1", 1);  // the default; DPT_BF16_GRADS=0 in the environment would turn the hints off
-  auto g = gpu(Precision::bf16);
-  unsetenv("DPT_BF16_GRADS");
+  auto g = gpu_with_hints(Precision::bf16);
   for (const ConvGeom& c : {geom(8, 64, 14, 14, 64, 3, 1, 1), geom(8, 64, 14, 14, 256, 1, 1, 0),
                             geom(8, 64, 14, 14, 128, 3, 2, 1)}) {
     const std::string label = what(c);
@@ -532,9 +530,7 @@ TEST(CudaConv, Bf16GradientsKeptBetweenConvAndBatchNorm) {
 // and batch norm's backward are the same bits as with the floats written, which never are.
 TEST(CudaConv, Bf16OnlyBatchNormOutputForTheConvolutionAbove) {
   SKIP_WITHOUT_GPU();
-  setenv("DPT_BF16_ACTS", "1", 1);  // the default; DPT_BF16_ACTS=0 in the environment would turn the hint off
-  auto g = gpu(Precision::bf16);
-  unsetenv("DPT_BF16_ACTS");
+  auto g = gpu_with_hints(Precision::bf16);
   for (const ConvGeom& c : {geom(8, 64, 14, 14, 64, 3, 1, 1), geom(8, 64, 14, 14, 256, 1, 1, 0),
                             geom(8, 64, 14, 14, 128, 3, 2, 1), geom(4, 12, 9, 9, 16, 3, 1, 1)}) {
     const std::string label = what(c);
@@ -601,11 +597,7 @@ TEST(CudaConv, Bf16OnlyBatchNormOutputForTheConvolutionAbove) {
 // adds the same values (to within the order of the sums).
 TEST(CudaConv, Bf16BetweenConvolutionsWithReLU) {
   SKIP_WITHOUT_GPU();
-  setenv("DPT_BF16_ACTS", "1", 1);  // the defaults; =0 in the environment would turn the hints off
-  setenv("DPT_BF16_GRADS", "1", 1);
-  auto g = gpu(Precision::bf16);
-  unsetenv("DPT_BF16_ACTS");
-  unsetenv("DPT_BF16_GRADS");
+  auto g = gpu_with_hints(Precision::bf16);
   struct Pair {
     ConvGeom lo, up;
   };

@@ -25,7 +25,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -376,9 +375,7 @@ TEST(CudaResnet, ResidualSum) {
 TEST(CudaResnet, Bf16OnlyTermsOfTheResidualSum) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});
-  setenv("DPT_BF16_ACTS", "1", 1);  // the default; DPT_BF16_ACTS=0 in the environment would turn the hints off
-  auto g = gpu(Precision::bf16);
-  unsetenv("DPT_BF16_ACTS");
+  auto g = gpu_with_hints(Precision::bf16);
   auto round16 = [](std::vector<float> v) {
     for (float& x : v) x = bf16_value(bf16_bits(x));
     return v;
@@ -441,9 +438,7 @@ TEST(CudaResnet, Bf16OnlyTermsOfTheResidualSum) {
 TEST(CudaResnet, ResidualBackwardKeepsBatchNormsGradientInBf16) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});
-  setenv("DPT_BF16_GRADS", "1", 1);  // the default; DPT_BF16_GRADS=0 in the environment would turn the hints off
-  auto g = gpu(Precision::bf16);
-  unsetenv("DPT_BF16_GRADS");
+  auto g = gpu_with_hints(Precision::bf16);
   for (const BnShape& s : {BnShape{4999, 33}, BnShape{3136, 64}}) {
     const std::string label = what(s);
     const BnData d(s, 700 + uint64_t(s.c));
