@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "dpt/check.hpp"
@@ -134,11 +135,12 @@ struct Model::Op {
   // gradient (a) for the body.
   int begin = -1, mid = -1, end = -1;
   const float* body_y = nullptr;
-  // Backward, which op reads this op's input gradient (note_grad_use): bn — the convolution
-  // below, one without bias or activation (GradUse::conv); conv — the batch norm below
-  // (GradUse::bn), a residual block's add (GradUse::sum), a convolution with a fused ReLU
-  // (GradUse::act); res_end — the batch norm below, the last op of the shortcut or the body (GradUse::bn).
-  bool grad_to_conv = false, grad_to_bn = false, grad_to_sum = false, grad_to_act = false;
+  // Backward, the one op that reads this op's input gradient, where it is one the backend can
+  // hand a bf16 operand (note_grad_use): bn — the convolution below, one without bias or
+  // activation (GradUse::conv); conv — the batch norm below (GradUse::bn), a residual block's add
+  // (GradUse::sum), a convolution with a fused ReLU (GradUse::act); res_end — the batch norm
+  // below, the last op of the shortcut or the body (GradUse::bn).
+  std::optional<Backend::GradUse> grad_use;
 };
 
 Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout)
@@ -352,14 +354,11 @@ void Model::build_ops() {
   link_blocks();
   // A conv without activation whose output only batch norm reads: the backend may keep that
   // output in another form (note_bn_input).
+  auto bn_input = [&](const Op& conv, const Op& next) {
+    return conv.kind == OpKind::conv && conv.act == Act::none && !conv.a.data() && next.kind == OpKind::bn;
+  };
   for (size_t i = 0; i + 1 < ops_.size(); ++i)
-    if (ops_[i]->kind == OpKind::conv && ops_[i]->act == Act::none && !ops_[i]->a.data() &&
-        ops_[i + 1]->kind == OpKind::bn) {
-      be_.note_bn_input(ops_[i]->z.data());
-      ops_[i + 1]->grad_to_conv = !slices_[size_t(ops_[i]->param)].has_bias;
-    }
-  for (size_t i = 1; i < ops_.size(); ++i)
-    ops_[i]->grad_to_bn = ops_[i]->kind == OpKind::conv && ops_[i - 1]->kind == OpKind::bn;
+    if (bn_input(*ops_[i], *ops_[i + 1])) be_.note_bn_input(ops_[i]->z.data());
   // Outputs whose every reader takes a bf16 operand (note_bf16_readers): the backend may keep
   // them in another form. A batch norm's output read by the convolution above (without columns:
   // it takes its input as a GEMM operand), or by a residual block's sum (the body's or the
@@ -385,16 +384,21 @@ void Model::build_ops() {
     }
     if (hint) be_.note_bf16_readers(op.a.data() ? op.a.data() : op.z.data());  // a conv's ReLU overwrites z
   }
-  // A residual block's body's first op, a convolution: its input gradient only the block's add
-  // reads (GradUse::sum). A convolution above a convolution with a fused ReLU: its input gradient
-  // only that ReLU's backward reads (GradUse::act).
+  // Who reads each op's input gradient (grad_use), from the op below it.
+  using GradUse = Backend::GradUse;
   for (size_t i = 1; i < ops_.size(); ++i) {
     Op& op = *ops_[i];
     const Op& below = *ops_[i - 1];
-    op.grad_to_sum = op.kind == OpKind::conv && below.kind == OpKind::res_begin;
-    if (op.kind == OpKind::res_end) op.grad_to_bn = below.kind == OpKind::bn;
-    op.grad_to_act = op.kind == OpKind::conv && below.kind == OpKind::conv && below.act == Act::relu &&
-                     !below.cols.data();
+    if (op.kind == OpKind::conv) {
+      if (below.kind == OpKind::bn) op.grad_use = GradUse::bn;
+      else if (below.kind == OpKind::res_begin) op.grad_use = GradUse::sum;  // the body's first op
+      else if (below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data())
+        op.grad_use = GradUse::act;
+    } else if (op.kind == OpKind::res_end && below.kind == OpKind::bn) {
+      op.grad_use = GradUse::bn;
+    } else if (bn_input(below, op) && !slices_[size_t(below.param)].has_bias) {
+      op.grad_use = GradUse::conv;
+    }
   }
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
@@ -622,9 +626,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       g.batch = batch;
       const LayerSlice& s = slices_[size_t(op.param)];
       const float* a = op.a.data() ? op.a.data() : op.z.data();
-      if (op.grad_to_bn && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::bn);
-      if (op.grad_to_sum && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::sum);
-      if (op.grad_to_act && !first) be_.note_grad_use(grad_[nxt].data(), Backend::GradUse::act);
+      if (op.grad_use && !first) be_.note_grad_use(grad_[nxt].data(), *op.grad_use);
       be_.conv_backward(in, params_.data() + s.w_off, op.z.data(), a, d, op.cols.data(), g, op.act,
                         grads_.data() + s.w_off, s.has_bias ? grads_.data() + s.b_off : nobias_db_.data(),
                         first ? nullptr : grad_[nxt].data(), accumulate);
@@ -666,7 +668,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       }
       if (!first) {
         if (bn_reduce_ && trained_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
-        if (op.grad_to_conv) be_.note_grad_use(d, Backend::GradUse::conv);
+        if (op.grad_use) be_.note_grad_use(d, *op.grad_use);
         be_.bn_backward(d, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(),
                         params_.data() + s.w_off, relu_out);
       }
@@ -680,7 +682,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       // The fused ReLU's backward from its output (> 0 exactly where its input is), and the
       // output's gradient down both branches: kept (in the output's buffer, whose values are no
       // longer needed) for the body, which runs second.
-      if (op.grad_to_bn) be_.note_grad_use(d, Backend::GradUse::bn);
+      if (op.grad_use) be_.note_grad_use(d, *op.grad_use);
       be_.residual_backward(d, op.a.data(), op.a.data(), n, op.act == Act::relu);
       break;
     case OpKind::res_shortcut: {
