@@ -329,7 +329,6 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   const cuda::BnIn dzin = bf16() && act == Act::none ? bn_in(da, ny) : cuda::BnIn{da, false};
   if (cols || (!dzin.bf16 && pointwise_gemm(g))) {  // the im2col path (conv_cols), or a GEMM on floats
     floats_of(da, ny);
-    if (cols) floats_of(x, nx);  // im2col reads floats (an input kept in bf16 only)
     if (cols) Backend::conv_backward(x, w, z, a, da, cols, g, act, dw, db, dx, accumulate);
     else linear_backward(x, w, z, a, da, g.rows(), g.c, g.out, act, dw, db, dx, accumulate);
     return;
