@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "channel_tiles.cuh"
+#include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
 #include "norm_kernels.cuh"
 
@@ -48,11 +49,6 @@ namespace {
 // that wrote it never produce), so both give the same mask.
 enum class Mask { none, f32, bf16 };
 
-__device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void st(float* p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-
 template <Mask M, class TD> __device__ __forceinline__ float masked(const TD* dy, const void* relu_out, size_t i) {
   if constexpr (M == Mask::f32) return static_cast<const float*>(relu_out)[i] > 0.f ? ld(dy, i) : 0.f;
   else if constexpr (M == Mask::bf16)
@@ -60,31 +56,9 @@ template <Mask M, class TD> __device__ __forceinline__ float masked(const TD* dy
   else return ld(dy, i);
 }
 
-// Eight consecutive values, widened to float on load and rounded to the type on store.
+// The vector kernels' channels per thread (device_util.cuh's ld8 / st8).
 constexpr int kVec = 8;
 
-__device__ __forceinline__ void ld8(const float* p, size_t i, float (&v)[kVec]) {
-  const float4 a = *reinterpret_cast<const float4*>(p + i), b = *reinterpret_cast<const float4*>(p + i + 4);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ void ld8(const __nv_bfloat16* p, size_t i, float (&v)[kVec]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p + i);
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-  for (int k = 0; k < kVec / 2; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    v[2 * k] = f.x, v[2 * k + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void st8(float* p, size_t i, const float (&v)[kVec]) {
-  *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
-  *reinterpret_cast<float4*>(p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
-}
-__device__ __forceinline__ void st8(__nv_bfloat16* p, size_t i, const float (&v)[kVec]) {
-  uint4 u;
-  auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
-  for (int k = 0; k < kVec / 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-  *reinterpret_cast<uint4*>(p + i) = u;
-}
 // d = dy where relu_out > 0, else 0 (masked's expression), for eight values.
 template <Mask M> __device__ __forceinline__ void mask8(const void* relu_out, size_t i, float (&d)[kVec]) {
   if constexpr (M != Mask::none) {

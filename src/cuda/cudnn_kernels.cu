@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "act.cuh"
+#include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
 
 namespace dpt::cuda {
@@ -18,37 +19,19 @@ __global__ void widen_bf16_kernel(const __nv_bfloat16* src, float* dst, size_t n
   }
 }
 
+// V values from element e (device_util.cuh's ld8 / st8 for eight, ld / st for one).
+template <class T, int V> __device__ __forceinline__ void load(const T* p, size_t e, float (&v)[V]) {
+  if constexpr (V == 8) ld8(p, e, v);
+  else v[0] = ld(p, e);
+}
+template <class T, int V> __device__ __forceinline__ void store(T* p, size_t e, const float (&v)[V]) {
+  if constexpr (V == 8) st8(p, e, v);
+  else st(p, e, v[0]);
+}
+
 // v = float(y16) + b[channel]: z = v, a = act(v), a16 = bf16(a), each unless nullptr. NHWC: the
 // channel is the index mod c. V values per thread: V = 8 where c % 8 == 0 and the operands are
 // 16-byte aligned (one 16-byte load of y16, the bias's eight channels), else 1.
-template <int V> struct Pack;
-template <> struct Pack<1> {
-  static __device__ void load(const __nv_bfloat16* p, float* v) { v[0] = __bfloat162float(*p); }
-  static __device__ void store(float* p, const float* v) { *p = v[0]; }
-  static __device__ void store(__nv_bfloat16* p, const float* v) { *p = __float2bfloat16_rn(v[0]); }
-};
-template <> struct Pack<8> {
-  static __device__ void load(const __nv_bfloat16* p, float* v) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h[k]);
-      v[2 * k] = f.x;
-      v[2 * k + 1] = f.y;
-    }
-  }
-  static __device__ void store(float* p, const float* v) {
-    reinterpret_cast<float4*>(p)[0] = {v[0], v[1], v[2], v[3]};
-    reinterpret_cast<float4*>(p)[1] = {v[4], v[5], v[6], v[7]};
-  }
-  static __device__ void store(__nv_bfloat16* p, const float* v) {
-    uint4 u;
-    auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
-    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    *reinterpret_cast<uint4*>(p) = u;
-  }
-};
-
 template <int V>
 __global__ void conv_epilogue_bf16_kernel(const __nv_bfloat16* y16, const float* b, float* z, float* a,
                                           __nv_bfloat16* a16, size_t groups, unsigned cg, Act act) {
@@ -56,14 +39,14 @@ __global__ void conv_epilogue_bf16_kernel(const __nv_bfloat16* y16, const float*
     const size_t e = i * V;
     const unsigned c0 = unsigned(i % cg) * V;
     float v[V];
-    Pack<V>::load(y16 + e, v);
+    load(y16, e, v);
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] += b ? b[c0 + k] : 0.f;
-    if (z) Pack<V>::store(z + e, v);
+    if (z) store(z, e, v);
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] = act_fwd(v[k], act);
-    if (a) Pack<V>::store(a + e, v);
-    if (a16) Pack<V>::store(a16 + e, v);
+    if (a) store(a, e, v);
+    if (a16) store(a16, e, v);
   }
 }
 

@@ -1,6 +1,10 @@
-// Device helpers shared by the CUDA backend's kernel files (conv.cu, norm.cu, kernels.cu).
+// Device helpers shared by the CUDA backend's kernel files (conv.cu, norm.cu, bn.cu, kernels.cu,
+// cudnn_kernels.cu).
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstddef>
 
 namespace dpt::cuda {
 
@@ -28,6 +32,47 @@ struct Div {
     return q;
   }
 };
+
+// Element i of float or bf16 storage, as a float; a float stored to it (bf16: rounded to nearest
+// even).
+__device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+// Four consecutive values, index i of the float4 view (16 bytes of floats, 8 of bf16 aligned).
+__device__ __forceinline__ float4 ld4(const float* p, size_t i) { return reinterpret_cast<const float4*>(p)[i]; }
+__device__ __forceinline__ float4 ld4(const __nv_bfloat16* p, size_t i) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return {a.x, a.y, b.x, b.y};
+}
+
+// Eight consecutive values from element i (16-byte aligned), widened to float on load and
+// rounded to the type on store.
+__device__ __forceinline__ void ld8(const float* p, size_t i, float (&v)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p + i), b = *reinterpret_cast<const float4*>(p + i + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void ld8(const __nv_bfloat16* p, size_t i, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p + i);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x, v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void st8(float* p, size_t i, const float (&v)[8]) {
+  *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void st8(__nv_bfloat16* p, size_t i, const float (&v)[8]) {
+  uint4 u;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p + i) = u;
+}
 
 // The losses' totals, one block of THREADS threads: stats[0] += Σ row_loss, stats[1] += Σ row_ok,
 // strided per-thread sums then a tree in shared memory, the same order every call. T is the

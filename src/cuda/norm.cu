@@ -52,17 +52,6 @@ __global__ void sum_bf16_kernel(const __nv_bfloat16* a16, const float* b, float*
     out[i] = __bfloat162float(a16[i]) + b[i];
 }
 
-// Four consecutive values (index i of the float4 view) from float or bf16 storage.
-__device__ __forceinline__ float4 ld4(const float* p, size_t i) { return reinterpret_cast<const float4*>(p)[i]; }
-__device__ __forceinline__ float4 ld4(const __nv_bfloat16* p, size_t i) {
-  const uint2 u = reinterpret_cast<const uint2*>(p)[i];
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-  return {a.x, a.y, b.x, b.y};
-}
-__device__ __forceinline__ float ld1(const float* p, size_t i) { return p[i]; }
-__device__ __forceinline__ float ld1(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
-
 __global__ void sum_bf16x4_kernel(const __nv_bfloat16* a16, const float4* b, float4* out, size_t n4) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     const float4 p = ld4(a16, i), q = b[i];
@@ -81,7 +70,7 @@ template <class TA, class TB>
 __global__ void residual_sum_kernel(const TA* __restrict__ a, const TB* __restrict__ b, float* __restrict__ y,
                                     __nv_bfloat16* __restrict__ y16, size_t n, bool relu) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float v = sum_act(ld1(a, i), ld1(b, i), relu);
+    const float v = sum_act(ld(a, i), ld(b, i), relu);
     if (y) y[i] = v;
     if (y16) y16[i] = __float2bfloat16_rn(v);
   }
