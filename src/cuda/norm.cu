@@ -112,21 +112,14 @@ __global__ void residual_bwd_kernel(float* d, const void* mask, float* keep, __n
 template <bool M16>
 __global__ void residual_bwd4_kernel(float4* d, const void* mask, float4* keep, __nv_bfloat162* d16, size_t n4) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
-    float m[4];
-    if constexpr (M16) {
-      const uint2 u = static_cast<const uint2*>(mask)[i];
-      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-      m[0] = a.x, m[1] = a.y, m[2] = b.x, m[3] = b.y;
-    } else {
-      const float4 f = static_cast<const float4*>(mask)[i];
-      m[0] = f.x, m[1] = f.y, m[2] = f.z, m[3] = f.w;
-    }
+    float4 m;
+    if constexpr (M16) m = ld4(static_cast<const __nv_bfloat16*>(mask), i);
+    else m = ld4(static_cast<const float*>(mask), i);
     float4 v = d[i];
-    v.x = m[0] > 0.f ? v.x : 0.f;
-    v.y = m[1] > 0.f ? v.y : 0.f;
-    v.z = m[2] > 0.f ? v.z : 0.f;
-    v.w = m[3] > 0.f ? v.w : 0.f;
+    v.x = m.x > 0.f ? v.x : 0.f;
+    v.y = m.y > 0.f ? v.y : 0.f;
+    v.z = m.z > 0.f ? v.z : 0.f;
+    v.w = m.w > 0.f ? v.w : 0.f;
     if (d16) {
       d16[2 * i] = __floats2bfloat162_rn(v.x, v.y);
       d16[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
