@@ -79,6 +79,16 @@ struct ConvData {
         b(uniform(size_t(g.out), seed + 2, -0.5f, 0.5f)) {}
 };
 
+// Batch norm's whole backward pass over (rows, c) with a fused ReLU's mask (relu_out): its sums,
+// its parameter gradients (written), its input gradient over dy.
+void bn_backward_pass(Backend& g, float* dy, const float* x, int64_t rows, int c, const float* mean,
+                      const float* invstd, const float* w, const float* relu_out, double* sums, float* dw,
+                      float* db) {
+  g.bn_backward_sums(dy, x, rows, c, mean, sums, relu_out);
+  g.bn_param_grads(sums, invstd, c, dw, db, false);
+  g.bn_backward(dy, x, dy, rows, c, sums, mean, invstd, w, relu_out);
+}
+
 }  // namespace
 
 TEST(CudaConv, Im2colAndCol2imAreExact) {
@@ -494,10 +504,8 @@ TEST(CudaConv, Bf16GradientsKeptBetweenConvAndBatchNorm) {
       if (hints) g->note_grad_use(d2.data(), Backend::GradUse::bn);
       g->conv_backward(ya.data(), gw.data(), z.data(), z.data(), d1.data(), nullptr, c, Act::none, dw.data(),
                        db.data(), d2.data(), false);
-      g->bn_backward_sums(d2.data(), gx.data(), rin, c.c, ma.data(), bsa.data(), ya.data());
-      g->bn_param_grads(bsa.data(), ia.data(), c.c, dwa.data(), dba.data(), false);
-      g->bn_backward(d2.data(), gx.data(), d2.data(), rin, c.c, bsa.data(), ma.data(), ia.data(), wa.data(),
-                     ya.data());
+      bn_backward_pass(*g, d2.data(), gx.data(), rin, c.c, ma.data(), ia.data(), wa.data(), ya.data(), bsa.data(),
+                       dwa.data(), dba.data());
       if (hints) {  // the hinted gradients' floats were never written
         EXPECT_TRUE(std::isnan(get(*g, db)[0])) << "bias gradient written, " << label;
       }
@@ -558,10 +566,8 @@ TEST(CudaConv, Bf16OnlyBatchNormOutputForTheConvolutionAbove) {
       g->conv_forward(ya.data(), gw.data(), nullptr, nullptr, z.data(), z.data(), c, Act::none);
       g->conv_backward(ya.data(), gw.data(), z.data(), z.data(), d1.data(), nullptr, c, Act::none, dw.data(),
                        db.data(), d2.data(), false);
-      g->bn_backward_sums(d2.data(), gx.data(), rin, c.c, ma.data(), bsa.data(), ya.data());
-      g->bn_param_grads(bsa.data(), ia.data(), c.c, dwa.data(), dba.data(), false);
-      g->bn_backward(d2.data(), gx.data(), d2.data(), rin, c.c, bsa.data(), ma.data(), ia.data(), wa.data(),
-                     ya.data());
+      bn_backward_pass(*g, d2.data(), gx.data(), rin, c.c, ma.data(), ia.data(), wa.data(), ya.data(), bsa.data(),
+                       dwa.data(), dba.data());
       return Out{get(*g, sa), get(*g, bsa), get(*g, z), get(*g, dw), get(*g, db),
                  get(*g, dwa), get(*g, dba), get(*g, d2)};
     };
