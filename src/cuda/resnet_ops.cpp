@@ -30,7 +30,8 @@ float* CudaBackendImpl::bn_coef(int c) {
 // input (ResNet's blocks): a fused ReLU writes its bf16 twin in the same pass, as act_forward
 // does, so that convolution does not convert it and the ReLU's backward reads its mask from it.
 // Where only bf16 readers take y (note_bf16_readers) the twin is written instead of y's floats
-// (only). nullptr (floats only) otherwise. Call before y's note_write, then wrote_twin.
+// (only). nullptr (floats only) otherwise. Then wrote_twin, once the op is enqueued (after y's
+// note_write).
 void* CudaBackendImpl::out_twin(const float* y, size_t n, bool relu, bool& only) {
   only = false;
   if (!bf16() || im2col_convs_) return nullptr;
