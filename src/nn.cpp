@@ -538,9 +538,14 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         const float* b = params_.data() + s.b_off;
         if (!train) {
           be_.bn_infer(cur, op.a.data(), rows, c, op.rmean.data(), op.rvar.data(), w, b, kBnEps, op.act == Act::relu);
-        } else {
+        } else if (!bn_reduce_) {
+          be_.bn_train_forward(cur, op.a.data(), rows, c, op.sums.data(), w, b, kBnEps, kBnMomentum,
+                               op.mean.data(), op.invstd.data(), op.rmean.data(), op.rvar.data(),
+                               op.act == Act::relu);
+          ++op.tracked;
+        } else {  // sync_bn: the sums over every rank's micro-batch
           be_.bn_sums(cur, rows, c, op.sums.data());
-          if (bn_reduce_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
+          bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
           be_.bn_forward(cur, op.a.data(), rows, c, op.sums.data(), w, b, kBnEps, kBnMomentum, op.mean.data(),
                          op.invstd.data(), op.rmean.data(), op.rvar.data(), op.act == Act::relu);
           ++op.tracked;
@@ -659,18 +664,25 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       const int64_t rows = int64_t(batch) * op.in.h * op.in.w;
       const int c = int(op.in.c);
       const float* relu_out = op.act == Act::relu ? op.a.data() : nullptr;  // the fused ReLU's mask
-      be_.bn_backward_sums(d, in, rows, c, op.mean.data(), op.sums.data(), relu_out);
-      be_.bn_param_grads(op.sums.data(), op.invstd.data(), c, grads_.data() + s.w_off, grads_.data() + s.b_off,
-                         accumulate);
-      if (hooks.grads_final) {
+      float* dw = grads_.data() + s.w_off;
+      float* db = grads_.data() + s.b_off;
+      const float* w = params_.data() + s.w_off;
+      auto grads_final = [&] {
+        if (!hooks.grads_final) return;
         hooks.grads_final(s.b_off, s.b_off + size_t(s.out));
         hooks.grads_final(s.w_off, s.w_off + s.weights());
-      }
-      if (!first) {
-        if (bn_reduce_ && trained_) bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
-        if (op.grad_use) be_.note_grad_use(d, *op.grad_use);
-        be_.bn_backward(d, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(),
-                        params_.data() + s.w_off, relu_out);
+      };
+      if (!first && op.grad_use) be_.note_grad_use(d, *op.grad_use);
+      if (first || !bn_reduce_ || !trained_) {
+        be_.bn_train_backward(d, in, first ? nullptr : d, rows, c, op.sums.data(), op.mean.data(),
+                              op.invstd.data(), w, relu_out, dw, db, accumulate);
+        grads_final();
+      } else {  // sync_bn: the input gradient from the sums over every rank's micro-batch
+        be_.bn_backward_sums(d, in, rows, c, op.mean.data(), op.sums.data(), relu_out);
+        be_.bn_param_grads(op.sums.data(), op.invstd.data(), c, dw, db, accumulate);
+        grads_final();
+        bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
+        be_.bn_backward(d, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(), w, relu_out);
       }
       if (hooks.params_released) {
         hooks.params_released(s.w_off, s.w_off + s.weights());

@@ -275,6 +275,80 @@ TEST(CudaResnet, BatchNormBackward) {
     }
 }
 
+// bn_train_forward and bn_train_backward (the calls without a sync_bn sum between the halves,
+// whose statistics, parameter gradients and coefficients come from the kernel that totals the
+// sums) give the separate calls' bits: sums, y, saved and running statistics, dw and db
+// (written and accumulated), dx in place, and no dx for the first layer.
+TEST(CudaResnet, BatchNormTrainingCallsGiveTheSeparateCallsBits) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu();
+  const float eps = 1e-5f, momentum = 0.1f;
+  for (const BnShape& s : kBnShapes)
+    for (bool relu : {false, true}) {
+      const std::string label = what(s) + (relu ? " relu" : "");
+      const BnData d(s, 600 + uint64_t(s.c));
+      const size_t n = d.x.size(), c = size_t(s.c);
+      auto gx = put(*g, d.x), gw = put(*g, d.w), gb = put(*g, d.b);
+      struct Fwd {
+        std::vector<double> sums;
+        std::vector<float> y, mean, invstd, rmean, rvar;
+      };
+      auto forward = [&](bool fused, Buffer<float>& gy, Buffer<float>& gmean, Buffer<float>& ginv) {
+        auto sums = poisoned_sums(*g, s.c);
+        auto grm = put(*g, d.rmean), grv = put(*g, d.rvar);
+        if (fused) {
+          g->bn_train_forward(gx.data(), gy.data(), s.rows, s.c, sums.data(), gw.data(), gb.data(), eps, momentum,
+                              gmean.data(), ginv.data(), grm.data(), grv.data(), relu);
+        } else {
+          g->bn_sums(gx.data(), s.rows, s.c, sums.data());
+          g->bn_forward(gx.data(), gy.data(), s.rows, s.c, sums.data(), gw.data(), gb.data(), eps, momentum,
+                        gmean.data(), ginv.data(), grm.data(), grv.data(), relu);
+        }
+        return Fwd{get(*g, sums), get(*g, gy), get(*g, gmean), get(*g, ginv), get(*g, grm), get(*g, grv)};
+      };
+      auto y0 = poisoned(*g, n), m0 = poisoned(*g, c), i0 = poisoned(*g, c);
+      auto y1 = poisoned(*g, n), m1 = poisoned(*g, c), i1 = poisoned(*g, c);
+      const Fwd sep = forward(false, y0, m0, i0), one = forward(true, y1, m1, i1);
+      EXPECT_TRUE(same_bits(one.sums, sep.sums)) << "forward sums " << label;
+      EXPECT_TRUE(same_bits(one.y, sep.y)) << "y " << label;
+      EXPECT_TRUE(same_bits(one.mean, sep.mean)) << "save_mean " << label;
+      EXPECT_TRUE(same_bits(one.invstd, sep.invstd)) << "save_invstd " << label;
+      EXPECT_TRUE(same_bits(one.rmean, sep.rmean)) << "running_mean " << label;
+      EXPECT_TRUE(same_bits(one.rvar, sep.rvar)) << "running_var " << label;
+
+      const float* mask = relu ? y0.data() : nullptr;
+      for (bool acc : {false, true})
+        for (bool want_dx : {true, false}) {
+          const std::string l2 = label + (acc ? " accumulated" : "") + (want_dx ? "" : " no dx");
+          std::vector<std::vector<double>> sums;
+          std::vector<std::vector<float>> dw, db, dx;
+          for (bool fused : {false, true}) {
+            auto bs = poisoned_sums(*g, s.c);
+            auto gd = put(*g, d.dy);
+            auto gdw = put(*g, uniform(c, 31)), gdb = put(*g, uniform(c, 32));
+            if (fused) {
+              g->bn_train_backward(gd.data(), gx.data(), want_dx ? gd.data() : nullptr, s.rows, s.c, bs.data(),
+                                   m0.data(), i0.data(), gw.data(), mask, gdw.data(), gdb.data(), acc);
+            } else {
+              g->bn_backward_sums(gd.data(), gx.data(), s.rows, s.c, m0.data(), bs.data(), mask);
+              g->bn_param_grads(bs.data(), i0.data(), s.c, gdw.data(), gdb.data(), acc);
+              if (want_dx)
+                g->bn_backward(gd.data(), gx.data(), gd.data(), s.rows, s.c, bs.data(), m0.data(), i0.data(),
+                               gw.data(), mask);
+            }
+            sums.push_back(get(*g, bs));
+            dw.push_back(get(*g, gdw));
+            db.push_back(get(*g, gdb));
+            dx.push_back(get(*g, gd));
+          }
+          EXPECT_TRUE(same_bits(sums[1], sums[0])) << "backward sums " << l2;
+          EXPECT_TRUE(same_bits(dw[1], dw[0])) << "dw " << l2;
+          EXPECT_TRUE(same_bits(db[1], db[0])) << "db " << l2;
+          EXPECT_TRUE(same_bits(dx[1], dx[0])) << (want_dx ? "dx " : "dy left as it was ") << l2;
+        }
+    }
+}
+
 // bf16: batch norm with a fused ReLU also writes its output's bf16 copy, and the backward pass
 // takes the ReLU's mask from that copy (2 bytes read instead of 4). The mask must be the float
 // output's: the sums and dx equal those of the same backend given the output without a copy

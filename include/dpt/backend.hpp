@@ -286,6 +286,16 @@ class Backend {
   virtual void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
                            const double* sums, const float* mean, const float* invstd,
                            const float* w, const float* relu_out);
+  // bn_sums then bn_forward, where nothing comes between them (no sync_bn sum over ranks): one
+  // call, so that a backend may derive the statistics where it totals the sums.
+  virtual void bn_train_forward(const float* x, float* y, int64_t rows, int c, double* sums, const float* w,
+                                const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                                float* running_mean, float* running_var, bool relu);
+  // bn_backward_sums, bn_param_grads and, unless dx is nullptr, bn_backward, where nothing comes
+  // between them: one call, as bn_train_forward.
+  virtual void bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, double* sums,
+                                 const float* mean, const float* invstd, const float* w, const float* relu_out,
+                                 float* dw, float* db, bool accumulate);
   // A hint from the model, once: the activation buffer z is a convolution's output (without bias
   // or activation) that only batch norm reads, forward and backward. The CUDA backend under bf16
   // then keeps that convolution's bf16 output as it is and has batch norm read it, and never

@@ -33,6 +33,19 @@ void Backend::bn_backward_sums(const float*, const float*, int64_t, int, const f
 void Backend::bn_param_grads(const double*, const float*, int, float*, float*, bool) { needs_resnet_ops(); }
 void Backend::bn_backward(const float*, const float*, float*, int64_t, int, const double*, const float*,
                           const float*, const float*, const float*) { needs_resnet_ops(); }
+void Backend::bn_train_forward(const float* x, float* y, int64_t rows, int c, double* sums, const float* w,
+                               const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                               float* running_mean, float* running_var, bool relu) {
+  bn_sums(x, rows, c, sums);
+  bn_forward(x, y, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var, relu);
+}
+void Backend::bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, double* sums,
+                                const float* mean, const float* invstd, const float* w, const float* relu_out,
+                                float* dw, float* db, bool accumulate) {
+  bn_backward_sums(dy, x, rows, c, mean, sums, relu_out);
+  bn_param_grads(sums, invstd, c, dw, db, accumulate);
+  if (dx) bn_backward(dy, x, dx, rows, c, sums, mean, invstd, w, relu_out);
+}
 void Backend::add(const float*, float*, size_t) { needs_resnet_ops(); }
 void Backend::residual_sum(const float*, const float*, float*, size_t, bool) { needs_resnet_ops(); }
 void Backend::residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) {

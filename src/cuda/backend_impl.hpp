@@ -263,6 +263,12 @@ class CudaBackendImpl final : public CudaBackend {
                       bool accumulate) override;
   void bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, const double* sums,
                    const float* mean, const float* invstd, const float* w, const float* relu_out) override;
+  void bn_train_forward(const float* x, float* y, int64_t rows, int c, double* sums, const float* w, const float* b,
+                        float eps, float momentum, float* save_mean, float* save_invstd, float* running_mean,
+                        float* running_var, bool relu) override;
+  void bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, double* sums,
+                         const float* mean, const float* invstd, const float* w, const float* relu_out, float* dw,
+                         float* db, bool accumulate) override;
   void add(const float* x, float* y, size_t n) override;
   void note_bn_input(const float* z) override { bn_inputs_.insert(z); }
   void note_bf16_readers(const float* y) override {
@@ -351,6 +357,12 @@ class CudaBackendImpl final : public CudaBackend {
   bool capturing() const;
   // resnet_ops.cpp
   double* bn_partial(int64_t rows, int c);
+  template <class Run>
+  void bn_forward_with(const float* x, float* y, int64_t rows, int c, float* save_mean, float* save_invstd,
+                       float* running_mean, float* running_var, bool relu, Run&& run);
+  template <class Run>
+  void bn_backward_with(const float* dy, const float* x, float* dx, int64_t rows, int c, const float* relu_out,
+                        Run&& run);
   float* bn_coef(int c);
   void* out_twin(const float* y, size_t n, bool relu, bool& only);
   void wrote_twin(const float* y, size_t n, const void* y16, bool only);

@@ -10,14 +10,15 @@
 // Vector kernels. Where c is a multiple of 8 and every operand is 16-byte aligned (all of
 // ResNet's layers), a thread reads and writes eight consecutive channels at once (16 or 32
 // bytes): the scalar kernels' two-to-four-byte accesses left the passes at a quarter to a half
-// of HBM's bandwidth. Their per-channel coefficients come from a small kernel run first (one
-// thread per channel), not from every thread of the pass for its eight channels. The arithmetic
-// per value is the scalar kernels', so both give the same bits for the passes; the sums differ
-// only in their order.
+// of HBM's bandwidth. Each kernel is one template on that width (W = 1 or 8), so both widths do
+// the same arithmetic per value. The passes' per-channel coefficients come from the kernel that
+// totals the sums (bn_train, bn_train_backward) or, where a sync_bn sum over ranks comes
+// between, from a small kernel of one thread per channel: never from every thread of a pass.
 //
 // Determinism. A reduction is per-thread sums in a fixed row order, a fixed tree over the
-// block's row lanes, per-block partials in scratch, then a second kernel that sums the partials
-// in block order the same way. The block count depends on the shape only, not on the device.
+// block's row lanes, per-block partials in scratch, then a second kernel that sums each
+// channel's partials in block order the same way. The block count depends on the shape only,
+// not on the device.
 //
 // Fast math. The build compiles CUDA with --use_fast_math: single-precision division, sqrt, exp
 // and log become approximate, denormals flush to zero, and nvcc contracts a·b + c into an FMA.
@@ -49,153 +50,212 @@ namespace {
 // that wrote it never produce), so both give the same mask.
 enum class Mask { none, f32, bf16 };
 
-template <Mask M, class TD> __device__ __forceinline__ float masked(const TD* dy, const void* relu_out, size_t i) {
-  if constexpr (M == Mask::f32) return static_cast<const float*>(relu_out)[i] > 0.f ? ld(dy, i) : 0.f;
-  else if constexpr (M == Mask::bf16)
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(relu_out)[i]) > 0.f ? ld(dy, i) : 0.f;
-  else return ld(dy, i);
-}
-
 // The vector kernels' channels per thread (device_util.cuh's ld8 / st8).
 constexpr int kVec = 8;
 
-// d = dy where relu_out > 0, else 0 (masked's expression), for eight values.
-template <Mask M> __device__ __forceinline__ void mask8(const void* relu_out, size_t i, float (&d)[kVec]) {
+// W consecutive values from element i: one (W = 1) or eight (W = kVec, 16-byte aligned), widened
+// to float on load and rounded to the type on store.
+template <int W, class T> __device__ __forceinline__ void ldw(const T* p, size_t i, float (&v)[W]) {
+  if constexpr (W == kVec) ld8(p, i, v);
+  else v[0] = ld(p, i);
+}
+template <int W, class T> __device__ __forceinline__ void stw(T* p, size_t i, const float (&v)[W]) {
+  if constexpr (W == kVec) st8(p, i, v);
+  else st(p, i, v[0]);
+}
+
+// d = dy where relu_out > 0, else 0, for the W values from element i.
+template <Mask M, int W> __device__ __forceinline__ void mask_w(const void* relu_out, size_t i, float (&d)[W]) {
   if constexpr (M != Mask::none) {
-    float m[kVec];
-    if constexpr (M == Mask::f32) ld8(static_cast<const float*>(relu_out), i, m);
-    else ld8(static_cast<const __nv_bfloat16*>(relu_out), i, m);
-    for (int k = 0; k < kVec; ++k) d[k] = m[k] > 0.f ? d[k] : 0.f;
+    float m[W];
+    if constexpr (M == Mask::f32) ldw<W>(static_cast<const float*>(relu_out), i, m);
+    else ldw<W>(static_cast<const __nv_bfloat16*>(relu_out), i, m);
+    for (int k = 0; k < W; ++k) d[k] = m[k] > 0.f ? d[k] : 0.f;
   }
 }
 
-// partial (chunks, 2c): chunk blockIdx.x's (rows [chunk·chunk_rows, +chunk_rows)) sums for the
-// channels of tile blockIdx.y, [Σa (c), Σa·b (c)] with b = a = x (forward) or a = dy (masked),
-// b = x − mean (backward), in double as the CPU's. The forward pass reads x only.
-template <bool BWD, Mask M, class TX, class TD>
+// Partial sums. Block (x, y) takes the W·tc channels of tile blockIdx.y (W per thread: channel()
+// is a group of W) and rows [chunk·chunk_rows, +chunk_rows), chunk = blockIdx.x; its sums
+// [Σa (c), Σa·b (c)], with b = a = x (forward) or a = dy (masked), b = x − mean (backward), in
+// double as the CPU's, go to partial column-major: partial[col·chunks + chunk] (the totals
+// then read each column's partials contiguously). The forward pass reads x only.
+//
+// A thread adds its rows in ascending order. It loads U of them before adding any: with a load
+// at a time, the 50% occupancy the double accumulators allow kept too few bytes in flight (the
+// forward sums read at 1.2 TB/s on the H200). The order of the additions is unchanged.
+template <int W, int U, bool BWD, Mask M, class TX, class TD>
 __global__ void bn_partial_kernel(const TD* __restrict__ a, const TX* __restrict__ x,
                                   const float* __restrict__ mean, const void* __restrict__ relu_out,
-                                  int64_t rows, int c, int64_t chunk_rows, double* __restrict__ partial) {
-  const int j = channel();
+                                  int64_t rows, int c, int64_t chunk_rows, int64_t chunks,
+                                  double* __restrict__ partial) {
+  const int j0 = channel() * W;
   const int64_t r0 = int64_t(blockIdx.x) * chunk_rows;
   const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  double v[2] = {0.0, 0.0};
-  if (j < c) {
-    double m = 0.0;
-    if constexpr (BWD) m = mean[j];
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-      const size_t i = size_t(r) * size_t(c) + size_t(j);
-      const double d = BWD ? masked<M>(a, relu_out, i) : ld(x, i);
-      v[0] += d;
-      if constexpr (BWD) v[1] += d * (double(ld(x, i)) - m);
-      else v[1] += d * d;
-    }
-  }
-  lane_sums(v);
-  if (threadIdx.y == 0 && j < c) {
-    double* p = partial + size_t(blockIdx.x) * 2 * size_t(c);
-    p[j] = v[0];
-    p[c + j] = v[1];
-  }
-}
-
-// The same with eight channels per thread (channel() is the group of eight).
-template <bool BWD, Mask M, class TX, class TD>
-__global__ void bn_partial8_kernel(const TD* __restrict__ a, const TX* __restrict__ x,
-                                   const float* __restrict__ mean, const void* __restrict__ relu_out,
-                                   int64_t rows, int c, int64_t chunk_rows, double* __restrict__ partial) {
-  const int j0 = channel() * kVec;
-  const int64_t r0 = int64_t(blockIdx.x) * chunk_rows;
-  const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  double v[2 * kVec] = {};
+  const int64_t lanes = blockDim.y;
+  double v[2 * W] = {};
   if (j0 < c) {
-    double m[kVec] = {};
+    double m[W] = {};
     if constexpr (BWD)
-      for (int k = 0; k < kVec; ++k) m[k] = mean[j0 + k];
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-      const size_t i = size_t(r) * size_t(c) + size_t(j0);
-      float xv[kVec];
-      ld8(x, i, xv);
-      if constexpr (BWD) {
-        float d[kVec];
-        ld8(a, i, d);
-        mask8<M>(relu_out, i, d);
-        for (int k = 0; k < kVec; ++k) {
-          v[k] += double(d[k]);
-          v[kVec + k] += double(d[k]) * (double(xv[k]) - m[k]);
+      for (int k = 0; k < W; ++k) m[k] = mean[j0 + k];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += U * lanes) {
+      float xv[U][W], d[U][W];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (r + u * lanes >= r1) break;
+        const size_t i = size_t(r + u * lanes) * size_t(c) + size_t(j0);
+        ldw<W>(x, i, xv[u]);
+        if constexpr (BWD) {
+          ldw<W>(a, i, d[u]);
+          mask_w<M, W>(relu_out, i, d[u]);
         }
-      } else {
-        for (int k = 0; k < kVec; ++k) {
-          const double d = xv[k];
-          v[k] += d;
-          v[kVec + k] += d * d;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (r + u * lanes >= r1) break;
+        for (int k = 0; k < W; ++k) {
+          if constexpr (BWD) {
+            v[k] += double(d[u][k]);
+            v[W + k] += double(d[u][k]) * (double(xv[u][k]) - m[k]);
+          } else {
+            const double e = xv[u][k];
+            v[k] += e;
+            v[W + k] += e * e;
+          }
         }
       }
     }
   }
   lane_sums(v);
-  if (threadIdx.y == 0 && j0 < c) {
-    double* p = partial + size_t(blockIdx.x) * 2 * size_t(c);
-    for (int k = 0; k < kVec; ++k) {
-      p[j0 + k] = v[k];
-      p[c + j0 + k] = v[kVec + k];
+  if (threadIdx.y == 0 && j0 < c)
+    for (int k = 0; k < W; ++k) {
+      partial[size_t(j0 + k) * size_t(chunks) + blockIdx.x] = v[k];
+      partial[size_t(c + j0 + k) * size_t(chunks) + blockIdx.x] = v[W + k];
     }
-  }
-}
-
-// out[j] = Σ over the chunks of partial[chunk][j] (cols columns), chunk ascending per thread,
-// then a fixed tree over the block's threads; out[cols] = count. A column per block (grid-stride
-// over the columns): each thread sums at most kReduceBlocks / kThreads chunks, so the chain of
-// dependent double adds is short. With a tile of 32 columns per block a thread had summed 128,
-// one L2 load after the other: about 50 µs for each of resnet18's reductions on the H200.
-__global__ void column_total_kernel(const double* __restrict__ partial, int64_t chunks, int cols,
-                                    double count, double* __restrict__ out) {
-  __shared__ double sh[kThreads];
-  for (int j = blockIdx.x; j < cols; j += gridDim.x) {
-    double v = 0.0;
-#pragma unroll 4
-    for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) v += partial[size_t(k) * size_t(cols) + size_t(j)];
-    sh[threadIdx.x] = v;
-    for (int h = blockDim.x / 2; h > 0; h /= 2) {
-      __syncthreads();
-      if (int(threadIdx.x) < h) sh[threadIdx.x] += sh[threadIdx.x + h];
-    }
-    if (threadIdx.x == 0) out[j] = sh[0];
-    __syncthreads();
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0) out[cols] = count;
 }
 
 struct BnStats {
   double mean, var, invstd;
 };
 
-// The CPU's formulas in double. The variance's product is kept unfused (__dmul_rn): E[x²] − mean²
-// cancels, and the CPU rounds mean² before subtracting.
-__device__ BnStats bn_stats(const double* sums, int c, int j, float eps) {
-  const double n = sums[2 * c];
-  const double mean = sums[j] / n;
-  const double var = fmax(0.0, sums[c + j] / n - __dmul_rn(mean, mean));
+// The CPU's formulas in double, from a channel's sums s0 = Σx, s1 = Σx² over n rows. The
+// variance's product is kept unfused (__dmul_rn): E[x²] − mean² cancels, and the CPU rounds
+// mean² before subtracting.
+__device__ BnStats bn_stats(double s0, double s1, double n, float eps) {
+  const double mean = s0 / n;
+  const double var = fmax(0.0, s1 / n - __dmul_rn(mean, mean));
   return {mean, var, 1.0 / sqrt(var + double(eps))};
 }
 
-// Channel j's training statistics: scale and shift of the affine pass; the thread in row lane 0
-// of block column 0 also writes the channel's saved mean and invstd and moves its running stats
-// (once per channel).
-__device__ void train_channel(const double* sums, const float* w, const float* b, int c, int j, float eps,
-                              float momentum, float* save_mean, float* save_invstd, float* running_mean,
-                              float* running_var, float& scale, float& shift, bool write_stats) {
-  const BnStats st = bn_stats(sums, c, j, eps);
-  if (write_stats) {
-    save_mean[j] = float(st.mean);
-    save_invstd[j] = float(st.invstd);
-    const double n = sums[2 * c], mom = momentum;
-    const double unbiased = n > 1 ? st.var * n / (n - 1) : st.var;
-    if (running_mean) running_mean[j] = float(mom * st.mean + (1.0 - mom) * running_mean[j]);
-    if (running_var) running_var[j] = float(mom * unbiased + (1.0 - mom) * running_var[j]);
+// What the training pass needs beyond the sums: parameters, the statistics it saves and moves,
+// and where its per-channel coefficients go (coef = [scale (c), shift (c)]).
+struct TrainArgs {
+  const float* w;
+  const float* b;
+  float eps, momentum;
+  float* save_mean;
+  float* save_invstd;
+  float* running_mean;  // or nullptr (then running_var too)
+  float* running_var;
+  float* coef;
+};
+
+// Channel j's training statistics from its sums: the saved mean and invstd, the running stats
+// moved, and the affine pass's scale and shift.
+__device__ void train_channel(double s0, double s1, double n, int c, int j, const TrainArgs& t) {
+  const BnStats st = bn_stats(s0, s1, n, t.eps);
+  t.save_mean[j] = float(st.mean);
+  t.save_invstd[j] = float(st.invstd);
+  const double mom = t.momentum;
+  const double unbiased = n > 1 ? st.var * n / (n - 1) : st.var;
+  if (t.running_mean) t.running_mean[j] = float(mom * st.mean + (1.0 - mom) * t.running_mean[j]);
+  if (t.running_var) t.running_var[j] = float(mom * unbiased + (1.0 - mom) * t.running_var[j]);
+  t.coef[j] = float(st.invstd * t.w[j]);
+  t.coef[c + j] = float(t.b[j] - st.mean * st.invstd * t.w[j]);
+}
+
+// What the backward pass needs beyond the sums: the saved statistics and weight for the input
+// gradient's coefficients (coef = [k (c), m (c), off (c), mean (c)], nullptr: no input gradient),
+// and the parameter gradients (dw, db: nullptr where not made here).
+struct BackwardArgs {
+  const float* mean;
+  const float* invstd;
+  const float* w;
+  float* coef;
+  float* dw;
+  float* db;
+  bool accumulate;
+};
+
+// dx = k·dy − off − m·(x − mean) with the CPU's per-channel k, m, off (double, rounded to float)
+// and its operation order, from the sums s0 = Σdy, s1 = Σdy·(x − mean) over n rows.
+__device__ void backward_channel(double s0, double s1, double n, int c, int j, const BackwardArgs& p) {
+  if (p.dw) {
+    const float gw = float(s1 * p.invstd[j]), gb = float(s0);
+    p.dw[j] = p.accumulate ? p.dw[j] + gw : gw;
+    p.db[j] = p.accumulate ? p.db[j] + gb : gb;
   }
-  scale = float(st.invstd * w[j]);
-  shift = float(b[j] - st.mean * st.invstd * w[j]);
+  if (p.coef) {
+    const double kj = double(p.w[j]) * p.invstd[j];
+    p.coef[j] = float(kj);
+    p.coef[c + j] = float(kj * double(p.invstd[j]) * p.invstd[j] * s1 / n);
+    p.coef[2 * c + j] = float(kj * s0 / n);
+    p.coef[3 * c + j] = p.mean[j];
+  }
+}
+
+// What a reduction's totals feed: nothing (the sums alone, which a caller may add over ranks
+// first), the training pass's statistics, or the backward pass's gradients and coefficients.
+enum class Finish { sums, train, backward };
+
+// The totals: sums[j] and sums[c + j] = Σ over the chunks of their partials, chunk ascending
+// per thread, then a fixed tree over the block's threads; sums[2c] = count. A channel per block
+// (grid-stride over the channels): each thread adds at most kReduceBlocks / kThreads partials,
+// contiguous across the warp. Then channel j's train_channel or backward_channel from those
+// totals (not from sums, whose count another block writes) in the same kernel.
+template <Finish F>
+__global__ void bn_totals_kernel(const double* __restrict__ partial, int64_t chunks, int c, double count,
+                                 double* __restrict__ sums, TrainArgs t, BackwardArgs bw) {
+  __shared__ double sh[2][kThreads];
+  for (int j = blockIdx.x; j < c; j += gridDim.x) {
+    const double* p0 = partial + size_t(j) * size_t(chunks);
+    const double* p1 = partial + size_t(c + j) * size_t(chunks);
+    double v0 = 0.0, v1 = 0.0;
+#pragma unroll 4
+    for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) {
+      v0 += p0[k];
+      v1 += p1[k];
+    }
+    sh[0][threadIdx.x] = v0;
+    sh[1][threadIdx.x] = v1;
+    for (int h = blockDim.x / 2; h > 0; h /= 2) {
+      __syncthreads();
+      if (int(threadIdx.x) < h) {
+        sh[0][threadIdx.x] += sh[0][threadIdx.x + h];
+        sh[1][threadIdx.x] += sh[1][threadIdx.x + h];
+      }
+    }
+    if (threadIdx.x == 0) {
+      const double s0 = sh[0][0], s1 = sh[1][0];
+      sums[j] = s0;
+      sums[c + j] = s1;
+      if constexpr (F == Finish::train) train_channel(s0, s1, count, c, j, t);
+      if constexpr (F == Finish::backward) backward_channel(s0, s1, count, c, j, bw);
+    }
+    __syncthreads();
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) sums[2 * c] = count;
+}
+
+// The same per-channel work from sums already totalled (and maybe added over ranks): one thread
+// per channel.
+__global__ void bn_train_coef_kernel(const double* __restrict__ sums, int c, TrainArgs t) {
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
+    train_channel(sums[j], sums[c + j], sums[2 * c], c, j, t);
+}
+
+__global__ void bn_backward_coef_kernel(const double* __restrict__ sums, int c, BackwardArgs bw) {
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
+    backward_channel(sums[j], sums[c + j], sums[2 * c], c, j, bw);
 }
 
 // y = x·scale + shift, rounded as the CPU's multiply then add; then max(y, 0) with relu
@@ -205,61 +265,23 @@ __device__ __forceinline__ float affine(float x, float scale, float shift, bool 
   return relu ? (v > 0.f ? v : 0.f) : v;
 }
 
-// Down this thread's channel j: y unless nullptr, and its bf16 copy into y16 unless nullptr.
-template <class TX>
-__device__ void affine_rows(const TX* x, float* y, __nv_bfloat16* y16, int64_t rows, int c, int j,
-                            float scale, float shift, bool relu) {
-  for (int64_t r = first_row(); r < rows; r += row_step()) {
-    const size_t i = size_t(r) * size_t(c) + size_t(j);
-    const float v = affine(ld(x, i), scale, shift, relu);
-    if (y) y[i] = v;
-    if (y16) y16[i] = __float2bfloat16_rn(v);
-  }
-}
-
-template <class TX>
-__global__ void bn_train_kernel(const TX* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
-                                const double* __restrict__ sums, const float* __restrict__ w,
-                                const float* __restrict__ b, float eps, float momentum,
-                                float* __restrict__ save_mean, float* __restrict__ save_invstd,
-                                float* __restrict__ running_mean, float* __restrict__ running_var) {
-  const int j = channel();
-  if (j >= c) return;
-  float scale, shift;
-  train_channel(sums, w, b, c, j, eps, momentum, save_mean, save_invstd, running_mean, running_var, scale, shift,
-                blockIdx.x == 0 && threadIdx.y == 0);
-  affine_rows(x, y, y16, rows, c, j, scale, shift, relu);
-}
-
-// The vector kernels' per-channel coefficients, computed once per channel (not by every thread
-// of the pass for its eight channels: double divisions and square roots, eight times over):
-// training — coef = [scale (c), shift (c)], the saved mean and invstd and the running stats
-// written; backward — coef = [k (c), m (c), off (c), mean (c)].
-__global__ void bn_train_coef_kernel(const double* __restrict__ sums, const float* __restrict__ w,
-                                     const float* __restrict__ b, int c, float eps, float momentum,
-                                     float* __restrict__ save_mean, float* __restrict__ save_invstd,
-                                     float* __restrict__ running_mean, float* __restrict__ running_var,
-                                     float* __restrict__ coef) {
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
-    train_channel(sums, w, b, c, j, eps, momentum, save_mean, save_invstd, running_mean, running_var, coef[j],
-                  coef[c + j], true);
-}
-
-template <class TX>
-__global__ void bn_train8_kernel(const TX* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
-                                 const float* __restrict__ coef) {
-  const int j0 = channel() * kVec;
+// The affine pass with coef = [scale (c), shift (c)]: y unless nullptr, and its bf16 copy into
+// y16 unless nullptr. W channels per thread.
+template <int W, class TX>
+__global__ void bn_train_pass(const TX* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
+                              const float* __restrict__ coef) {
+  const int j0 = channel() * W;
   if (j0 >= c) return;
-  float scale[kVec], shift[kVec];
-  ld8(coef, size_t(j0), scale);
-  ld8(coef, size_t(c) + size_t(j0), shift);
+  float scale[W], shift[W];
+  ldw<W>(coef, size_t(j0), scale);
+  ldw<W>(coef, size_t(c) + size_t(j0), shift);
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const size_t i = size_t(r) * size_t(c) + size_t(j0);
-    float v[kVec];
-    ld8(x, i, v);
-    for (int k = 0; k < kVec; ++k) v[k] = affine(v[k], scale[k], shift[k], relu);
-    if (y) st8(y, i, v);
-    if (y16) st8(y16, i, v);
+    float v[W];
+    ldw<W>(x, i, v);
+    for (int k = 0; k < W; ++k) v[k] = affine(v[k], scale[k], shift[k], relu);
+    if (y) stw<W>(y, i, v);
+    if (y16) stw<W>(y16, i, v);
   }
 }
 
@@ -270,71 +292,35 @@ __global__ void bn_infer_kernel(const TX* x, float* y, bool relu, int64_t rows, 
   const int j = channel();
   if (j >= c) return;
   const double invstd = 1.0 / sqrt(double(running_var[j]) + double(eps));
-  affine_rows(x, y, nullptr, rows, c, j, float(invstd * w[j]), float(b[j] - running_mean[j] * invstd * w[j]), relu);
-}
-
-// dx = k·dy − off − m·(x − mean) with the CPU's per-channel k, m, off (double, rounded to float)
-// and its operation order, dy masked by relu_out (M).
-struct BwdChannel {
-  float k, m, off, mu;
-};
-
-__device__ BwdChannel bwd_channel(const double* sums, const float* mean, const float* invstd, const float* w, int c,
-                                  int j) {
-  const double n = sums[2 * c];
-  const double kj = double(w[j]) * invstd[j];
-  return {float(kj), float(kj * double(invstd[j]) * invstd[j] * sums[c + j] / n), float(kj * sums[j] / n), mean[j]};
-}
-
-__device__ __forceinline__ float bwd_value(const BwdChannel& p, float d, float x) {
-  return __fsub_rn(__fsub_rn(__fmul_rn(p.k, d), p.off), __fmul_rn(p.m, __fsub_rn(x, p.mu)));
-}
-
-// dx may be dy (the same buffer, or dy's bf16 tensor with dx's): each element is read before it
-// is written, by the same thread.
-template <Mask M, class TX, class TD, class TO>
-__global__ void bn_backward_kernel(const TD* dy, const TX* x, const void* relu_out, TO* dx, int64_t rows, int c,
-                                   const double* __restrict__ sums, const float* __restrict__ mean,
-                                   const float* __restrict__ invstd, const float* __restrict__ w) {
-  const int j = channel();
-  if (j >= c) return;
-  const BwdChannel p = bwd_channel(sums, mean, invstd, w, c, j);
+  const float scale = float(invstd * w[j]), shift = float(b[j] - running_mean[j] * invstd * w[j]);
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const size_t i = size_t(r) * size_t(c) + size_t(j);
-    st(dx, i, bwd_value(p, masked<M>(dy, relu_out, i), ld(x, i)));
+    y[i] = affine(ld(x, i), scale, shift, relu);
   }
 }
 
-__global__ void bn_backward_coef_kernel(const double* __restrict__ sums, const float* __restrict__ mean,
-                                        const float* __restrict__ invstd, const float* __restrict__ w, int c,
-                                        float* __restrict__ coef) {
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
-    const BwdChannel p = bwd_channel(sums, mean, invstd, w, c, j);
-    coef[j] = p.k;
-    coef[c + j] = p.m;
-    coef[2 * c + j] = p.off;
-    coef[3 * c + j] = p.mu;
-  }
-}
-
-template <Mask M, class TX, class TD, class TO>
-__global__ void bn_backward8_kernel(const TD* dy, const TX* x, const void* relu_out, TO* dx, int64_t rows, int c,
-                                    const float* __restrict__ coef) {
-  const int j0 = channel() * kVec;
+// The input gradient with coef = [k, m, off, mean] (backward_channel's), dy masked by relu_out
+// (M). dx may be dy (the same buffer, or dy's bf16 tensor with dx's): each element is read
+// before it is written, by the same thread.
+template <int W, Mask M, class TX, class TD, class TO>
+__global__ void bn_backward_pass(const TD* dy, const TX* x, const void* relu_out, TO* dx, int64_t rows, int c,
+                                 const float* __restrict__ coef) {
+  const int j0 = channel() * W;
   if (j0 >= c) return;
-  float k[kVec], m[kVec], off[kVec], mu[kVec];
-  ld8(coef, size_t(j0), k);
-  ld8(coef, size_t(c) + size_t(j0), m);
-  ld8(coef, 2 * size_t(c) + size_t(j0), off);
-  ld8(coef, 3 * size_t(c) + size_t(j0), mu);
+  float k[W], m[W], off[W], mu[W];
+  ldw<W>(coef, size_t(j0), k);
+  ldw<W>(coef, size_t(c) + size_t(j0), m);
+  ldw<W>(coef, 2 * size_t(c) + size_t(j0), off);
+  ldw<W>(coef, 3 * size_t(c) + size_t(j0), mu);
   for (int64_t r = first_row(); r < rows; r += row_step()) {
     const size_t i = size_t(r) * size_t(c) + size_t(j0);
-    float d[kVec], v[kVec];
-    ld8(dy, i, d);
-    mask8<M>(relu_out, i, d);
-    ld8(x, i, v);
-    for (int q = 0; q < kVec; ++q) d[q] = bwd_value({k[q], m[q], off[q], mu[q]}, d[q], v[q]);
-    st8(dx, i, d);
+    float d[W], v[W];
+    ldw<W>(dy, i, d);
+    mask_w<M, W>(relu_out, i, d);
+    ldw<W>(x, i, v);
+    for (int q = 0; q < W; ++q)
+      d[q] = __fsub_rn(__fsub_rn(__fmul_rn(k[q], d[q]), off[q]), __fmul_rn(m[q], __fsub_rn(v[q], mu[q])));
+    stw<W>(dx, i, d);
   }
 }
 
@@ -372,23 +358,32 @@ int64_t bn_chunks(int64_t rows, int c) {
   return std::min(want, fill);
 }
 
-template <bool BWD, Mask M, class TX, class TD>
-void column_sums(const TD* a, const TX* x, const float* mean, const void* relu_out, int64_t rows, int c,
-                 double* sums, double* partial, cudaStream_t s) {
+// Rows loaded ahead per thread in the sums: the forward pass reads one operand, the backward
+// two or three (dy, x, the mask), whose registers leave room for fewer.
+constexpr int kAheadFwd = 4, kAheadBwd = 2;
+
+// The partial sums of (rows, c) into `partial`, then bn_totals_kernel<F>: the totals into sums
+// and F's per-channel work.
+template <Finish F, bool BWD, Mask M, class TX, class TD>
+void reduce(const TD* a, const TX* x, const float* mean, const void* relu_out, int64_t rows, int c, double* sums,
+            double* partial, const TrainArgs& t, const BackwardArgs& bw, cudaStream_t s) {
   if (c < 0 || rows < 0) throw Error("bn sums: negative shape");
   const int64_t chunks = c > 0 ? bn_chunks(rows, c) : 0;
   if (chunks > 0) {
     const bool vec = vec8(c, {a, x, relu_out});
-    const Tiles t = bn_tiles(c, vec, "bn sums");
+    const Tiles tl = bn_tiles(c, vec, "bn sums");
     const int64_t chunk_rows = (rows + chunks - 1) / chunks;
-    const dim3 grid(unsigned(chunks), unsigned(t.count));
-    if (vec) bn_partial8_kernel<BWD, M><<<grid, block_of(t), 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, partial);
-    else bn_partial_kernel<BWD, M><<<grid, block_of(t), 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, partial);
+    const dim3 grid(unsigned(chunks), unsigned(tl.count)), block = block_of(tl);
+    constexpr int U = BWD ? kAheadBwd : kAheadFwd;
+    if (vec)
+      bn_partial_kernel<kVec, U, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
+    else
+      bn_partial_kernel<1, U, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
     DPT_CHECK_LAUNCH("bn_partial_kernel");
   }
-  const unsigned blocks = unsigned(std::clamp<int64_t>(2 * int64_t(c), 1, 65535));
-  column_total_kernel<<<blocks, kThreads, 0, s>>>(partial, chunks, 2 * c, double(rows), sums);
-  DPT_CHECK_LAUNCH("column_total_kernel");
+  const unsigned blocks = unsigned(std::clamp<int64_t>(c, 1, 65535));
+  bn_totals_kernel<F><<<blocks, kThreads, 0, s>>>(partial, chunks, c, double(rows), sums, t, bw);
+  DPT_CHECK_LAUNCH("bn_totals_kernel");
 }
 
 // f(p) with p the operand's typed pointer.
@@ -401,6 +396,58 @@ template <class F> void typed(BnOut t, F&& f) {
   else f(static_cast<float*>(t.p));
 }
 
+// f(std::integral_constant<Mask, M>) for relu_out's mask kind.
+template <class F> void masked(const void* relu_out, bool relu_out_bf16, F&& f) {
+  if (!relu_out) f(std::integral_constant<Mask, Mask::none>{});
+  else if (relu_out_bf16) f(std::integral_constant<Mask, Mask::bf16>{});
+  else f(std::integral_constant<Mask, Mask::f32>{});
+}
+
+template <Finish F>
+void backward_reduce(BnIn dy, BnIn x, const float* mean, const void* relu_out, bool relu_out_bf16, int64_t rows,
+                     int c, double* sums, double* partial, const BackwardArgs& bw, cudaStream_t s) {
+  typed(dy, [&](auto d) {
+    typed(x, [&](auto xp) {
+      masked(relu_out, relu_out_bf16, [&](auto mask) {
+        reduce<F, true, decltype(mask)::value>(d, xp, mean, relu_out, rows, c, sums, partial, TrainArgs{}, bw, s);
+      });
+    });
+  });
+}
+
+// The affine pass over coef (train_channel's, already in place).
+void train_pass(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const float* coef, cudaStream_t s) {
+  auto* o16 = static_cast<__nv_bfloat16*>(y16);
+  const bool vec = vec8(c, {x.p, y, y16, coef});
+  const Tiles t = bn_tiles(c, vec, "bn_forward");
+  const dim3 grid = pass_grid(t, rows), block = block_of(t);
+  typed(x, [&](auto xp) {
+    if (vec) bn_train_pass<kVec><<<grid, block, 0, s>>>(xp, y, o16, relu, rows, c, coef);
+    else bn_train_pass<1><<<grid, block, 0, s>>>(xp, y, o16, relu, rows, c, coef);
+  });
+  DPT_CHECK_LAUNCH("bn_train_pass");
+}
+
+// The input-gradient pass over coef (backward_channel's, already in place).
+void backward_pass(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOut dx, int64_t rows, int c,
+                   const float* coef, cudaStream_t s) {
+  const bool vec = vec8(c, {dy.p, x.p, relu_out, dx.p, coef});
+  const Tiles t = bn_tiles(c, vec, "bn_backward");
+  const dim3 grid = pass_grid(t, rows), block = block_of(t);
+  typed(dy, [&](auto d) {
+    typed(x, [&](auto xp) {
+      typed(dx, [&](auto o) {
+        masked(relu_out, relu_out_bf16, [&](auto mask) {
+          constexpr Mask M = decltype(mask)::value;
+          if (vec) bn_backward_pass<kVec, M><<<grid, block, 0, s>>>(d, xp, relu_out, o, rows, c, coef);
+          else bn_backward_pass<1, M><<<grid, block, 0, s>>>(d, xp, relu_out, o, rows, c, coef);
+        });
+      });
+    });
+  });
+  DPT_CHECK_LAUNCH("bn_backward_pass");
+}
+
 }  // namespace
 
 size_t bn_partial_doubles(int64_t rows, int c) {
@@ -409,42 +456,35 @@ size_t bn_partial_doubles(int64_t rows, int c) {
 
 void bn_sums(BnIn x, int64_t rows, int c, double* sums, double* partial, cudaStream_t s) {
   typed(x, [&](auto xp) {
-    column_sums<false, Mask::none>(static_cast<const float*>(nullptr), xp, nullptr, nullptr, rows, c, sums, partial, s);
+    reduce<Finish::sums, false, Mask::none>(static_cast<const float*>(nullptr), xp, nullptr, nullptr, rows, c, sums,
+                                            partial, TrainArgs{}, BackwardArgs{}, s);
   });
 }
 
 void bn_backward_sums(BnIn dy, BnIn x, int64_t rows, int c, const float* mean, const void* relu_out,
                       bool relu_out_bf16, double* sums, double* partial, cudaStream_t s) {
-  typed(dy, [&](auto d) {
-    typed(x, [&](auto xp) {
-      if (!relu_out) column_sums<true, Mask::none>(d, xp, mean, nullptr, rows, c, sums, partial, s);
-      else if (relu_out_bf16) column_sums<true, Mask::bf16>(d, xp, mean, relu_out, rows, c, sums, partial, s);
-      else column_sums<true, Mask::f32>(d, xp, mean, relu_out, rows, c, sums, partial, s);
-    });
-  });
+  backward_reduce<Finish::sums>(dy, x, mean, relu_out, relu_out_bf16, rows, c, sums, partial, BackwardArgs{}, s);
 }
 
 void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
                 const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                 float* running_mean, float* running_var, float* coef, cudaStream_t s) {
   if (c <= 0) return;
-  auto* o16 = static_cast<__nv_bfloat16*>(y16);
-  const bool vec = vec8(c, {x.p, y, y16, coef});
-  if (vec) {
-    bn_train_coef_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, w, b, c, eps, momentum, save_mean,
-                                                                  save_invstd, running_mean, running_var, coef);
-    DPT_CHECK_LAUNCH("bn_train_coef_kernel");
-  }
-  const Tiles t = bn_tiles(c, vec, "bn_forward");
-  const dim3 grid = pass_grid(t, rows), block = block_of(t);
+  const TrainArgs t{w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var, coef};
+  bn_train_coef_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, t);
+  DPT_CHECK_LAUNCH("bn_train_coef_kernel");
+  train_pass(x, y, y16, relu, rows, c, coef, s);
+}
+
+void bn_train(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, double* sums, double* partial,
+              const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+              float* running_mean, float* running_var, float* coef, cudaStream_t s) {
+  const TrainArgs t{w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var, coef};
   typed(x, [&](auto xp) {
-    if (vec)
-      bn_train8_kernel<<<grid, block, 0, s>>>(xp, y, o16, relu, rows, c, coef);
-    else
-      bn_train_kernel<<<grid, block, 0, s>>>(xp, y, o16, relu, rows, c, sums, w, b, eps, momentum, save_mean,
-                                             save_invstd, running_mean, running_var);
+    reduce<Finish::train, false, Mask::none>(static_cast<const float*>(nullptr), xp, nullptr, nullptr, rows, c, sums,
+                                             partial, t, BackwardArgs{}, s);
   });
-  DPT_CHECK_LAUNCH("bn_train_kernel");
+  if (c > 0) train_pass(x, y, y16, relu, rows, c, coef, s);
 }
 
 void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
@@ -469,28 +509,18 @@ void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOu
                  const double* sums, const float* mean, const float* invstd, const float* w, float* coef,
                  cudaStream_t s) {
   if (c <= 0 || rows <= 0) return;
-  const bool vec = vec8(c, {dy.p, x.p, relu_out, dx.p, coef});
-  if (vec) {
-    bn_backward_coef_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, mean, invstd, w, c, coef);
-    DPT_CHECK_LAUNCH("bn_backward_coef_kernel");
-  }
-  const Tiles t = bn_tiles(c, vec, "bn_backward");
-  const dim3 grid = pass_grid(t, rows), block = block_of(t);
-  typed(dy, [&](auto d) {
-    typed(x, [&](auto xp) {
-      typed(dx, [&](auto o) {
-        auto run = [&](auto mask) {
-          constexpr Mask M = decltype(mask)::value;
-          if (vec) bn_backward8_kernel<M><<<grid, block, 0, s>>>(d, xp, relu_out, o, rows, c, coef);
-          else bn_backward_kernel<M><<<grid, block, 0, s>>>(d, xp, relu_out, o, rows, c, sums, mean, invstd, w);
-        };
-        if (!relu_out) run(std::integral_constant<Mask, Mask::none>{});
-        else if (relu_out_bf16) run(std::integral_constant<Mask, Mask::bf16>{});
-        else run(std::integral_constant<Mask, Mask::f32>{});
-      });
-    });
-  });
-  DPT_CHECK_LAUNCH("bn_backward_kernel");
+  const BackwardArgs bw{mean, invstd, w, coef, nullptr, nullptr, false};
+  bn_backward_coef_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, bw);
+  DPT_CHECK_LAUNCH("bn_backward_coef_kernel");
+  backward_pass(dy, x, relu_out, relu_out_bf16, dx, rows, c, coef, s);
+}
+
+void bn_train_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOut dx, int64_t rows, int c,
+                       double* sums, double* partial, const float* mean, const float* invstd, const float* w,
+                       float* dw, float* db, bool accumulate, float* coef, cudaStream_t s) {
+  const BackwardArgs bw{mean, invstd, w, dx.p ? coef : nullptr, dw, db, accumulate};
+  backward_reduce<Finish::backward>(dy, x, mean, relu_out, relu_out_bf16, rows, c, sums, partial, bw, s);
+  if (dx.p && c > 0 && rows > 0) backward_pass(dy, x, relu_out, relu_out_bf16, dx, rows, c, coef, s);
 }
 
 }  // namespace dpt::cuda

@@ -44,6 +44,11 @@ void bn_backward_sums(BnIn dy, BnIn x, int64_t rows, int c, const float* mean,
 void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, const double* sums,
                 const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                 float* running_mean, float* running_var, float* coef, cudaStream_t s);
+// bn_sums then bn_forward where nothing comes between them (Backend::bn_train_forward): the
+// statistics and coefficients come from the kernel that totals the sums, one launch fewer.
+void bn_train(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, double* sums, double* partial,
+              const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+              float* running_mean, float* running_var, float* coef, cudaStream_t s);
 void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
               const float* running_var, const float* w, const float* b, float eps, cudaStream_t s);
 void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
@@ -52,6 +57,12 @@ void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, f
 void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOut dx, int64_t rows, int c,
                  const double* sums, const float* mean, const float* invstd, const float* w, float* coef,
                  cudaStream_t s);
+// bn_backward_sums, bn_param_grads and (dx.p not nullptr) bn_backward where nothing comes between
+// them (Backend::bn_train_backward): the parameter gradients and the input gradient's
+// coefficients come from the kernel that totals the sums, two launches fewer.
+void bn_train_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOut dx, int64_t rows, int c,
+                       double* sums, double* partial, const float* mean, const float* invstd, const float* w,
+                       float* dw, float* db, bool accumulate, float* coef, cudaStream_t s);
 // y (n) += x (n).
 void add(const float* x, float* y, size_t n, cudaStream_t s);
 // out (n) = a16 (n, bf16) + b (n); out may be b.

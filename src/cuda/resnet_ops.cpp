@@ -57,6 +57,31 @@ void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, 
                                  const float* w, const float* b, float eps, float momentum,
                                  float* save_mean, float* save_invstd, float* running_mean,
                                  float* running_var, bool relu) {
+  bn_forward_with(x, y, rows, c, save_mean, save_invstd, running_mean, running_var, relu,
+                  [&](cuda::BnIn xin, float* yf, void* y16) {
+                    cuda::bn_forward(xin, yf, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd,
+                                     running_mean, running_var, bn_coef(c), stream_.get());
+                  });
+}
+
+void CudaBackendImpl::bn_train_forward(const float* x, float* y, int64_t rows, int c, double* sums, const float* w,
+                                       const float* b, float eps, float momentum, float* save_mean,
+                                       float* save_invstd, float* running_mean, float* running_var, bool relu) {
+  double* partial = bn_partial(rows, c);
+  note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
+  bn_forward_with(x, y, rows, c, save_mean, save_invstd, running_mean, running_var, relu,
+                  [&](cuda::BnIn xin, float* yf, void* y16) {
+                    cuda::bn_train(xin, yf, y16, relu, rows, c, sums, partial, w, b, eps, momentum, save_mean,
+                                   save_invstd, running_mean, running_var, bn_coef(c), stream_.get());
+                  });
+}
+
+// The frame of both training forward calls: the writes noted, x's operand, y's bf16 twin
+// (out_twin), then run(x's operand, y's floats or nullptr, the twin or nullptr).
+template <class Run>
+void CudaBackendImpl::bn_forward_with(const float* x, float* y, int64_t rows, int c, float* save_mean,
+                                      float* save_invstd, float* running_mean, float* running_var, bool relu,
+                                      Run&& run) {
   const size_t n = size_t(rows) * size_t(c);
   note_write(y, n * sizeof(float));
   note_write(save_mean, size_t(c) * sizeof(float));
@@ -66,8 +91,7 @@ void CudaBackendImpl::bn_forward(const float* x, float* y, int64_t rows, int c, 
   const cuda::BnIn xin = bn_in(x, n);
   bool only = false;
   void* y16 = out_twin(y, n, relu, only);
-  cuda::bn_forward(xin, only ? nullptr : y, y16, relu, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd,
-                   running_mean, running_var, bn_coef(c), stream_.get());
+  run(xin, only ? nullptr : y, y16);
   wrote_twin(y, n, y16, only);
 }
 
@@ -101,15 +125,40 @@ void CudaBackendImpl::bn_param_grads(const double* sums, const float* invstd, in
 void CudaBackendImpl::bn_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
                                   const double* sums, const float* mean, const float* invstd,
                                   const float* w, const float* relu_out) {
+  bn_backward_with(dy, x, dx, rows, c, relu_out, [&](cuda::BnIn dyin, cuda::BnIn xin, const void* mask, bool mask16,
+                                                     cuda::BnOut out) {
+    cuda::bn_backward(dyin, xin, mask, mask16, out, rows, c, sums, mean, invstd, w, bn_coef(c), stream_.get());
+  });
+}
+
+void CudaBackendImpl::bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c,
+                                        double* sums, const float* mean, const float* invstd, const float* w,
+                                        const float* relu_out, float* dw, float* db, bool accumulate) {
+  double* partial = bn_partial(rows, c);
+  note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
+  note_write(dw, size_t(c) * sizeof(float));
+  note_write(db, size_t(c) * sizeof(float));
+  bn_backward_with(dy, x, dx, rows, c, relu_out, [&](cuda::BnIn dyin, cuda::BnIn xin, const void* mask, bool mask16,
+                                                     cuda::BnOut out) {
+    cuda::bn_train_backward(dyin, xin, mask, mask16, out, rows, c, sums, partial, mean, invstd, w, dw, db, accumulate,
+                            bn_coef(c), stream_.get());
+  });
+}
+
+// The frame of both backward calls: dy's and x's operands, the ReLU's mask (its bf16 copy where
+// valid), dx's output (its twin in bf16 only where only the convolution below reads it; nullptr
+// dx: none), then run(dy, x, mask, mask is bf16, dx).
+template <class Run>
+void CudaBackendImpl::bn_backward_with(const float* dy, const float* x, float* dx, int64_t rows, int c,
+                                       const float* relu_out, Run&& run) {
   const size_t n = size_t(rows) * size_t(c);
-  const bool to_conv = take_grad_use(dx, {GradUse::conv}) && bf16();
+  const bool to_conv = dx && take_grad_use(dx, {GradUse::conv}) && bf16();
   const void* mask16 = relu_out ? valid_twin(relu_out, n) : nullptr;
   const cuda::BnIn xin = bn_in(x, n), dyin = bn_in(dy, n);
-  note_write(dx, n * sizeof(float));
+  if (dx) note_write(dx, n * sizeof(float));
   void* dx16 = to_conv ? twin_slot(dx, n) : nullptr;
   const cuda::BnOut out = dx16 ? cuda::BnOut{dx16, true} : cuda::BnOut{dx, false};
-  cuda::bn_backward(dyin, xin, mask16 ? mask16 : relu_out, mask16 != nullptr, out, rows, c, sums, mean, invstd, w,
-                    bn_coef(c), stream_.get());
+  run(dyin, xin, mask16 ? mask16 : relu_out, mask16 != nullptr, out);
   if (dx16) made_only_twin(dx, n);
 }
 
