@@ -158,13 +158,20 @@ __global__ void act_bgrad_kernel(float* da, const float* __restrict__ z,
   column_partials<V>(s, part, partial, out);
 }
 
+// db[col] = Σ over the chunks of partial[chunk][col]: a warp per column, each lane adding the
+// chunks lane, lane + 32, ... in order, then a fixed shuffle tree. (A thread per column, adding
+// every chunk one after the other, took 45 µs for a convolution's 2,112 chunks of 128 columns
+// on the H200: 128 threads in all, a load at a time each.)
 __global__ void bias_grad_finish(const float* partial, int chunks, int out, float* db,
                                  bool accumulate) {
-  const int col = blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= out) return;
+  const int col = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (col >= out) return;  // the warp's lanes leave together
   float t = 0.f;
-  for (int c = 0; c < chunks; ++c) t += partial[size_t(c) * out + col];
-  db[col] = accumulate ? db[col] + t : t;
+#pragma unroll 4
+  for (int c = lane; c < chunks; c += 32) t += partial[size_t(c) * out + col];
+  for (int o = 16; o > 0; o /= 2) t += __shfl_down_sync(0xffffffffu, t, o);
+  if (lane == 0) db[col] = accumulate ? db[col] + t : t;
 }
 
 // The bf16 path's ReLU backward, one pass over bf16 data: d16 holds bf16(da) (the input-gradient
@@ -590,7 +597,7 @@ void bgrad_pass(int batch, int out, float* db, bool accumulate, float* partial, 
   const int rpc = bgrad_rpc(batch, out);
   const int chunks = (batch + rpc - 1) / rpc;
   launch(rpc, chunks);
-  bias_grad_finish<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+  bias_grad_finish<<<unsigned((out + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(
       partial, chunks, out, db, accumulate);
   DPT_CHECK_LAUNCH("bias_grad_finish");
 }
