@@ -138,8 +138,9 @@ struct Model::Op {
   // Backward, the one op that reads this op's input gradient, where it is one the backend can
   // hand a bf16 operand (note_grad_use): bn — the convolution below, one without bias or
   // activation (GradUse::conv); conv — the batch norm below (GradUse::bn), a residual block's add
-  // (GradUse::sum), a convolution with a fused ReLU (GradUse::act); res_end — the batch norm
-  // below, the last op of the shortcut or the body (GradUse::bn).
+  // (GradUse::sum), a convolution with a fused ReLU (GradUse::act), a pooling without padding
+  // (GradUse::pool); pool (without padding) — a convolution with a fused ReLU (GradUse::act);
+  // res_end — the batch norm below, the last op of the shortcut or the body (GradUse::bn).
   std::optional<Backend::GradUse> grad_use;
 };
 
@@ -363,10 +364,12 @@ void Model::build_ops() {
   // them in another form. A batch norm's output read by the convolution above (without columns:
   // it takes its input as a GEMM operand), or by a residual block's sum (the body's or the
   // shortcut's last op); a block's sum that the next block's first ops read (a convolution or a
-  // batch norm, the identity shortcut's sum).
+  // batch norm, the identity shortcut's sum); a convolution's ReLU output that a convolution or
+  // a pooling without padding reads, and such a pooling's output that a convolution reads.
+  auto unpadded_pool = [](const Op& r) { return r.kind == OpKind::pool && r.pg.pad == 0; };
   auto bf16_reader = [&](size_t k) {
     const Op& r = *ops_[k];
-    return (r.kind == OpKind::conv && !r.cols.data()) || r.kind == OpKind::bn;
+    return (r.kind == OpKind::conv && !r.cols.data()) || r.kind == OpKind::bn || unpadded_pool(r);
   };
   for (size_t i = 0; i + 1 < ops_.size(); ++i) {
     const Op& op = *ops_[i];
@@ -376,7 +379,10 @@ void Model::build_ops() {
       hint = (op.act == Act::relu && bf16_reader(i + 1) && next == OpKind::conv) || next == OpKind::res_shortcut ||
              next == OpKind::res_end;
     else if (op.kind == OpKind::conv)
-      hint = op.act == Act::relu && !op.cols.data() && bf16_reader(i + 1) && next == OpKind::conv;
+      hint = op.act == Act::relu && !op.cols.data() && bf16_reader(i + 1) &&
+             (next == OpKind::conv || unpadded_pool(*ops_[i + 1]));
+    else if (unpadded_pool(op))
+      hint = next == OpKind::conv && bf16_reader(i + 1);
     else if (op.kind == OpKind::res_end && next == OpKind::res_begin) {
       const Op& nb = *ops_[i + 1];
       const size_t mid = size_t(nb.mid), end = size_t(nb.end);
@@ -394,6 +400,10 @@ void Model::build_ops() {
       else if (below.kind == OpKind::res_begin) op.grad_use = GradUse::sum;  // the body's first op
       else if (below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data())
         op.grad_use = GradUse::act;
+      else if (unpadded_pool(below))
+        op.grad_use = GradUse::pool;
+    } else if (unpadded_pool(op) && below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data()) {
+      op.grad_use = GradUse::act;
     } else if (op.kind == OpKind::res_end && below.kind == OpKind::bn) {
       op.grad_use = GradUse::bn;
     } else if (bn_input(below, op) && !slices_[size_t(below.param)].has_bias) {
@@ -650,6 +660,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
     case OpKind::pool: {
       PoolGeom g = op.pg;
       g.batch = batch;
+      if (op.grad_use) be_.note_grad_use(grad_[nxt].data(), *op.grad_use);
       be_.pool_backward(d, op.max ? op.argmax.data() : nullptr, grad_[nxt].data(), g, op.max);
       cur = nxt;
       break;

@@ -645,3 +645,84 @@ TEST(CudaConv, Bf16BetweenConvolutionsWithReLU) {
     EXPECT_FALSE(std::isnan(get(*g, plain)[0])) << label;
   }
 }
+
+// A convolution with a bias and a fused ReLU, max pooling (2x2, no padding), a convolution: under
+// bf16 with the model's hints (the lower's ReLU output and the pooled output in bf16 only:
+// note_bf16_readers; the upper's input gradient kept in bf16 for the pooling: GradUse::pool; the
+// pooling's input gradient in bf16 only for the lower's ReLU backward: GradUse::act) against the
+// same backend without them. Max pooling of the bf16 values picks the CPU's argmax over the
+// lower's float output rounded to bf16; the pooled values, so the upper's output and weight
+// gradient, are the same bits either way (rounding to bf16 keeps the order of values). Where two
+// values of a window round to the same bf16, the hinted pooling picks the first, so the
+// backward pass is compared against the unhinted one routed by the hinted argmax: the same bits
+// for the lower's weight and input gradients, its bias gradient to within the order of the sums.
+TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu_with_hints(Precision::bf16);
+  auto cpu = make_cpu_backend({});
+  struct Case {
+    ConvGeom lo, up;
+  };
+  for (const Case& cs : {Case{geom(8, 16, 16, 16, 64, 3, 1, 1), geom(8, 64, 8, 8, 32, 3, 1, 1)},
+                         Case{geom(4, 3, 10, 10, 12, 3, 1, 1), geom(4, 12, 5, 5, 8, 3, 1, 1)}}) {
+    const ConvGeom &lo = cs.lo, &up = cs.up;
+    const std::string label = what(lo) + " pooled, then " + what(up);
+    PoolGeom pg;
+    pg.batch = lo.batch; pg.c = lo.out; pg.h = lo.oh(); pg.w = lo.ow(); pg.k = 2; pg.stride = 2;
+    ASSERT_EQ(pg.oh(), up.h);
+    const ConvData dl(lo, 150 + uint64_t(lo.out)), du(up, 151 + uint64_t(up.out));
+    const size_t n1 = size_t(lo.rows()) * lo.out, np = size_t(pg.batch) * pg.oh() * pg.ow() * pg.c;
+    const size_t n2 = size_t(up.rows()) * up.out;
+    auto gx = put(*g, dl.x), w1 = put(*g, dl.w), b1 = put(*g, dl.b), w2 = put(*g, du.w), b2 = put(*g, du.b);
+    const std::vector<float> dy = uniform(n2, 152);
+    auto a_kept = poisoned(*g, n1), a_plain = poisoned(*g, n1), p_kept = poisoned(*g, np), p_plain = poisoned(*g, np);
+    g->note_bf16_readers(a_kept.data());
+    g->note_bf16_readers(p_kept.data());
+    auto arg_kept = put(*g, std::vector<int32_t>(np, -7)), arg_plain = put(*g, std::vector<int32_t>(np, -7));
+    struct Out {
+      std::vector<float> y, dw2, db2, dw1, db1, dx;
+    };
+    // The backward pass routes through `route` (an argmax), hinted or not.
+    auto run = [&](Buffer<float>& a1, Buffer<float>& p, Buffer<int32_t>& arg, const Buffer<int32_t>& route,
+                   bool hints) {
+      auto z2 = poisoned(*g, n2), d2 = put(*g, dy), dp = poisoned(*g, np), d1 = poisoned(*g, n1);
+      auto dw2 = poisoned(*g, du.w.size()), db2 = poisoned(*g, du.b.size());
+      auto dw1 = poisoned(*g, dl.w.size()), db1 = poisoned(*g, dl.b.size()), dx = poisoned(*g, dl.x.size());
+      g->conv_forward(gx.data(), w1.data(), b1.data(), nullptr, a1.data(), a1.data(), lo, Act::relu);
+      g->pool_forward(a1.data(), p.data(), arg.data(), pg, true);
+      g->conv_forward(p.data(), w2.data(), b2.data(), nullptr, z2.data(), z2.data(), up, Act::none);
+      if (hints) g->note_grad_use(dp.data(), Backend::GradUse::pool);
+      g->conv_backward(p.data(), w2.data(), z2.data(), z2.data(), d2.data(), nullptr, up, Act::none, dw2.data(),
+                       db2.data(), dp.data(), false);
+      if (hints) g->note_grad_use(d1.data(), Backend::GradUse::act);
+      g->pool_backward(dp.data(), route.data(), d1.data(), pg, true);
+      if (hints) {
+        EXPECT_TRUE(std::isnan(get(*g, dp)[0])) << "kept pooled gradient's floats written, " << label;
+        EXPECT_TRUE(std::isnan(get(*g, d1)[0])) << "kept pooling input gradient's floats written, " << label;
+      }
+      g->conv_backward(gx.data(), w1.data(), a1.data(), a1.data(), d1.data(), nullptr, lo, Act::relu, dw1.data(),
+                       db1.data(), dx.data(), false);
+      return Out{get(*g, z2), get(*g, dw2), get(*g, db2), get(*g, dw1), get(*g, db1), get(*g, dx)};
+    };
+    const Out b = run(a_kept, p_kept, arg_kept, arg_kept, true);
+    const Out a = run(a_plain, p_plain, arg_plain, arg_kept, false);
+
+    // The hinted argmax: the CPU's over the lower's float output rounded to bf16.
+    const std::vector<float> a16 = bf16_round(get(*g, a_plain));
+    std::vector<float> want_p(np);
+    std::vector<int32_t> want_arg(np);
+    cpu->pool_forward(a16.data(), want_p.data(), want_arg.data(), pg, true);
+    EXPECT_EQ(get(*g, arg_kept), want_arg) << "argmax over the bf16 values, " << label;
+    EXPECT_EQ(b.y, a.y) << "upper output " << label;
+    EXPECT_EQ(b.dw2, a.dw2) << label;
+    EXPECT_EQ(b.db2, a.db2) << label;
+    EXPECT_EQ(b.dw1, a.dw1) << "lower dw " << label;
+    EXPECT_LE(rel_err(b.db1, a.db1), 1e-6) << "lower db " << label;
+    EXPECT_EQ(b.dx, a.dx) << "dx " << label;
+    EXPECT_TRUE(std::isnan(get(*g, a_kept)[0]) && std::isnan(get(*g, a_kept)[n1 - 1]))
+        << "kept ReLU output's floats written, " << label;
+    EXPECT_TRUE(std::isnan(get(*g, p_kept)[0]) && std::isnan(get(*g, p_kept)[np - 1]))
+        << "kept pooled output's floats written, " << label;
+    EXPECT_FALSE(std::isnan(get(*g, p_plain)[0])) << label;
+  }
+}

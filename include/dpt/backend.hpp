@@ -302,10 +302,10 @@ class Backend {
   // writes z's floats. Other backends ignore it.
   virtual void note_bn_input(const float* z) { (void)z; }
   // A hint from the model, once: every reader of the activation buffer y (a batch norm's output,
-  // a residual block's sum, a convolution's output after its fused ReLU) can take it as a bf16
-  // operand: a convolution (its input, forward
-  // and backward), a batch norm, a residual block's sum, and the fused ReLU's backward (its
-  // mask). The CUDA backend under bf16 then writes y's bf16 copy only, never y's floats; a
+  // a residual block's sum, a convolution's output after its fused ReLU, a pooling's output) can
+  // take it as a bf16 operand: a convolution (its input, forward and backward), a batch norm, a
+  // residual block's sum, a pooling without padding (max pooling then selects among the bf16
+  // values, the first of equal ones winning), and the fused ReLU's backward (its mask). The CUDA backend under bf16 then writes y's bf16 copy only, never y's floats; a
   // residual sum's terms are then bf16 values (as PyTorch's autocast keeps its activations).
   // Other backends ignore it.
   virtual void note_bf16_readers(const float* y) { (void)y; }
@@ -315,11 +315,13 @@ class Backend {
   // conv_backward's dx, or residual_backward's d, is read only by the batch norm below
   // (bn_backward_sums, bn_backward);
   // GradUse::sum — conv_backward's dx is a residual block's body's input gradient, read only by
-  // the block's add (the shortcut's gradient added to it); GradUse::act — conv_backward's dx is
-  // read only by the backward pass of the convolution below, one with a fused ReLU.
+  // the block's add (the shortcut's gradient added to it); GradUse::act — conv_backward's or
+  // pool_backward's dx is read only by the backward pass of the convolution below, one with a
+  // fused ReLU; GradUse::pool — conv_backward's dx is read only by the pooling below (one
+  // without padding).
   // The CUDA backend under bf16 then writes dx in bf16 only (the operand the reader takes, or
   // what add widens as it sums), and never dx's floats. Other backends ignore it.
-  enum class GradUse { conv, bn, sum, act };
+  enum class GradUse { conv, bn, sum, act, pool };
   virtual void note_grad_use(const float* dx, GradUse use) { (void)dx; (void)use; }
   // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);

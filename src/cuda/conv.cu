@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "act.cuh"
 #include "conv_kernels.cuh"
@@ -51,6 +52,25 @@ __device__ __forceinline__ void put(Bf16x4* p, const float4& v) {
   h.lo = __floats2bfloat162_rn(v.x, v.y);  // .x at the lower address
   h.hi = __floats2bfloat162_rn(v.z, v.w);
   *p = h;
+}
+
+// V consecutive values (V = 1 or 4) of float or bf16 storage, at index i in units of V, as
+// float or float4; stored back rounded to the type (bf16: to nearest even).
+__device__ __forceinline__ float ldv(const float* p, size_t i, float*) { return p[i]; }
+__device__ __forceinline__ float ldv(const __nv_bfloat16* p, size_t i, float*) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float4 ldv(const float* p, size_t i, float4*) { return ld4(p, i); }
+__device__ __forceinline__ float4 ldv(const __nv_bfloat16* p, size_t i, float4*) { return ld4(p, i); }
+template <class F, class T> __device__ __forceinline__ F ldv(const T* p, size_t i) {
+  return ldv(p, i, static_cast<F*>(nullptr));
+}
+__device__ __forceinline__ void stv(float* p, size_t i, const float& v) { p[i] = v; }
+__device__ __forceinline__ void stv(__nv_bfloat16* p, size_t i, const float& v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void stv(float* p, size_t i, const float4& v) { reinterpret_cast<float4*>(p)[i] = v; }
+__device__ __forceinline__ void stv(__nv_bfloat16* p, size_t i, const float4& v) {
+  Bf16x4 h;
+  h.lo = __floats2bfloat162_rn(v.x, v.y);
+  h.hi = __floats2bfloat162_rn(v.z, v.w);
+  reinterpret_cast<Bf16x4*>(p)[i] = h;
 }
 
 template <int V, bool BF16> struct ColT;
@@ -125,8 +145,11 @@ __device__ __forceinline__ bool is_nan(float v) {
   return (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
 }
 
-template <int V, bool MAX>
-__global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* argmax, PoolGeom g, Div cv,
+// x and y are float or bf16 (under bf16, a convolution's ReLU output kept in bf16 only, and a
+// pooled output that only a convolution reads): values are widened on load, so max pooling of
+// bf16 values selects among them, the first of equal bf16 values winning.
+template <int V, bool MAX, class TX, class TY>
+__global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, int32_t* argmax, PoolGeom g, Div cv,
                                 Div ow_n, Div oh_n, int pix0, int total) {
   using F = typename VecF<V>::T;
   const float area = float(g.k * g.k);
@@ -138,7 +161,7 @@ __global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* 
     int idx[V];
     for (int j = 0; j < g.k * g.k; ++j) {
       const int kh = j / g.k, ih = oh * g.stride + kh, iw = ow * g.stride + j - kh * g.k;  // once per tap
-      F v = reinterpret_cast<const F*>(x)[((size_t(n) * g.h + ih) * g.w + iw) * size_t(cv.d) + size_t(c)];
+      F v = ldv<F>(x, ((size_t(n) * g.h + ih) * g.w + iw) * size_t(cv.d) + size_t(c));
 #pragma unroll
       for (int q = 0; q < V; ++q) {
         const float e = lane(v, q);
@@ -160,7 +183,7 @@ __global__ void pool_fwd_kernel(const float* __restrict__ x, float* y, int32_t* 
       for (int q = 0; q < V; ++q) lane(best, q) = __fdiv_rn(lane(best, q), area);
     }
     const size_t o = size_t(pix) * size_t(cv.d) + size_t(c);
-    reinterpret_cast<F*>(y)[o] = best;
+    stv(y, o, best);
     if (MAX) {
 #pragma unroll
       for (int q = 0; q < V; ++q) argmax[o * V + q] = idx[q];
@@ -179,9 +202,11 @@ __device__ __forceinline__ int32_t lane(const int4& v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-template <int V, bool MAX>
-__global__ void pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                float* dx, PoolGeom g, Div c_n, Div w_n, Div h_n, Div st, int oh_n, int ow_n,
+// dy and dx are float or bf16 (a convolution's bf16 input gradient kept as it is; an input
+// gradient that only a convolution's ReLU backward reads), widened on load and rounded on store.
+template <int V, bool MAX, class TD, class TO>
+__global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __restrict__ argmax,
+                                TO* dx, PoolGeom g, Div c_n, Div w_n, Div h_n, Div st, int oh_n, int ow_n,
                                 int pix0, int total) {
   using F = typename VecF<V>::T;
   using I = typename VecI<V>::T;
@@ -197,7 +222,7 @@ __global__ void pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __r
     for (int oh = oh0; oh <= oh1; ++oh)
       for (int ow = ow0; ow <= ow1; ++ow) {
         const size_t o = ((size_t(n) * oh_n + oh) * ow_n + ow) * size_t(c_n.d) + size_t(c);  // in units of V
-        const F d = reinterpret_cast<const F*>(dy)[o];
+        const F d = ldv<F>(dy, o);
         if (MAX) {
           const I am = reinterpret_cast<const I*>(argmax)[o];
           const int32_t tap = (ih - oh * g.stride) * g.k + (iw - ow * g.stride);
@@ -209,7 +234,7 @@ __global__ void pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __r
           for (int q = 0; q < V; ++q) lane(s, q) += __fdiv_rn(lane(d, q), area);
         }
       }
-    reinterpret_cast<F*>(dx)[size_t(pix) * size_t(c_n.d) + size_t(c)] = s;
+    stv(dx, size_t(pix) * size_t(c_n.d) + size_t(c), s);
   }
 }
 
@@ -351,33 +376,53 @@ void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s) {
   });
 }
 
-void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max, cudaStream_t s) {
-  const bool v4 = g.c % 4 == 0 && aligned(x, 16) && aligned(y, 16);
+namespace {
+// f(typed pointer) for a float or bf16 operand.
+template <class P, class F> void typed_ptr(P p, bool bf16, F&& f) {
+  using B = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const __nv_bfloat16*, __nv_bfloat16*>;
+  using Fl = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const float*, float*>;
+  if (bf16) f(static_cast<B>(p));
+  else f(static_cast<Fl>(p));
+}
+}  // namespace
+
+void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
+                  cudaStream_t s) {
+  const bool v4 = g.c % 4 == 0 && aligned(x, x_bf16 ? 8 : 16) && aligned(y, y_bf16 ? 8 : 16);
   const int V = v4 ? 4 : 1;
   const Div cv(g.c / V), ow_n(g.ow()), oh_n(g.oh());
-  in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / V, [&](int pix0, int total) {
-    const unsigned grid = grid_for(size_t(total));
-    if (max && v4) pool_fwd_kernel<4, true><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total);
-    else if (max) pool_fwd_kernel<1, true><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total);
-    else if (v4) pool_fwd_kernel<4, false><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total);
-    else pool_fwd_kernel<1, false><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total);
-    DPT_CHECK_LAUNCH("pool_fwd_kernel");
+  typed_ptr(x, x_bf16, [&](auto xp) {
+    typed_ptr(y, y_bf16, [&](auto yp) {
+      in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / V, [&](int pix0, int total) {
+        const unsigned grid = grid_for(size_t(total));
+        if (max && v4) pool_fwd_kernel<4, true><<<grid, kThreads, 0, s>>>(xp, yp, argmax, g, cv, ow_n, oh_n, pix0, total);
+        else if (max) pool_fwd_kernel<1, true><<<grid, kThreads, 0, s>>>(xp, yp, argmax, g, cv, ow_n, oh_n, pix0, total);
+        else if (v4) pool_fwd_kernel<4, false><<<grid, kThreads, 0, s>>>(xp, yp, nullptr, g, cv, ow_n, oh_n, pix0, total);
+        else pool_fwd_kernel<1, false><<<grid, kThreads, 0, s>>>(xp, yp, nullptr, g, cv, ow_n, oh_n, pix0, total);
+        DPT_CHECK_LAUNCH("pool_fwd_kernel");
+      });
+    });
   });
 }
 
-void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max,
-                   cudaStream_t s) {
-  const bool v4 = g.c % 4 == 0 && aligned(dy, 16) && aligned(dx, 16) && (!max || aligned(argmax, 16));
+void pool_backward(const void* dy, bool dy_bf16, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
+                   bool max, cudaStream_t s) {
+  const bool v4 = g.c % 4 == 0 && aligned(dy, dy_bf16 ? 8 : 16) && aligned(dx, dx_bf16 ? 8 : 16) &&
+                  (!max || aligned(argmax, 16));
   const int V = v4 ? 4 : 1;
   const Div c_n(g.c / V), w_n(g.w), h_n(g.h), st(g.stride);
-  in_chunks(int64_t(g.batch) * g.h * g.w, g.c / V, [&](int pix0, int total) {
-    const unsigned grid = grid_for(size_t(total));
-    const int oh = g.oh(), ow = g.ow();
-    if (max && v4) pool_bwd_kernel<4, true><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-    else if (max) pool_bwd_kernel<1, true><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-    else if (v4) pool_bwd_kernel<4, false><<<grid, kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-    else pool_bwd_kernel<1, false><<<grid, kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-    DPT_CHECK_LAUNCH("pool_bwd_kernel");
+  typed_ptr(dy, dy_bf16, [&](auto dp) {
+    typed_ptr(dx, dx_bf16, [&](auto op) {
+      in_chunks(int64_t(g.batch) * g.h * g.w, g.c / V, [&](int pix0, int total) {
+        const unsigned grid = grid_for(size_t(total));
+        const int oh = g.oh(), ow = g.ow();
+        if (max && v4) pool_bwd_kernel<4, true><<<grid, kThreads, 0, s>>>(dp, argmax, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
+        else if (max) pool_bwd_kernel<1, true><<<grid, kThreads, 0, s>>>(dp, argmax, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
+        else if (v4) pool_bwd_kernel<4, false><<<grid, kThreads, 0, s>>>(dp, nullptr, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
+        else pool_bwd_kernel<1, false><<<grid, kThreads, 0, s>>>(dp, nullptr, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
+        DPT_CHECK_LAUNCH("pool_bwd_kernel");
+      });
+    });
   });
 }
 

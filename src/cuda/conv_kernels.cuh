@@ -18,10 +18,13 @@ void im2col(const float* x, const ConvGeom& g, void* cols, bool bf16_out, cudaSt
 // dx (NHWC) = per input element the sum of its columns, gathered (no atomics) in the order of
 // increasing output pixel, the CPU backend's scatter order: the same sums, bit for bit.
 void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s);
-void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max, cudaStream_t s);
+// Pooling without padding. Each operand is float, or bf16 where its flag says so (read widened,
+// written rounded).
+void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
+                  cudaStream_t s);
 // Gathered per input element over the windows holding it, in increasing output order (the CPU's).
-void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max,
-                   cudaStream_t s);
+void pool_backward(const void* dy, bool dy_bf16, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
+                   bool max, cudaStream_t s);
 void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s);
 void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
 // Per sample, dst (c, hw) = src (hw, c)ᵀ (to_nchw) or dst (hw, c) = src (c, hw)ᵀ.

@@ -41,19 +41,43 @@ void CudaBackendImpl::col2im(const float* dcols, const ConvGeom& g, float* dx) {
   cuda::col2im(dcols, g, dx, stream_.get());
 }
 
+// bf16: x may be a convolution's ReLU output kept in bf16 only (note_bf16_readers), read as it
+// is; y is written in bf16 only where only bf16 readers take it (a convolution above). The
+// padded pools (norm.cu) take floats.
 void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
-  const size_t n = size_t(g.batch) * g.oh() * g.ow() * g.c;
+  const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
+  if (g.pad) floats_of(x, ni);
+  const void* x16 = only_copy(x, ni);
   note_write(y, n * sizeof(float));
   if (max) note_write(argmax, n * sizeof(int32_t));
-  if (g.pad) cuda::padded_pool_forward(x, y, argmax, g, max, stream_.get());  // norm.cu
-  else cuda::pool_forward(x, y, argmax, g, max, stream_.get());
+  if (g.pad) {
+    cuda::padded_pool_forward(x, y, argmax, g, max, stream_.get());  // norm.cu
+    return;
+  }
+  bool only = false;
+  void* y16 = out_twin(y, n, false, only);
+  cuda::pool_forward(x16 ? x16 : x, x16 != nullptr, only ? y16 : y, only, argmax, g, max, stream_.get());
+  wrote_twin(y, n, y16, only);
 }
 
+// bf16: dy may be the convolution above's input gradient kept in bf16 (GradUse::pool); dx is
+// written in bf16 only where only the ReLU backward of the convolution below reads it
+// (GradUse::act).
 void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
                                     bool max) {
-  note_write(dx, size_t(g.batch) * g.h * g.w * g.c * sizeof(float));
-  if (g.pad) cuda::padded_pool_backward(dy, argmax, dx, g, max, stream_.get());
-  else cuda::pool_backward(dy, argmax, dx, g, max, stream_.get());
+  const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
+  const bool to_act = take_grad_use(dx, {GradUse::act}) && bf16() && !g.pad;
+  if (g.pad) floats_of(dy, n);
+  const void* dy16 = only_copy(dy, n);
+  note_write(dx, ni * sizeof(float));
+  if (g.pad) {
+    cuda::padded_pool_backward(dy, argmax, dx, g, max, stream_.get());
+    return;
+  }
+  void* dx16 = to_act ? twin_slot(dx, ni) : nullptr;
+  cuda::pool_backward(dy16 ? dy16 : dy, dy16 != nullptr, argmax, dx16 ? dx16 : dx, dx16 != nullptr, g, max,
+                      stream_.get());
+  if (dx16) made_only_twin(dx, ni);
 }
 
 // bf16: a ReLU's output is most often a convolution's input (ResNet's blocks): its bf16 twin is

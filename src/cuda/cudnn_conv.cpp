@@ -325,7 +325,7 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
                                     float* cols, const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                                     bool accumulate) {
   const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
-  const bool keep_dx16 = dx && take_grad_use(dx, {GradUse::bn, GradUse::sum, GradUse::act}) && bf16();
+  const bool keep_dx16 = dx && take_grad_use(dx, {GradUse::bn, GradUse::sum, GradUse::act, GradUse::pool}) && bf16();
   const cuda::BnIn dzin = bf16() && act == Act::none ? bn_in(da, ny) : cuda::BnIn{da, false};
   if (cols || (!dzin.bf16 && pointwise_gemm(g))) {  // the im2col path (conv_cols), or a GEMM on floats
     floats_of(da, ny);
