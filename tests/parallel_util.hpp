@@ -1,6 +1,7 @@
 // Helpers of the in-process multi-rank training tests (test_parallel, test_shard, test_parallel_cnn,
 // test_parallel_resnet): fixed synthetic datasets, a small config, runs on the first n ranks of
-// the world with rank 0's outcome broadcast to every rank, and comparisons.
+// the world with rank 0's outcome broadcast to every rank, and comparisons; temp_dir serves
+// test_gpu_train_cnn's checkpoints too.
 #pragma once
 #include <mpi.h>
 #include <unistd.h>

@@ -1,20 +1,26 @@
 // Convolutional layer lists trained on the GPU against the CPU backend: the same config (conv,
 // pooling, dropout on images, a run of Linear layers after flatten, random crops and flips) on `cuda` and on `cpu`. fp32: the same loss curve and final parameters; TF32 and
 // bf16: the first step's loss (same initial weights, no update yet) within the precision's
-// forward error, the rest of the curve close. Skips where no GPU is visible.
+// forward error, the rest of the curve close. Residual networks with batch norm: the same against
+// the CPU (with LARS and LAMB too), and a resume from a checkpoint continues bitwise. Skips where
+// no GPU is visible.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "dpt/app.hpp"
 #include "dpt/backend.hpp"
+#include "dpt/ckpt_folder.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/data.hpp"
 #include "dpt/train.hpp"
+#include "parallel_util.hpp"
 #ifdef DPT_HAVE_CUDA
 #include "dpt/cuda_backend.hpp"
 #endif
@@ -29,6 +35,8 @@ struct Outcome {
   bool graph = false;
   int fused = -1;  // hidden Linear layers the CUDA backend ran fused in bf16 (-1: not cuda)
   EvalResult eval;
+  std::vector<float> stats;      // every bn layer's running mean then var, averaged over the ranks
+  std::vector<int64_t> tracked;  // every bn layer's num_batches_tracked
 };
 
 // After flatten, a run of Linear layers ending in the logits: in bf16 its two hidden ReLU
@@ -110,7 +118,15 @@ Outcome train(const Config& c) {
   make_comm_for(c, MPI_COMM_WORLD, rt);
   Trainer t(c, *rt.backend, *rt.comm, &images(false), &images(true));
   TrainResult r = t.run();
-  Outcome o{r.losses, t.model().packed(t.params_host()), r.graph, -1, r.last_eval};
+  Outcome o{r.losses, t.model().packed(t.params_host()), r.graph, -1, r.last_eval, {}, {}};
+  t.average_bn_stats();  // what a checkpoint holds (collective: every rank trains)
+  for (const BnState& b : t.model().bn_states()) {
+    for (const float* s : {b.running_mean, b.running_var}) {
+      o.stats.resize(o.stats.size() + size_t(b.c));
+      rt.backend->download(o.stats.data() + o.stats.size() - size_t(b.c), s, size_t(b.c) * sizeof(float));
+    }
+    o.tracked.push_back(*b.tracked);
+  }
 #ifdef DPT_HAVE_CUDA
   if (CudaBackend* cb = as_cuda(*rt.backend)) o.fused = cb->fused_layers();
 #endif
@@ -232,5 +248,68 @@ TEST(ResnetGpuTraining, RunsRepeatBitwise) {
     const Outcome a = train(c), b = train(c);
     EXPECT_EQ(a.losses, b.losses) << p;
     EXPECT_TRUE(a.params == b.params) << p;
+  }
+}
+
+// LARS and LAMB on the residual network (per-tensor sums and the update inside the captured
+// step graph): bn's weight and bias are 1-D tensors, updated without a trust ratio or weight
+// decay, the kernels and the Linear weight with their own ratios (docs/models.md). fp32 against
+// the CPU with the Nesterov test's tolerances. The rates are test_gpu_train's LARS and
+// test_parallel's LAMB: on the CPU, with images like these, both reach ~0.98 test accuracy and a
+// one-ulp change of the inputs moved their curves by < 1e-5 in each of four draws, where LARS at
+// lr 0.1 and LAMB at 0.005 moved by ~1e-3 in one: too near the tolerance to tell a bug from chaos.
+TEST(ResnetGpuTraining, LarsAndLambFollowTheCpuCurve) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  for (const std::string opt : {"lars", "lamb"}) {
+    Config g = config("cuda", transport(), "fp32", kResList), c = config("cpu", "mpi", "fp32", kResList);
+    for (Config* x : {&g, &c}) {
+      x->optimizer = opt;
+      x->lr = opt == "lars" ? 0.2 : 0.01;
+      x->trust_coefficient = opt == "lars" ? 0.02 : 0.0;
+    }
+    const Outcome gpu = train(g);
+    const Outcome cpu = train(c);
+    ASSERT_EQ(gpu.losses.size(), cpu.losses.size()) << opt;
+    for (size_t s = 0; s < cpu.losses.size(); ++s)
+      ASSERT_NEAR(gpu.losses[s], cpu.losses[s], 1e-3 * std::fabs(cpu.losses[s])) << opt << " step " << s + 1;
+    EXPECT_LT(max_weight_err(gpu, cpu), 5e-3) << opt;
+    EXPECT_NEAR(gpu.eval.accuracy, cpu.eval.accuracy, 0.02) << opt;
+    if (transport() == "nccl" || world_size() == 1) EXPECT_TRUE(gpu.graph) << opt << ": the step was not captured";
+    std::printf("resnet %s: last loss %.6f (cpu %.6f), accuracy %.4f (cpu %.4f)\n", opt.c_str(), gpu.losses.back(),
+                cpu.losses.back(), gpu.eval.accuracy, cpu.eval.accuracy);
+  }
+}
+
+// A run resumed from a mid-epoch checkpoint of the uninterrupted run (as BnResume.Bitwise on the
+// CPU) ends in its bits on the GPU: parameters, running statistics, num_batches_tracked, every
+// loss after the checkpoint and the test evaluation. bf16 too: its weight copies are derived
+// from the fp32 master the checkpoint holds, so the resumed run must rebuild them to the same bits.
+TEST(ResnetGpuTraining, ResumeIsBitwise) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  for (const char* p : {"fp32", "bf16"}) {
+    Config c = config("cuda", transport(), p, kResList);
+    c.ckpt_every = 7;
+    c.ckpt_keep = 0;
+    c.ckpt_dir = dpt::testing::temp_dir("gpu-resume-a");
+    const Outcome full = train(c);
+    const size_t from = 21;  // mid-epoch; the rest crosses an epoch's end and its evaluation
+    ASSERT_GT(full.losses.size(), from + 10) << p;
+    Config resumed = c;
+    resumed.resume = checkpoint_path(c.ckpt_dir, int64_t(from));
+    resumed.ckpt_dir = dpt::testing::temp_dir("gpu-resume-b");
+    const Outcome rest = train(resumed);
+    ASSERT_EQ(rest.params.size(), full.params.size()) << p;
+    EXPECT_EQ(0, std::memcmp(rest.params.data(), full.params.data(), full.params.size() * sizeof(float))) << p;
+    ASSERT_EQ(rest.losses.size(), full.losses.size() - from) << p;
+    for (size_t i = 0; i < rest.losses.size(); ++i)
+      EXPECT_EQ(rest.losses[i], full.losses[from + i]) << p << " step " << from + i + 1;
+    ASSERT_EQ(rest.stats.size(), full.stats.size()) << p;
+    EXPECT_FALSE(full.stats.empty()) << p;
+    EXPECT_EQ(0, std::memcmp(rest.stats.data(), full.stats.data(), full.stats.size() * sizeof(float))) << p;
+    EXPECT_EQ(rest.tracked, full.tracked) << p;
+    EXPECT_EQ(rest.eval.loss, full.eval.loss) << p;
+    if (dpt::testing::world_rank() == 0)
+      for (const std::string& d : {c.ckpt_dir, resumed.ckpt_dir}) std::filesystem::remove_all(d);
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }

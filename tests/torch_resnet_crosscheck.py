@@ -23,15 +23,21 @@ off batch norm and biases with label smoothing) this script
 
 Usage (ctest runs it this way):
   /usr/bin/python3 tests/torch_resnet_crosscheck.py --build <build dir> --root <repo root>
+--build is any folder holding the dptrain executable (a build folder, or binaries copied to a
+GPU machine). `--device cuda` runs dptrain on the CUDA backend (train.precision = fp32) against
+the same torch replay on the CPU; `--mpirun-args="..."` adds options to every mpirun, and with
+Open MPI the script forwards LD_LIBRARY_PATH (-x) when it is set.
 Exit codes: 0 all cases agree, 1 a mismatch, 2 dptrain or the set-up failed, 77 skipped (no
-torch/torchvision/h5py/numpy or no mpirun). `--perturb X` multiplies torch's lr by (1 + X): the
-check must then fail (e.g. --perturb 0.01).
+torch/torchvision/h5py/numpy, no mpirun, or --device cuda where no GPU is visible). `--perturb X`
+multiplies torch's lr by (1 + X): the check must then fail (e.g. --perturb 0.01).
 """
 import argparse
 import json
 import os
 import re
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,6 +78,11 @@ PARAM_ATOL = 1e-4  # of the tensor's max |value|
 # 4 decimals.
 LATE_RTOL = 2e-2
 FINAL_RTOL = 0.25
+# --device cuda keeps these tolerances. dptrain's fp32 on the GPU is FMA math without TF32 and
+# without Winograd or FFT convolutions (src/cuda/cudnn_conv.cpp), and batch statistics summed in
+# double by its own kernels, so it still differs from torch's fp32 by summation order only, as
+# the CPU backend does; on the CPU the worst case used 0.03 of step 1's allowance and 0.53 of
+# FINAL_RTOL, which leaves room for another summation order's kink flips.
 
 IMG = (1, 12, 12)
 CLASSES = 4
@@ -109,7 +120,10 @@ def make_datasets(tmp):
     return out
 
 
-def write_ini(path, c, data, ckdir, metrics):
+def write_ini(path, c, data, ckdir, metrics, device):
+    # cuda: cuDNN's heuristic picks the convolution algorithms (no timing), so a rerun of a
+    # failing case repeats its numbers.
+    device_lines = ["type = cuda", "conv_tuning = heuristic"] if device == "cuda" else ["type = cpu", "threads = 1"]
     lines = [
         "[model]", "layers = resnet18(stem=small)", f"sync_bn = {str(c['sync_bn']).lower()}",
         "[data]", f"train = {data['train'][0]}", f"test = {data['test'][0]}", "shuffle = false",
@@ -117,7 +131,8 @@ def write_ini(path, c, data, ckdir, metrics):
         "optimizer = nesterov", f"lr = {LR!r}", f"momentum = {MOMENTUM!r}", f"weight_decay = {WD!r}",
         f"decay_bn_and_bias = {str(c.get('decay_bn_and_bias', True)).lower()}",
         f"label_smoothing = {c.get('label_smoothing', 0.0)!r}", "lr_scaling = none", f"seed = {SEED}",
-        "[device]", "type = cpu", "threads = 1",
+        "precision = fp32",
+        "[device]", *device_lines,
         "[comm]", "backend = mpi",
         "[checkpoint]", f"dir = {ckdir}", "every_steps = 1", "keep = 0", "at_start = true", "resume = none",
         "[log]", f"metrics = {metrics}", "every_steps = 1", "progress = false",
@@ -247,13 +262,14 @@ def check_tensors(c, what, ck, sd, start=None, limit=None):
     return worst
 
 
-def run_case(c, tmp, tools, data, mpirun, perturb):
+def run_case(c, tmp, tools, data, mpirun, perturb, device):
+    """mpirun: the launcher and the options every launch takes."""
     d = os.path.join(tmp, c["name"])
     os.makedirs(d)
     ini, ckdir, metrics = os.path.join(d, "run.ini"), os.path.join(d, "ck"), os.path.join(d, "m.jsonl")
-    write_ini(ini, c, data, ckdir, metrics)
+    write_ini(ini, c, data, ckdir, metrics, device)
     t0 = time.time()
-    run([mpirun, "-np", str(c["ranks"]), "--bind-to", "none", tools["dptrain"], "--config", ini], what="dptrain")
+    run([*mpirun, "-np", str(c["ranks"]), "--bind-to", "none", tools["dptrain"], "--config", ini], what="dptrain")
     seconds = time.time() - t0
     losses = []
     with open(metrics) as f:
@@ -265,7 +281,7 @@ def run_case(c, tmp, tools, data, mpirun, perturb):
         raise Mismatch(f"{c['name']}: dptrain logged {len(losses)} steps, expected {STEPS}")
     ck = lambda step: read_ckpt(os.path.join(ckdir, f"ckpt-{step:09d}.h5"))
     final = os.path.join(ckdir, f"ckpt-{STEPS:09d}.h5")
-    out = run([mpirun, "-np", str(c["ranks"]), "--bind-to", "none", tools["dptrain"], "--eval",
+    out = run([*mpirun, "-np", str(c["ranks"]), "--bind-to", "none", tools["dptrain"], "--eval",
                "--checkpoint", final, "--data.test", data["test"][0]], what="dptrain --eval")
     m = re.search(r"loss ([0-9.eE+-]+), accuracy", out)
     if not m:
@@ -302,10 +318,25 @@ def run_case(c, tmp, tools, data, mpirun, perturb):
     return c["name"], worst, seconds
 
 
+def mpirun_command(mpirun, extra):
+    """The launcher with the caller's options. Open MPI's also forwards LD_LIBRARY_PATH (-x), where
+    a GPU machine's cuDNN may be found: ranks that its daemons start elsewhere would not inherit it
+    (on one host it changes nothing)."""
+    cmd = [mpirun] + shlex.split(extra)
+    if os.environ.get("LD_LIBRARY_PATH"):
+        v = subprocess.run([mpirun, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if "Open MPI" in v.stdout or "open-mpi" in v.stdout:
+            cmd += ["-x", "LD_LIBRARY_PATH"]
+    return cmd
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", required=True)
+    ap.add_argument("--build", required=True, help="folder holding the dptrain executable")
     ap.add_argument("--root", required=True)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="dptrain's device.type (cuda: fp32 on the GPU; torch stays on the CPU)")
+    ap.add_argument("--mpirun-args", default="", help='extra options for every mpirun, in the = form: --mpirun-args="-x FOO"')
     ap.add_argument("--case", action="append", help="run only this case (repeatable)")
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
@@ -324,24 +355,30 @@ def main():
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     os.environ["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    launch = mpirun_command(mpirun, a.mpirun_args)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     cases = [c for c in CASES if not a.case or c["name"] in a.case]
     print(f"torch_resnet_crosscheck: torch {torch.__version__}, torchvision {torchvision.__version__}; "
-          f"{len(cases)} case(s), {STEPS} steps each")
+          f"{len(cases)} case(s), {STEPS} steps each; dptrain on {a.device}; {' '.join(launch)}")
     tmp = tempfile.mkdtemp(prefix="dpt-resnet-xcheck-")
     failures = []
     try:
         data = make_datasets(tmp)
         for c in cases:
             try:
-                name, w, s = run_case(c, tmp, tools, data, mpirun, a.perturb)
+                name, w, s = run_case(c, tmp, tools, data, launch, a.perturb, a.device)
                 print(f"  PASS {name:<32} worst error / allowed: step 1 {w['step1']:.3f}, later losses {w['loss']:.3f}, "
                       f"final tensors {w['final']:.3f}, eval {w['eval']:.3f}  (dptrain {s:.1f} s)", flush=True)
             except Mismatch as e:
                 failures.append(str(e))
                 print(f"  FAIL {e}", flush=True)
     except SetupError as e:
+        # dptrain's own words where device.type = cuda finds no GPU: a skip, as the GPU tests'.
+        if a.device == "cuda" and "no CUDA device is visible" in str(e):
+            print(f"torch_resnet_crosscheck: SKIPPED: --device cuda, but no CUDA device is visible to dptrain "
+                  f"({tools['dptrain']})")
+            return SKIP
         print(f"torch_resnet_crosscheck: ERROR: {e}")
         return 2
     finally:
