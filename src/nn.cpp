@@ -390,6 +390,13 @@ void Model::build_ops() {
     }
     if (hint) be_.note_bf16_readers(op.a.data() ? op.a.data() : op.z.data());  // a conv's ReLU overwrites z
   }
+  // A convolution's ReLU output that only a max pooling without padding reads (note_relu_pool).
+  for (size_t i = 0; i + 1 < ops_.size(); ++i) {
+    const Op& op = *ops_[i];
+    const Op& next = *ops_[i + 1];
+    if (op.kind == OpKind::conv && op.act == Act::relu && !op.cols.data() && unpadded_pool(next) && next.max)
+      be_.note_relu_pool(op.a.data() ? op.a.data() : op.z.data(), next.argmax.data());
+  }
   // Who reads each op's input gradient (grad_use), from the op below it.
   using GradUse = Backend::GradUse;
   for (size_t i = 1; i < ops_.size(); ++i) {

@@ -656,6 +656,8 @@ TEST(CudaConv, Bf16BetweenConvolutionsWithReLU) {
 // values of a window round to the same bf16, the hinted pooling picks the first, so the
 // backward pass is compared against the unhinted one routed by the hinted argmax: the same bits
 // for the lower's weight and input gradients, its bias gradient to within the order of the sums.
+// With note_relu_pool too (the lower's output kept before bias and ReLU, which the pooling
+// applies forward and backward): every output and gradient the same bits as with the hints alone.
 TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
   SKIP_WITHOUT_GPU();
   auto g = gpu_with_hints(Precision::bf16);
@@ -679,6 +681,11 @@ TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
     g->note_bf16_readers(a_kept.data());
     g->note_bf16_readers(p_kept.data());
     auto arg_kept = put(*g, std::vector<int32_t>(np, -7)), arg_plain = put(*g, std::vector<int32_t>(np, -7));
+    auto a_fused = poisoned(*g, n1), p_fused = poisoned(*g, np);
+    auto arg_fused = put(*g, std::vector<int32_t>(np, -7));
+    g->note_bf16_readers(a_fused.data());
+    g->note_bf16_readers(p_fused.data());
+    g->note_relu_pool(a_fused.data(), arg_fused.data());
     struct Out {
       std::vector<float> y, dw2, db2, dw1, db1, dx;
     };
@@ -706,6 +713,15 @@ TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
     };
     const Out b = run(a_kept, p_kept, arg_kept, arg_kept, true);
     const Out a = run(a_plain, p_plain, arg_plain, arg_kept, false);
+    const Out c = run(a_fused, p_fused, arg_fused, arg_fused, true);
+    EXPECT_EQ(get(*g, arg_fused), get(*g, arg_kept)) << "argmax, ReLU in the pooling, " << label;
+    EXPECT_EQ(c.y, b.y) << "upper output, ReLU in the pooling, " << label;
+    EXPECT_EQ(c.dw2, b.dw2) << "ReLU in the pooling, " << label;
+    EXPECT_EQ(c.dw1, b.dw1) << "lower dw, ReLU in the pooling, " << label;
+    EXPECT_EQ(c.db1, b.db1) << "lower db, ReLU in the pooling, " << label;
+    EXPECT_EQ(c.dx, b.dx) << "dx, ReLU in the pooling, " << label;
+    EXPECT_TRUE(std::isnan(get(*g, a_fused)[0]) && std::isnan(get(*g, a_fused)[n1 - 1]))
+        << "ReLU output's floats written, ReLU in the pooling, " << label;
 
     // The hinted argmax: the CPU's over the lower's float output rounded to bf16.
     const std::vector<float> a16 = bf16_round(get(*g, a_plain));

@@ -309,6 +309,13 @@ class Backend {
   // residual sum's terms are then bf16 values (as PyTorch's autocast keeps its activations).
   // Other backends ignore it.
   virtual void note_bf16_readers(const float* y) { (void)y; }
+  // A hint from the model, once: a convolution's ReLU output a is read only by the max pooling
+  // without padding whose argmax buffer is argmax, and that pooling's input gradient only by the
+  // convolution's backward. The CUDA backend under bf16 then keeps the convolution's bf16 output
+  // before bias and ReLU; the pooling adds the bias and applies the ReLU as it reads it, and
+  // applies the ReLU's mask as it writes its input gradient: a is never written. The same bits as
+  // without the hint. Other backends ignore it.
+  virtual void note_relu_pool(const float* a, const int32_t* argmax) { (void)a; (void)argmax; }
   // A hint from the model just before the op that writes the input gradient dx, for that write
   // only: GradUse::conv — bn_backward's dx is read only by the backward pass of the convolution
   // below, one without bias or activation (its output was note_bn_input's z); GradUse::bn —

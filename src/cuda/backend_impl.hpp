@@ -271,6 +271,9 @@ class CudaBackendImpl final : public CudaBackend {
                          float* db, bool accumulate) override;
   void add(const float* x, float* y, size_t n) override;
   void note_bn_input(const float* z) override { bn_inputs_.insert(z); }
+  void note_relu_pool(const float* a, const int32_t* argmax) override {
+    if (bf16_acts_ && bf16_grads_) relu_pools_[argmax] = a;
+  }
   void note_bf16_readers(const float* y) override {
     if (bf16_acts_) bf16_readers_.insert(y);
   }
@@ -330,6 +333,10 @@ class CudaBackendImpl final : public CudaBackend {
     size_t cap = 0;    // elements
     size_t valid = 0;  // elements
     bool only = false; // the float tensor was not written: the twin is its only copy (valid > 0)
+    // note_relu_pool: the twin holds the convolution's output before bias and ReLU (its
+    // activation's only copy, readable only by that pooling), pre_bias the bias (or nullptr).
+    bool pre_act = false;
+    const float* pre_bias = nullptr;
   };
 
   bool bf16() const { return precision_ == Precision::bf16; }
@@ -350,6 +357,8 @@ class CudaBackendImpl final : public CudaBackend {
   void* only_twin(const float* z, size_t n);
   void made_only_twin(const float* z, size_t n);
   bool take_grad_use(const float* dx, std::initializer_list<GradUse> uses);
+  bool relu_pool_input(const float* a) const;
+  const void* pre_act_twin(const float* a, size_t n, const float** bias) const;
   const void* only_copy(const float* p, size_t n) const;
   void floats_of(const float* p, size_t n);
   const void* as_bf16(const float* p, size_t n, Scratch& fallback);
@@ -486,6 +495,8 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers
+  std::map<const int32_t*, const float*> relu_pools_;  // note_relu_pool's: argmax -> the ReLU output
+  const float* premasked_ = nullptr;     // pool_backward's input gradient with the ReLU's mask applied
   std::set<const float*> bf16_readers_;   // note_bf16_readers's buffers
   std::map<const float*, GradUse> grad_uses_;  // note_grad_use's hints not yet taken
 };

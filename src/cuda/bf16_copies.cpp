@@ -49,6 +49,7 @@ void CudaBackendImpl::note_write(const void* p, size_t bytes) {
     if (t.second.valid && overlaps(t.first, t.second.valid * sizeof(float), p, bytes)) {
       t.second.valid = 0;
       t.second.only = false;
+      t.second.pre_act = false;
     }
 }
 
@@ -112,10 +113,36 @@ void* CudaBackendImpl::twin_slot(const float* p, size_t n) {
   return it->second.cap >= n ? it->second.buf.get() : nullptr;
 }
 
+// A twin that holds a convolution's output before bias and ReLU (note_relu_pool) is its
+// pooling's alone: any other reader would take it for the activation.
+namespace {
+void no_pre_act(bool pre_act) {
+  if (pre_act) throw Error("a convolution's bf16 output before bias and ReLU read as its activation");
+}
+}  // namespace
+
 // p's bf16 twin when it holds p's current n values, else nullptr.
 const void* CudaBackendImpl::valid_twin(const float* p, size_t n) const {
   auto it = twins_.find(p);
-  return it != twins_.end() && it->second.valid >= n ? it->second.buf.get() : nullptr;
+  if (it == twins_.end() || it->second.valid < n) return nullptr;
+  no_pre_act(it->second.pre_act);
+  return it->second.buf.get();
+}
+
+// note_relu_pool: whether a is the ReLU output a max pooling's hint names.
+bool CudaBackendImpl::relu_pool_input(const float* a) const {
+  for (const auto& e : relu_pools_)
+    if (e.second == a) return true;
+  return false;
+}
+
+// a's twin where it holds the convolution's n values before bias and ReLU (*bias: the bias, or
+// nullptr), else nullptr.
+const void* CudaBackendImpl::pre_act_twin(const float* a, size_t n, const float** bias) const {
+  auto it = twins_.find(a);
+  if (it == twins_.end() || !it->second.pre_act || it->second.valid < n) return nullptr;
+  *bias = it->second.pre_bias;
+  return it->second.buf.get();
 }
 
 // bf16: where the model said z is read by batch norm only (note_bn_input), the twin slot that
@@ -146,6 +173,7 @@ bool CudaBackendImpl::take_grad_use(const float* dx, std::initializer_list<GradU
 const void* CudaBackendImpl::only_copy(const float* p, size_t n) const {
   auto it = twins_.find(p);
   if (it == twins_.end() || !it->second.only) return nullptr;
+  no_pre_act(it->second.pre_act);
   if (it->second.valid < n)
     throw Error("a bf16-only tensor holds fewer values (" + std::to_string(it->second.valid) + ") than its reader's (" +
                 std::to_string(n) + ")");

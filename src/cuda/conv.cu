@@ -148,9 +148,24 @@ __device__ __forceinline__ bool is_nan(float v) {
 // x and y are float or bf16 (under bf16, a convolution's ReLU output kept in bf16 only, and a
 // pooled output that only a convolution reads): values are widened on load, so max pooling of
 // bf16 values selects among them, the first of equal bf16 values winning.
-template <int V, bool MAX, class TX, class TY>
+// PRE (note_relu_pool): x is a convolution's bf16 output before its bias and ReLU; each value is
+// made the activation the convolution's epilogue would have stored, bf16(relu(x + bias)), as it
+// is read.
+template <bool PRE, class F>
+__device__ __forceinline__ void pre_act(F& v, const float* bias, int c) {
+  if constexpr (PRE) {
+    constexpr int V = sizeof(F) / sizeof(float);
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const float e = act_fwd(lane(v, q) + (bias ? bias[c * V + q] : 0.f), Act::relu);
+      lane(v, q) = __bfloat162float(__float2bfloat16_rn(e));
+    }
+  }
+}
+
+template <int V, bool MAX, class TX, class TY, bool PRE = false>
 __global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, int32_t* argmax, PoolGeom g, Div cv,
-                                Div ow_n, Div oh_n, int pix0, int total) {
+                                Div ow_n, Div oh_n, int pix0, int total, const float* __restrict__ bias = nullptr) {
   using F = typename VecF<V>::T;
   const float area = float(g.k * g.k);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -162,6 +177,7 @@ __global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, int32_t* argmax
     for (int j = 0; j < g.k * g.k; ++j) {
       const int kh = j / g.k, ih = oh * g.stride + kh, iw = ow * g.stride + j - kh * g.k;  // once per tap
       F v = ldv<F>(x, ((size_t(n) * g.h + ih) * g.w + iw) * size_t(cv.d) + size_t(c));
+      pre_act<PRE>(v, bias, c);
 #pragma unroll
       for (int q = 0; q < V; ++q) {
         const float e = lane(v, q);
@@ -204,10 +220,14 @@ __device__ __forceinline__ int32_t lane(const int4& v, int k) {
 
 // dy and dx are float or bf16 (a convolution's bf16 input gradient kept as it is; an input
 // gradient that only a convolution's ReLU backward reads), widened on load and rounded on store.
-template <int V, bool MAX, class TD, class TO>
+// PRE (note_relu_pool): then the convolution's ReLU backward as its bf16 path runs it
+// (relu_bgrad_bf16_kernel), in the same pass: the gradient rounded to bf16 (dx16), and masked
+// (times 0) where the activation, bf16(relu(z + bias)) from the pre-activation z, is not > 0.
+template <int V, bool MAX, class TD, class TO, bool PRE = false>
 __global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __restrict__ argmax,
                                 TO* dx, PoolGeom g, Div c_n, Div w_n, Div h_n, Div st, int oh_n, int ow_n,
-                                int pix0, int total) {
+                                int pix0, int total, const __nv_bfloat16* __restrict__ z16 = nullptr,
+                                const float* __restrict__ bias = nullptr) {
   using F = typename VecF<V>::T;
   using I = typename VecI<V>::T;
   const float area = float(g.k * g.k);
@@ -234,7 +254,18 @@ __global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __rest
           for (int q = 0; q < V; ++q) lane(s, q) += __fdiv_rn(lane(d, q), area);
         }
       }
-    stv(dx, size_t(pix) * size_t(c_n.d) + size_t(c), s);
+    const size_t o = size_t(pix) * size_t(c_n.d) + size_t(c);
+    if constexpr (PRE) {
+      F a = ldv<F>(z16, o);
+      pre_act<true>(a, bias, c);
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        float r = __bfloat162float(__float2bfloat16_rn(lane(s, q)));
+        if (!(lane(a, q) > 0.f)) r *= 0.f;
+        lane(s, q) = r;
+      }
+    }
+    stv(dx, o, s);
   }
 }
 
@@ -377,6 +408,37 @@ void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s) {
 }
 
 namespace {
+template <bool PRE, class TX, class TY>
+void pool_fwd_launch(const TX* x, TY* y, int32_t* argmax, const PoolGeom& g, bool max, bool v4, const float* bias,
+                     cudaStream_t s) {
+  const int V = v4 ? 4 : 1;
+  const Div cv(g.c / V), ow_n(g.ow()), oh_n(g.oh());
+  in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / V, [&](int pix0, int total) {
+    const unsigned grid = grid_for(size_t(total));
+    if (max && v4) pool_fwd_kernel<4, true, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total, bias);
+    else if (max) pool_fwd_kernel<1, true, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total, bias);
+    else if (v4) pool_fwd_kernel<4, false, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total, bias);
+    else pool_fwd_kernel<1, false, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total, bias);
+    DPT_CHECK_LAUNCH("pool_fwd_kernel");
+  });
+}
+
+template <bool PRE, class TD, class TO>
+void pool_bwd_launch(const TD* dy, const int32_t* argmax, TO* dx, const PoolGeom& g, bool max, bool v4,
+                     const __nv_bfloat16* z16, const float* bias, cudaStream_t s) {
+  const int V = v4 ? 4 : 1;
+  const Div c_n(g.c / V), w_n(g.w), h_n(g.h), st(g.stride);
+  in_chunks(int64_t(g.batch) * g.h * g.w, g.c / V, [&](int pix0, int total) {
+    const unsigned grid = grid_for(size_t(total));
+    const int oh = g.oh(), ow = g.ow();
+    if (max && v4) pool_bwd_kernel<4, true, TD, TO, PRE><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total, z16, bias);
+    else if (max) pool_bwd_kernel<1, true, TD, TO, PRE><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total, z16, bias);
+    else if (v4) pool_bwd_kernel<4, false, TD, TO, PRE><<<grid, kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total, z16, bias);
+    else pool_bwd_kernel<1, false, TD, TO, PRE><<<grid, kThreads, 0, s>>>(dy, nullptr, dx, g, c_n, w_n, h_n, st, oh, ow, pix0, total, z16, bias);
+    DPT_CHECK_LAUNCH("pool_bwd_kernel");
+  });
+}
+
 // f(typed pointer) for a float or bf16 operand.
 template <class P, class F> void typed_ptr(P p, bool bf16, F&& f) {
   using B = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const __nv_bfloat16*, __nv_bfloat16*>;
@@ -389,41 +451,34 @@ template <class P, class F> void typed_ptr(P p, bool bf16, F&& f) {
 void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
                   cudaStream_t s) {
   const bool v4 = g.c % 4 == 0 && aligned(x, x_bf16 ? 8 : 16) && aligned(y, y_bf16 ? 8 : 16);
-  const int V = v4 ? 4 : 1;
-  const Div cv(g.c / V), ow_n(g.ow()), oh_n(g.oh());
   typed_ptr(x, x_bf16, [&](auto xp) {
-    typed_ptr(y, y_bf16, [&](auto yp) {
-      in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / V, [&](int pix0, int total) {
-        const unsigned grid = grid_for(size_t(total));
-        if (max && v4) pool_fwd_kernel<4, true><<<grid, kThreads, 0, s>>>(xp, yp, argmax, g, cv, ow_n, oh_n, pix0, total);
-        else if (max) pool_fwd_kernel<1, true><<<grid, kThreads, 0, s>>>(xp, yp, argmax, g, cv, ow_n, oh_n, pix0, total);
-        else if (v4) pool_fwd_kernel<4, false><<<grid, kThreads, 0, s>>>(xp, yp, nullptr, g, cv, ow_n, oh_n, pix0, total);
-        else pool_fwd_kernel<1, false><<<grid, kThreads, 0, s>>>(xp, yp, nullptr, g, cv, ow_n, oh_n, pix0, total);
-        DPT_CHECK_LAUNCH("pool_fwd_kernel");
-      });
-    });
+    typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<false>(xp, yp, argmax, g, max, v4, nullptr, s); });
   });
+}
+
+void pool_forward_relu(const void* z16, const float* bias, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g,
+                       cudaStream_t s) {
+  const bool v4 = g.c % 4 == 0 && aligned(z16, 8) && aligned(y, y_bf16 ? 8 : 16) && aligned(bias, 16);
+  const auto* zp = static_cast<const __nv_bfloat16*>(z16);
+  typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<true>(zp, yp, argmax, g, true, v4, bias, s); });
 }
 
 void pool_backward(const void* dy, bool dy_bf16, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
                    bool max, cudaStream_t s) {
   const bool v4 = g.c % 4 == 0 && aligned(dy, dy_bf16 ? 8 : 16) && aligned(dx, dx_bf16 ? 8 : 16) &&
                   (!max || aligned(argmax, 16));
-  const int V = v4 ? 4 : 1;
-  const Div c_n(g.c / V), w_n(g.w), h_n(g.h), st(g.stride);
   typed_ptr(dy, dy_bf16, [&](auto dp) {
-    typed_ptr(dx, dx_bf16, [&](auto op) {
-      in_chunks(int64_t(g.batch) * g.h * g.w, g.c / V, [&](int pix0, int total) {
-        const unsigned grid = grid_for(size_t(total));
-        const int oh = g.oh(), ow = g.ow();
-        if (max && v4) pool_bwd_kernel<4, true><<<grid, kThreads, 0, s>>>(dp, argmax, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-        else if (max) pool_bwd_kernel<1, true><<<grid, kThreads, 0, s>>>(dp, argmax, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-        else if (v4) pool_bwd_kernel<4, false><<<grid, kThreads, 0, s>>>(dp, nullptr, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-        else pool_bwd_kernel<1, false><<<grid, kThreads, 0, s>>>(dp, nullptr, op, g, c_n, w_n, h_n, st, oh, ow, pix0, total);
-        DPT_CHECK_LAUNCH("pool_bwd_kernel");
-      });
-    });
+    typed_ptr(dx, dx_bf16, [&](auto op) { pool_bwd_launch<false>(dp, argmax, op, g, max, v4, nullptr, nullptr, s); });
   });
+}
+
+void pool_backward_relu(const void* dy, bool dy_bf16, const int32_t* argmax, const void* z16, const float* bias,
+                        void* dx16, const PoolGeom& g, cudaStream_t s) {
+  const bool v4 = g.c % 4 == 0 && aligned(dy, dy_bf16 ? 8 : 16) && aligned(dx16, 8) && aligned(z16, 8) &&
+                  aligned(argmax, 16) && aligned(bias, 16);
+  const auto* zp = static_cast<const __nv_bfloat16*>(z16);
+  auto* op = static_cast<__nv_bfloat16*>(dx16);
+  typed_ptr(dy, dy_bf16, [&](auto dp) { pool_bwd_launch<true>(dp, argmax, op, g, true, v4, zp, bias, s); });
 }
 
 void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s) {

@@ -22,9 +22,18 @@ void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s);
 // written rounded).
 void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
                   cudaStream_t s);
+// Max pooling of a convolution's ReLU output from its bf16 output z16 before bias and ReLU
+// (note_relu_pool): the values pooled are bf16(relu(z16 + bias)) (bias may be nullptr), those the
+// convolution's epilogue would have stored.
+void pool_forward_relu(const void* z16, const float* bias, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g,
+                       cudaStream_t s);
 // Gathered per input element over the windows holding it, in increasing output order (the CPU's).
 void pool_backward(const void* dy, bool dy_bf16, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
                    bool max, cudaStream_t s);
+// Max pooling's backward, then the convolution's ReLU backward (pool_forward_relu's): dx16 (bf16)
+// = the gathered gradient rounded to bf16, times 0 where bf16(relu(z16 + bias)) is not > 0.
+void pool_backward_relu(const void* dy, bool dy_bf16, const int32_t* argmax, const void* z16, const float* bias,
+                        void* dx16, const PoolGeom& g, cudaStream_t s);
 void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s);
 void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
 // Per sample, dst (c, hw) = src (hw, c)ᵀ (to_nchw) or dst (hw, c) = src (c, hw)ᵀ.

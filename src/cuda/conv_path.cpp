@@ -3,6 +3,7 @@
 // (cudnn_conv.cpp); with DPT_CONV=im2col, as im2col and linear.cpp's GEMMs (kept to measure).
 #include "backend_impl.hpp"
 #include "conv_kernels.cuh"
+#include "dpt/check.hpp"
 #include "cudnn_kernels.cuh"
 #include "norm_kernels.cuh"
 #include "kernels.cuh"
@@ -46,8 +47,10 @@ void CudaBackendImpl::col2im(const float* dcols, const ConvGeom& g, float* dx) {
 // padded pools (norm.cu) take floats.
 void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
   const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
+  const float* unused = nullptr;
+  const bool pre = max && !g.pad && pre_act_twin(x, ni, &unused);
   if (g.pad) floats_of(x, ni);
-  const void* x16 = only_copy(x, ni);
+  const void* x16 = pre ? nullptr : only_copy(x, ni);
   note_write(y, n * sizeof(float));
   if (max) note_write(argmax, n * sizeof(int32_t));
   if (g.pad) {
@@ -56,7 +59,12 @@ void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, co
   }
   bool only = false;
   void* y16 = out_twin(y, n, false, only);
-  cuda::pool_forward(x16 ? x16 : x, x16 != nullptr, only ? y16 : y, only, argmax, g, max, stream_.get());
+  void* out = only ? y16 : static_cast<void*>(y);
+  const float* bias = nullptr;
+  if (const void* pre = max ? pre_act_twin(x, ni, &bias) : nullptr)  // note_relu_pool
+    cuda::pool_forward_relu(pre, bias, out, only, argmax, g, stream_.get());
+  else
+    cuda::pool_forward(x16 ? x16 : x, x16 != nullptr, out, only, argmax, g, max, stream_.get());
   wrote_twin(y, n, y16, only);
 }
 
@@ -74,9 +82,20 @@ void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, floa
     cuda::padded_pool_backward(dy, argmax, dx, g, max, stream_.get());
     return;
   }
-  void* dx16 = to_act ? twin_slot(dx, ni) : nullptr;
-  cuda::pool_backward(dy16 ? dy16 : dy, dy16 != nullptr, argmax, dx16 ? dx16 : dx, dx16 != nullptr, g, max,
-                      stream_.get());
+  // note_relu_pool: the convolution's ReLU backward here too, from its pre-activation (the
+  // convolution's backward then adds up the bias gradient alone: premasked_).
+  auto rp = max ? relu_pools_.find(argmax) : relu_pools_.end();
+  const float* bias = nullptr;
+  const void* pre = rp != relu_pools_.end() ? pre_act_twin(rp->second, ni, &bias) : nullptr;
+  void* dx16 = to_act || pre ? twin_slot(dx, ni) : nullptr;
+  if (pre && dx16) {
+    cuda::pool_backward_relu(dy16 ? dy16 : dy, dy16 != nullptr, argmax, pre, bias, dx16, g, stream_.get());
+    premasked_ = dx;
+  } else {
+    if (pre) throw Error("pooling backward: no bf16 buffer for the masked gradient of a ReLU kept before bias");
+    cuda::pool_backward(dy16 ? dy16 : dy, dy16 != nullptr, argmax, dx16 ? dx16 : dx, dx16 != nullptr, g, max,
+                        stream_.get());
+  }
   if (dx16) made_only_twin(dx, ni);
 }
 

@@ -279,13 +279,20 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   note_write(z, ny * sizeof(float));
   if (a != z) note_write(a, ny * sizeof(float));
   void* only = keep16 ? only_twin(z, ny) : nullptr;
-  void* y = only ? only : bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
+  // bf16, a ReLU output that only a max pooling reads (note_relu_pool): cuDNN's output goes to a's
+  // twin as it is, before bias and ReLU, which the pooling applies as it reads it.
+  void* pre = bf16() && !only && act == Act::relu && relu_pool_input(a) ? twin_slot(a, ny) : nullptr;
+  void* y = only ? only : pre ? pre : bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
   if (!p.fwd.made) choose_fwd(p, g, xin, win, y);
   const float one = 1.f, zero = 0.f;
   DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
                                           conv_workspace(p.fwd.ws), p.fwd.ws, &zero, p.y, y));
   if (only) {
     made_only_twin(z, ny);
+  } else if (pre) {
+    made_only_twin(a, ny);
+    twins_[a].pre_act = true;
+    twins_[a].pre_bias = b;
   } else if (bf16()) {
     // A ReLU's backward takes its mask from a (a > 0 exactly where z > 0): z is not written (the
     // model lets a overwrite z). Where only bf16 readers take a (note_bf16_readers: the
@@ -345,7 +352,16 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   note_write(dw, nw * sizeof(float));
   if (dx) note_write(dx, nx * sizeof(float));
   const void* dy = dzin.p;
-  if (!dzin.bf16) {
+  if (!dzin.bf16 && premasked_ == da && da) {
+    // The pooling above ran this ReLU's backward (note_relu_pool): dz in da's bf16 twin; the
+    // bias gradient alone here.
+    premasked_ = nullptr;
+    void* d16 = const_cast<void*>(only_copy(da, ny));
+    if (!d16) throw Error("conv backward: the pooling's masked gradient is not in bf16");
+    note_write(db, size_t(g.out) * sizeof(float));
+    cuda::relu_backward_bgrad_bf16(d16, nullptr, g.rows(), g.out, db, accumulate, bgrad_partial(g.rows(), g.out), s);
+    dy = d16;
+  } else if (!dzin.bf16) {
     const bool relu16 = bf16() && act == Act::relu;  // z not written (cudnn_conv_forward): the mask from a
     const void* a16 = relu16 ? valid_twin(a, ny) : nullptr;
     void* d16 = a16 ? const_cast<void*>(only_copy(da, ny)) : nullptr;

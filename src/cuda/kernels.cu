@@ -178,8 +178,9 @@ __global__ void bias_grad_finish(const float* partial, int chunks, int out, floa
 // GEMM's bf16 output) and becomes dz = da·relu'(z), with relu'(z) = [a > 0] read from the bf16
 // activation a16 (a = relu(z) > 0 exactly where z > 0); masked elements become da·0 (±0, or NaN
 // from a non-finite da, as in act_bgrad_kernel). Column sums of dz into partial as act_bgrad's,
-// fixed order; V = 8: 16-byte loads of 8 columns.
-template <int V>
+// fixed order; V = 8: 16-byte loads of 8 columns. Without MASK (a16 unused): the mask already
+// applied (note_relu_pool's pooling backward), the column sums of d16 alone, nothing written.
+template <int V, bool MASK>
 __global__ void relu_bgrad_bf16_kernel(__nv_bfloat16* d16, const __nv_bfloat16* __restrict__ a16,
                                        float* partial, int batch, int out, int rpc) {
   __shared__ float part[8][32 * V + 1];
@@ -195,22 +196,23 @@ __global__ void relu_bgrad_bf16_kernel(__nv_bfloat16* d16, const __nv_bfloat16* 
       const size_t i = size_t(r) * size_t(out) + size_t(vc) * V;
       if constexpr (V == 8) {
         uint4 d = *reinterpret_cast<const uint4*>(d16 + i);
-        const uint4 av = *reinterpret_cast<const uint4*>(a16 + i);
+        uint4 av{};
+        if constexpr (MASK) av = *reinterpret_cast<const uint4*>(a16 + i);
         auto* dh = reinterpret_cast<__nv_bfloat16*>(&d);
         const auto* ah = reinterpret_cast<const __nv_bfloat16*>(&av);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           float v = __bfloat162float(dh[k]);
-          if (!(__bfloat162float(ah[k]) > 0.f)) {
+          if (MASK && !(__bfloat162float(ah[k]) > 0.f)) {
             v *= 0.f;
             dh[k] = __float2bfloat16_rn(v);
           }
           s[k] += v;
         }
-        *reinterpret_cast<uint4*>(d16 + i) = d;
+        if constexpr (MASK) *reinterpret_cast<uint4*>(d16 + i) = d;
       } else {
         float v = __bfloat162float(d16[i]);
-        if (!(__bfloat162float(a16[i]) > 0.f)) {
+        if (MASK && !(__bfloat162float(a16[i]) > 0.f)) {
           v *= 0.f;
           d16[i] = __float2bfloat16_rn(v);
         }
@@ -621,10 +623,12 @@ void relu_backward_bgrad_bf16(void* d16, const void* a16, int batch, int out, fl
     const auto* a = static_cast<const __nv_bfloat16*>(a16);
     if (out % 8 == 0 && aligned(d16, 16) && aligned(a16, 16)) {
       const dim3 grid(unsigned((out / 8 + 31) / 32), unsigned(chunks)), block(32, 8);
-      relu_bgrad_bf16_kernel<8><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+      if (a) relu_bgrad_bf16_kernel<8, true><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+      else relu_bgrad_bf16_kernel<8, false><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
     } else {
       const dim3 grid(unsigned((out + 31) / 32), unsigned(chunks)), block(32, 8);
-      relu_bgrad_bf16_kernel<1><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+      if (a) relu_bgrad_bf16_kernel<1, true><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
+      else relu_bgrad_bf16_kernel<1, false><<<grid, block, 0, s>>>(d, a, partial, batch, out, rpc);
     }
     DPT_CHECK_LAUNCH("relu_bgrad_bf16_kernel");
   });

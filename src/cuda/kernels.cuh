@@ -27,7 +27,8 @@ void act_backward_bgrad(float* da, const float* z, const float* a, int batch, in
 size_t act_bgrad_partial_floats(int batch, int out);
 // The bf16 path's ReLU backward: d16 (batch,out, bf16) holds bf16(da) and becomes bf16(dz),
 // dz = da·[a16 > 0] (a16 the layer's bf16 activation); db = (accumulate ? db : 0) + Σ_rows dz
-// through `partial` (act_bgrad_partial_floats(batch, out) floats), fixed order as above.
+// through `partial` (act_bgrad_partial_floats(batch, out) floats), fixed order as above. a16
+// nullptr: d16 holds dz already (the mask applied by pool_backward_relu): db alone, d16 unwritten.
 void relu_backward_bgrad_bf16(void* d16, const void* a16, int batch, int out, float* db,
                               bool accumulate, float* partial, cudaStream_t s);
 // dst (n, bf16, round to nearest even) = src (n, fp32).
