@@ -78,12 +78,10 @@ template <Mask M, int W> __device__ __forceinline__ void mask_w(const void* relu
 // is a group of W) and rows [chunk·chunk_rows, +chunk_rows), chunk = blockIdx.x; its sums
 // [Σa (c), Σa·b (c)], with b = a = x (forward) or a = dy (masked), b = x − mean (backward), in
 // double as the CPU's, go to partial column-major: partial[col·chunks + chunk] (the totals
-// then read each column's partials contiguously). The forward pass reads x only.
-//
-// A thread adds its rows in ascending order. It loads U of them before adding any: with a load
-// at a time, the 50% occupancy the double accumulators allow kept too few bytes in flight (the
-// forward sums read at 1.2 TB/s on the H200). The order of the additions is unchanged.
-template <int W, int U, bool BWD, Mask M, class TX, class TD>
+// then read each column's partials contiguously). The forward pass reads x only. A thread adds
+// its rows in ascending order, a load at a time: loading two or four rows ahead (more
+// registers, fewer blocks per SM) measured slower on the H200 (2026-12-02).
+template <int W, bool BWD, Mask M, class TX, class TD>
 __global__ void bn_partial_kernel(const TD* __restrict__ a, const TX* __restrict__ x,
                                   const float* __restrict__ mean, const void* __restrict__ relu_out,
                                   int64_t rows, int c, int64_t chunk_rows, int64_t chunks,
@@ -91,36 +89,28 @@ __global__ void bn_partial_kernel(const TD* __restrict__ a, const TX* __restrict
   const int j0 = channel() * W;
   const int64_t r0 = int64_t(blockIdx.x) * chunk_rows;
   const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-  const int64_t lanes = blockDim.y;
   double v[2 * W] = {};
   if (j0 < c) {
     double m[W] = {};
     if constexpr (BWD)
       for (int k = 0; k < W; ++k) m[k] = mean[j0 + k];
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += U * lanes) {
-      float xv[U][W], d[U][W];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (r + u * lanes >= r1) break;
-        const size_t i = size_t(r + u * lanes) * size_t(c) + size_t(j0);
-        ldw<W>(x, i, xv[u]);
-        if constexpr (BWD) {
-          ldw<W>(a, i, d[u]);
-          mask_w<M, W>(relu_out, i, d[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (r + u * lanes >= r1) break;
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+      const size_t i = size_t(r) * size_t(c) + size_t(j0);
+      float xv[W];
+      ldw<W>(x, i, xv);
+      if constexpr (BWD) {
+        float d[W];
+        ldw<W>(a, i, d);
+        mask_w<M, W>(relu_out, i, d);
         for (int k = 0; k < W; ++k) {
-          if constexpr (BWD) {
-            v[k] += double(d[u][k]);
-            v[W + k] += double(d[u][k]) * (double(xv[u][k]) - m[k]);
-          } else {
-            const double e = xv[u][k];
-            v[k] += e;
-            v[W + k] += e * e;
-          }
+          v[k] += double(d[k]);
+          v[W + k] += double(d[k]) * (double(xv[k]) - m[k]);
+        }
+      } else {
+        for (int k = 0; k < W; ++k) {
+          const double e = xv[k];
+          v[k] += e;
+          v[W + k] += e * e;
         }
       }
     }
@@ -358,9 +348,6 @@ int64_t bn_chunks(int64_t rows, int c) {
   return std::min(want, fill);
 }
 
-// Rows loaded ahead per thread in the sums: the forward pass reads one operand, the backward
-// two or three (dy, x, the mask), whose registers leave room for fewer.
-constexpr int kAheadFwd = 4, kAheadBwd = 2;
 
 // The partial sums of (rows, c) into `partial`, then bn_totals_kernel<F>: the totals into sums
 // and F's per-channel work.
@@ -374,11 +361,10 @@ void reduce(const TD* a, const TX* x, const float* mean, const void* relu_out, i
     const Tiles tl = bn_tiles(c, vec, "bn sums");
     const int64_t chunk_rows = (rows + chunks - 1) / chunks;
     const dim3 grid(unsigned(chunks), unsigned(tl.count)), block = block_of(tl);
-    constexpr int U = BWD ? kAheadBwd : kAheadFwd;
     if (vec)
-      bn_partial_kernel<kVec, U, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
+      bn_partial_kernel<kVec, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
     else
-      bn_partial_kernel<1, U, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
+      bn_partial_kernel<1, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
     DPT_CHECK_LAUNCH("bn_partial_kernel");
   }
   const unsigned blocks = unsigned(std::clamp<int64_t>(c, 1, 65535));

@@ -21,10 +21,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kTileMax = 32;             // columns per tile at most: one warp's width
 constexpr int kMaxTiles = 65535;         // gridDim.y
-// A reduction's blocks, about 8 per SM of an H200. One wave of 264 (2 per SM, as the kernels'
-// registers allow), with four rows unrolled per thread, measured slower: resnet18(stem=small)'s
-// step 8.08 ms against 7.61 (2026-12-02).
-constexpr int64_t kReduceBlocks = 1024;
+// A reduction's blocks, about 4 per SM of an H200: fewer blocks spread each block's closing tree
+// (and its share of the totals) over more rows. resnet18(stem=small)'s bf16 step, measured as
+// variants of one build in one session on the H200 (2026-12-02): 6.83 ms with 512 blocks, 7.30
+// and 7.40 with 1,024, 7.41 with 2,048; loading rows ahead did not help (7.00 with two ahead
+// and 1,024 blocks, 6.83 with two ahead in the forward sums and 512).
+constexpr int64_t kReduceBlocks = 512;
 constexpr int64_t kPassBlocks = 4096;    // an elementwise pass's blocks at most (grid-stride)
 
 // Sums each of the N values over the block's row lanes (threadIdx.y), per channel lane
