@@ -19,6 +19,21 @@ __global__ void widen_bf16_kernel(const __nv_bfloat16* src, float* dst, size_t n
   }
 }
 
+// The same, eight values per thread (16-byte loads and stores): the scalar kernel ran the
+// weight gradients' widening at under 1 TB/s on the H200.
+__global__ void widen_bf16_x8_kernel(const __nv_bfloat16* src, float* dst, size_t groups, bool accumulate) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < groups; i += size_t(gridDim.x) * blockDim.x) {
+    float v[8];
+    ld8(src, i * 8, v);
+    if (accumulate) {
+      float d[8];
+      ld8(dst, i * 8, d);
+      for (int k = 0; k < 8; ++k) v[k] = d[k] + v[k];
+    }
+    st8(dst, i * 8, v);
+  }
+}
+
 // V values from element e (device_util.cuh's ld8 / st8 for eight, ld / st for one).
 template <class T, int V> __device__ __forceinline__ void load(const T* p, size_t e, float (&v)[V]) {
   if constexpr (V == 8) ld8(p, e, v);
@@ -84,9 +99,17 @@ void act_forward_twin(const float* z, float* a, void* a16, size_t n, Act act, cu
 
 void widen_bf16(const void* src, float* dst, size_t n, bool accumulate, cudaStream_t s) {
   if (n == 0) return;
-  const unsigned blocks = unsigned(std::min<size_t>((n + 255) / 256, size_t(65535) * 8));
-  widen_bf16_kernel<<<blocks, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, n, accumulate);
-  DPT_CHECK_LAUNCH("widen_bf16");
+  const auto* p = static_cast<const __nv_bfloat16*>(src);
+  size_t done = 0;
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && n >= 8) {
+    widen_bf16_x8_kernel<<<grid_for(n / 8), 256, 0, s>>>(p, dst, n / 8, accumulate);
+    DPT_CHECK_LAUNCH("widen_bf16_x8");
+    done = n / 8 * 8;
+  }
+  if (done < n) {
+    widen_bf16_kernel<<<grid_for(n - done), 256, 0, s>>>(p + done, dst + done, n - done, accumulate);
+    DPT_CHECK_LAUNCH("widen_bf16");
+  }
 }
 
 }  // namespace dpt::cuda
