@@ -92,6 +92,9 @@ void CudaBackendImpl::forget(void* p) noexcept {
       h = overlaps(*h, 1, p, bytes) ? hinted->erase(h) : std::next(h);
   for (auto h = grad_uses_.begin(); h != grad_uses_.end();)
     h = overlaps(h->first, 1, p, bytes) ? grad_uses_.erase(h) : std::next(h);
+  for (auto h = relu_pools_.begin(); h != relu_pools_.end();)
+    h = overlaps(h->first, 1, p, bytes) || overlaps(h->second, 1, p, bytes) ? relu_pools_.erase(h) : std::next(h);
+  if (premasked_ && overlaps(premasked_, 1, p, bytes)) premasked_ = nullptr;
 }
 
 // The twin buffer of p for n elements, created on first use (never while a graph is being
