@@ -253,7 +253,8 @@ fi
 if want scaling; then
   [ -f data/fashion-mnist-train.h5 ] || $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
   # The batch-size / lr grid has a section of its own (grid): it would not fit this one's time.
-  timeout ${SCALING_TIMEOUT:-240} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --grid.enabled false \
+  # The default sweep's rn50 rows add an estimated 4-6 min (more with the PyTorch peer): 600 s.
+  timeout ${SCALING_TIMEOUT:-600} mpirun -np 1 $B/bench-scaling --config bench/scaling.ini --grid.enabled false \
     --out "$OUT/scaling" > "$OUT/scaling-stdout.log" 2>&1
   echo "bench-scaling rc=$?"; grep -A12 -i "findings" "$OUT/scaling-stdout.log" | head -20
 fi

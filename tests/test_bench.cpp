@@ -1,10 +1,12 @@
 // bench-scaling's harness on CPU ranks (4, oversubscribed): subsets and their communicators,
 // the arithmetic against hand-computed values (efficiency, nccl-tests' busbw for allreduce,
 // reduce-scatter and all-gather, bucket layout, alpha-beta fit, limiting factor, exposed
-// communication; time to target is test_bench_tta's), the variants of the gradient path,
-// the measurements on a tiny model (collective results exact, one row per subset and variant),
-// the PyTorch peer's output read and set beside dptrain's rows, and the report files written and
-// well formed (records.json read back cell for cell, the plots report.md lists drawn).
+// communication, the time budget's step counts; time to target is test_bench_tta's), the
+// variants of the gradient path, the probe every rank agrees on, a slow model's rows shortened
+// by the budget beside a fast one's, the measurements on a tiny model (collective results
+// exact, one row per subset and variant), the PyTorch peer's output read and set beside
+// dptrain's rows, and the report files written and well formed (records.json read back cell for
+// cell, the plots report.md lists drawn).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -303,6 +305,82 @@ TEST(BenchArithmetic, LimitingFactorNamesTheLargestPart) {
   EXPECT_EQ(limiting_factor(20e-6, 20e-6, 0, 0, 0, 50e-6), "launch/latency-bound");
 }
 
+// The time budget: min(count, max(floor, ⌈budget / probe⌉)) for the timed and the warm-up steps.
+TEST(BenchArithmetic, TimeBudgetCountsFollowTheProbe) {
+  Settings s;  // the GPU defaults: 50 + 200 steps, 0.5 s and 2 s, at least 20 timed
+  ASSERT_EQ(s.warmup_steps, 50);
+  ASSERT_EQ(s.timed_steps, 200);
+  EXPECT_TRUE(budget_applies(s));
+  auto counts = [&](double probe) {
+    const StepCounts k = step_counts(s, probe);
+    return std::pair{k.warmup, k.timed};
+  };
+  // Fast steps (the MLPs and the CNN, 0.1–5 ms on a GPU) keep every step, up to the 10 ms where
+  // both budgets trip.
+  EXPECT_EQ(counts(0.1e-3), std::pair(50, 200));
+  EXPECT_EQ(counts(5e-3), std::pair(50, 200));
+  EXPECT_EQ(counts(10e-3), std::pair(50, 200));
+  // resnet50 at 64 a GPU in fp32 (~45 ms): ⌈0.5 / 0.045⌉ = 12, ⌈2 / 0.045⌉ = 45.
+  EXPECT_EQ(counts(45e-3), std::pair(12, 45));
+  // Slower still: the floors (kMinWarmupSteps, min_timed_steps).
+  EXPECT_EQ(counts(0.18), std::pair(kMinWarmupSteps, 20));
+  EXPECT_EQ(counts(1e9), std::pair(kMinWarmupSteps, 20));
+  // A probe that says nothing (noise on a fast step: not positive, or not finite): as configured.
+  for (double bad : {0.0, -1e-3, double(NAN), double(INFINITY)}) EXPECT_EQ(counts(bad), std::pair(50, 200)) << bad;
+  // A tiny probe cannot overflow.
+  EXPECT_EQ(counts(1e-300), std::pair(50, 200));
+  // A floor never raises a count: with timed_steps under min_timed_steps no budget applies.
+  s.timed_steps = 3;
+  s.warmup_steps = 2;
+  EXPECT_FALSE(budget_applies(s));
+  EXPECT_EQ(counts(1.0), std::pair(2, 3));
+  // Each budget is off at 0.
+  s.warmup_steps = 50;
+  s.timed_steps = 200;
+  s.timed_seconds = 0;
+  EXPECT_EQ(counts(45e-3), std::pair(12, 200));
+  s.warmup_seconds = 0;
+  EXPECT_FALSE(budget_applies(s));
+  EXPECT_EQ(counts(45e-3), std::pair(50, 200));
+}
+
+// Every rank of the communicator gets the same counts, from the slowest rank's probe, and the
+// probe is the difference of two runs (start-up cancels). A fake loop stands in for the Trainer:
+// rank r takes 0.3 s to start and 7 ms × (r + 1) a step.
+TEST(BenchMeasure, PlanStepsAgreesOnEveryRankFromTheSlowestProbe) {
+  Settings s;
+  s.warmup_steps = 20;
+  s.timed_steps = 50;
+  s.min_timed_steps = 10;
+  s.timed_seconds = 0.25;
+  s.warmup_seconds = 0.1;
+  const int r = world_rank(), n = world_size();
+  std::vector<int64_t> calls;
+  auto loop = [&](int64_t k) {
+    calls.push_back(k);
+    return 0.3 + double(k) * 7e-3 * (r + 1);
+  };
+  const StepCounts k = plan_steps(s, MPI_COMM_WORLD, loop);
+  EXPECT_EQ(calls, (std::vector<int64_t>{5, 5, 10}));  // untimed, then P and 2P
+  EXPECT_NEAR(k.probe_s, 7e-3 * n, 1e-9);
+  // 4 ranks: 28 ms, ⌈0.25 / 0.028⌉ = 9 → the floor 10; ⌈0.1 / 0.028⌉ = 4 → kMinWarmupSteps.
+  const StepCounts want = step_counts(s, 7e-3 * n);
+  EXPECT_EQ(k.timed, want.timed);
+  EXPECT_EQ(k.warmup, want.warmup);
+  if (n == 4) EXPECT_EQ(std::pair(k.warmup, k.timed), std::pair(kMinWarmupSteps, 10));
+  int mine[2] = {k.warmup, k.timed};
+  std::vector<int> all(size_t(2 * n));
+  MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, MPI_COMM_WORLD);
+  for (int q = 0; q < n; ++q) EXPECT_EQ(std::pair(all[2 * q], all[2 * q + 1]), std::pair(k.warmup, k.timed)) << "rank " << q;
+  // No budget: one untimed run of warmup_steps, the counts as configured, nothing probed.
+  s.timed_seconds = s.warmup_seconds = 0;
+  calls.clear();
+  const StepCounts off = plan_steps(s, MPI_COMM_WORLD, loop);
+  EXPECT_EQ(calls, (std::vector<int64_t>{20}));
+  EXPECT_EQ(std::pair(off.warmup, off.timed), std::pair(20, 50));
+  EXPECT_TRUE(std::isnan(off.probe_s));
+}
+
 TEST(BenchMeasure, AllreduceSweepIsExactOnEverySubset) {
   Harness h(fs::temp_directory_path() / "dpt-bench-unused");
   const Table t = measure_allreduce(h.cx);
@@ -528,6 +606,47 @@ TEST(BenchMeasure, ALayerListIsMeasuredLikeAnMlp) {
   EXPECT_EQ(bk.at(1, "buckets")->num, 1);
 }
 
+// A slow model's rows take fewer steps within the budget; a fast model's keep timed_steps. The
+// rows say how many they took and the probe they came from.
+TEST(BenchMeasure, TimeBudgetShortensASlowRowAndLeavesAFastOne) {
+  Harness h(fs::temp_directory_path() / "dpt-bench-unused");
+  h.s.max_ranks = 2;
+  // fast: the tiny MLP (well under 1 ms a step); slow: 784-2048-2048-10 at 64 a rank, ~2.2 GFLOP
+  // a step, 20 ms or more on one core, so the probe's 5 steps (100 ms) stand above the noise of
+  // oversubscribed ranks (a probe lost in noise would leave the row its configured counts).
+  h.s.models = parse_models("fast:12,16,8,4 slow/64,64:784,2048,2048,10");
+  h.s.warmup_steps = 20;
+  h.s.timed_steps = 50;
+  h.s.min_timed_steps = 10;
+  // Both budgets trip at 4 ms a step: 0.2 s / 50 timed steps, 0.08 s / 20 warm-up steps.
+  h.s.timed_seconds = 0.2;
+  h.s.warmup_seconds = 0.08;
+  const Table sc = measure_scaling(h.cx);
+  if (world_rank() != 0) return;
+  ASSERT_EQ(sc.rows.size(), 8u);  // 2 models × n = 1, 2 × weak, strong
+  for (size_t i = 0; i < sc.rows.size(); ++i) {
+    const std::string m = sc.at(i, "model")->text;
+    const std::string row = m + " " + sc.at(i, "mode")->text + " n=" + std::to_string(int(sc.at(i, "ranks")->num));
+    ASSERT_FALSE(sc.at(i, "probe_ms")->empty) << row;
+    const double probe = sc.at(i, "probe_ms")->num * 1e-3;
+    const int timed = int(sc.at(i, "timed_steps")->num), warm = int(sc.at(i, "warmup_steps")->num);
+    // The counts are the budget's arithmetic on the row's own probe.
+    const StepCounts want = step_counts(h.s, probe);
+    EXPECT_EQ(timed, want.timed) << row << ", probe " << probe;
+    EXPECT_EQ(warm, want.warmup) << row << ", probe " << probe;
+    if (m == "fast") {
+      EXPECT_EQ(timed, 50) << row << ", probe " << probe;
+      EXPECT_EQ(warm, 20) << row << ", probe " << probe;
+    } else {
+      EXPECT_GT(probe, 4e-3) << row;
+      EXPECT_LT(timed, 50) << row << ", probe " << probe;
+      EXPECT_GE(timed, 10) << row;
+      EXPECT_LT(warm, 20) << row << ", probe " << probe;
+      EXPECT_GE(warm, kMinWarmupSteps) << row;
+    }
+  }
+}
+
 TEST(BenchMeasure, ScalingBucketsAndReportOnCpuRanks) {
   const fs::path out = fs::temp_directory_path() / ("dpt-bench-" + std::to_string(getpid()));
   std::string dir = out.string();
@@ -548,6 +667,9 @@ TEST(BenchMeasure, ScalingBucketsAndReportOnCpuRanks) {
     std::istringstream per(sc.at(i, "compute_per_rank_ms")->text);
     EXPECT_EQ(std::distance(std::istream_iterator<std::string>(per), std::istream_iterator<std::string>()), n);
     EXPECT_FALSE(sc.at(i, "limit")->text.empty());
+    // The steps the row took: the budget's on its probe (a tiny model's: all 200 but on a stalled machine).
+    ASSERT_FALSE(sc.at(i, "probe_ms")->empty);
+    EXPECT_EQ(sc.at(i, "timed_steps")->num, step_counts(h.s, sc.at(i, "probe_ms")->num * 1e-3).timed);
     // A step time is a difference of two run lengths: on oversubscribed CPU ranks noise can
     // drown it, and then the row must say so instead of giving a figure.
     if (sc.at(i, "step_ms")->empty) {

@@ -194,12 +194,15 @@ TEST_F(BenchCli, AModelsOwnBatches) {
   ASSERT_EQ(r.code, 0) << r.out;
   const Outcome c = sh("/usr/bin/python3 -c \"import json,sys; t=json.load(open(sys.argv[1]))['tables']['scaling']['rows']; "
                        "print(' '.join(sorted('%s-%s-n%d-b%d' % (r['model'], r['mode'], r['ranks'], r['batch_per_rank']) "
-                       "for r in t)))\" " + (out / "records.json").string());
+                       "for r in t))); print(sorted({(int(r['warmup_steps']), int(r['timed_steps']), r['probe_ms']) for r in t}))\" " +
+                       (out / "records.json").string());
   ASSERT_EQ(c.code, 0) << c.out;
   EXPECT_NE(c.out.find("mine-strong-n1-b12 mine-strong-n2-b6 mine-weak-n1-b4 mine-weak-n2-b4 "
                        "small-strong-n1-b16 small-strong-n2-b8 small-weak-n1-b8 small-weak-n2-b8"),
             std::string::npos)
       << c.out << r.out;
+  // tiny.ini's 2 + 3 steps are under the time budget's floors: every row takes them, unprobed.
+  EXPECT_NE(c.out.find("[(2, 3, None)]"), std::string::npos) << c.out;
 }
 
 TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
@@ -209,6 +212,17 @@ TEST_F(BenchCli, UnknownSweepKeyIsNamed) {
   r = sweep("--scaling.variants 'sharded-fp32 zero3-bf16'");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("scaling.variants = 'zero3-bf16' (command line)"), std::string::npos) << r.out;
+  // The time budget's keys: seconds at least 0 (0 is off), a floor of at least one step.
+  r = sweep("--scaling.timed_seconds -1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("scaling.timed_seconds = '-1' (command line): expected seconds ≥ 0 (0 turns the budget off)"),
+            std::string::npos) << r.out;
+  r = sweep("--scaling.warmup_seconds 1s");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("scaling.warmup_seconds = '1s' (command line): expected seconds ≥ 0"), std::string::npos) << r.out;
+  r = sweep("--scaling.min_timed_steps 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("scaling.min_timed_steps = '0' (command line): expected an integer ≥ 1"), std::string::npos) << r.out;
 }
 
 // A stray word is refused on every rank (exit 2) by name; one that names a file gets the

@@ -91,6 +91,12 @@ struct Settings {
   int weak_batch(const ModelSpec& m) const { return m.weak_batch > 0 ? m.weak_batch : weak_batch_per_rank; }
   int strong_batch(const ModelSpec& m) const { return m.strong_batch > 0 ? m.strong_batch : strong_global_batch; }
   int warmup_steps = 50, timed_steps = 200, repeats = 3;
+  // Time budgets per timing (0 = off: every timing takes warmup_steps and timed_steps): a timing
+  // whose step is slow takes fewer steps (step_counts). The defaults trip at 10 ms per step, so
+  // the MLPs and the CNN (0.1–5 ms on a GPU) keep their 50 + 200.
+  double timed_seconds = 2.0;
+  double warmup_seconds = 0.5;
+  int min_timed_steps = 20;  // the budget never takes fewer timed steps (nor more than timed_steps)
   int data_iters = 100;       // load_batch calls timed for the data share
   double latency_ms = 0.05;   // a step shorter than this is called launch/latency-bound
   int max_ranks = 0;          // 0 = the whole world
@@ -176,6 +182,19 @@ std::unique_ptr<Comm> make_null_comm(int rank = 0, int size = 1, Backend* lanes 
 
 // ---------------------------------------------------------------------------------------------
 // Arithmetic, all pure (tested).
+
+// The steps one timing takes. With a budget on, timed = min(timed_steps, max(min_timed_steps,
+// ⌈timed_seconds / probe⌉)) and warmup = min(warmup_steps, max(kMinWarmupSteps, ⌈warmup_seconds /
+// probe⌉)), probe being the slowest rank's seconds per step; a probe that is not positive and
+// finite (noise on a fast step) leaves the counts as configured.
+inline constexpr int kMinWarmupSteps = 5;  // the eager first step and the graph capture are the first two
+struct StepCounts {
+  int warmup = 0, timed = 0;
+  double probe_s = NAN;  // what they came from; NaN: not probed (no budget could shorten them)
+};
+StepCounts step_counts(const Settings& s, double probe_s);
+// Whether a probe can change anything: a budget on and its count above its floor.
+bool budget_applies(const Settings& s);
 
 // Scaling efficiency = throughput(n) / (n × throughput(1)).
 double efficiency(double throughput_n, int n, double throughput_1);
@@ -281,6 +300,13 @@ struct Context {
 // The subset's communicator with the run's transport (make_comm_for; on GPUs its own NCCL
 // communicator bootstrapped over MPI_Bcast). Placement is the world's: one device per world rank.
 std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub);
+
+// One timing's step counts, the same on every rank of `c` (they meet in collectives). loop(k)
+// runs a fresh Trainer for k steps and returns its loop's seconds. Runs loop once untimed (the
+// first Trainer on a dataset pays one-time costs); where a budget applies, that run is P =
+// min(warmup_steps, kMinWarmupSteps) steps and the probe is (loop(2P) − loop(P)) / P, its max
+// over `c` (start-up cancels as in the timing itself); else it is warmup_steps, as before budgets.
+StepCounts plan_steps(const Settings& s, MPI_Comm c, const std::function<double(int64_t steps)>& loop);
 
 Table measure_scaling(Context& cx);                          // weak + strong per variant, with the breakdown
 Table measure_collective(Context& cx, Collective c);         // n ≥ 2

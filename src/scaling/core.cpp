@@ -172,6 +172,24 @@ std::vector<size_t> bucket_elements(const std::vector<int>& layers, double bucke
   return sizes;
 }
 
+namespace {
+// min(count, max(floor, ⌈budget / probe⌉)), in doubles so a tiny probe cannot overflow an int.
+int budgeted(int count, int floor, double budget_s, double probe_s) {
+  if (!(budget_s > 0) || !(probe_s > 0) || !std::isfinite(probe_s)) return count;
+  return int(std::min<double>(count, std::max<double>(floor, std::ceil(budget_s / probe_s))));
+}
+}  // namespace
+
+bool budget_applies(const Settings& s) {
+  return (s.timed_seconds > 0 && s.timed_steps > s.min_timed_steps) ||
+         (s.warmup_seconds > 0 && s.warmup_steps > kMinWarmupSteps);
+}
+
+StepCounts step_counts(const Settings& s, double probe_s) {
+  return {budgeted(s.warmup_steps, kMinWarmupSteps, s.warmup_seconds, probe_s),
+          budgeted(s.timed_steps, s.min_timed_steps, s.timed_seconds, probe_s), probe_s};
+}
+
 Stat stat_of(std::vector<double> v) {
   Stat s;
   if (v.empty()) return {NAN, NAN, NAN};

@@ -178,8 +178,9 @@ std::vector<Cell> grid_row(const Variant& v, const Shape& sh, const Outcome& o, 
 }
 
 // This subset's slowest rank's seconds per step at shape sh: (t(W+S) − t(W)) / S in fresh
-// Trainers on the training set, median of repeats.
-double step_seconds(const Settings& s, Backend& be, Comm& comm, const Variant& v, const Shape& sh, const Dataset& train) {
+// Trainers on the training set, median of repeats; W and S within the [scaling] budgets.
+double step_seconds(const Settings& s, Backend& be, Comm& comm, const Variant& v, const Shape& sh, const Dataset& train,
+                    StepCounts& k) {
   Config c = s.grid_base;
   c.optimizer = v.optimizer;
   c.lr = 1e-3;  // small and constant: no timing run should reach non-finite values
@@ -206,11 +207,11 @@ double step_seconds(const Settings& s, Backend& be, Comm& comm, const Variant& v
     }
     return t->run().seconds;
   };
-  loop(s.warmup_steps);  // first-touch and lazy set-up, untimed
+  k = plan_steps(s, comm.mpi(), loop);  // first-touch and lazy set-up untimed, then the probe
   std::vector<double> v_s;
   for (int r = 0; r < s.repeats; ++r) {
     DPT_CHECK_MPI(MPI_Barrier(comm.mpi()));
-    double d = (loop(s.warmup_steps + s.timed_steps) - loop(s.warmup_steps)) / s.timed_steps;
+    double d = (loop(k.warmup + k.timed) - loop(k.warmup)) / k.timed;
     DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &d, 1, MPI_DOUBLE, MPI_MAX, comm.mpi()));
     v_s.push_back(d);
   }
@@ -228,10 +229,13 @@ Table steps_table() {
                 {"batch_per_rank", "b/rank", "samples", "%.0f"},
                 {"accumulate", "acc", "", "%.0f"},
                 {"global_batch", "global", "samples", "%.0f"},
-                {"step_ms", "step", "ms", "%.4f"}},
+                {"step_ms", "step", "ms", "%.4f"},
+                {"timed_steps", "timed", "steps", "%.0f"}},
                {},
                {"step: the slowest rank's (t(W+S) - t(W)) / S in fresh Trainers on the training set ([scaling] "
-                "warmup_steps, timed_steps), median of repeats; no evaluation, no metrics."}};
+                "warmup_steps, timed_steps), median of repeats; no evaluation, no metrics.",
+                "timed: S of that row, fewer than timed_steps where the step is slow ([scaling] timed_seconds, "
+                "min_timed_steps, warmup_seconds: as in the scaling table)."}};
 }
 
 Table check_table() {
@@ -314,8 +318,9 @@ class GridSweep {
           for (const std::string& o : opts) {
             Variant v;
             v.optimizer = o;
-            const double st = step_seconds(s_, *cx_.be, *comm, v, sh, train_);
-            g.steps.rows.push_back({txt(o), num(n), num(sh.b * sh.acc), num(sh.acc), num(B), num(st * 1e3)});
+            StepCounts k;
+            const double st = step_seconds(s_, *cx_.be, *comm, v, sh, train_, k);
+            g.steps.rows.push_back({txt(o), num(n), num(sh.b * sh.acc), num(sh.acc), num(B), num(st * 1e3), num(k.timed)});
           }
         }
       }

@@ -71,10 +71,10 @@ double loop_seconds(Config c, int64_t steps, Backend& be, Comm& comm, const Data
 }
 
 // This rank's steady-state seconds per step: (t(W+S) − t(W)) / S.
-double step_by_difference(const Settings& s, const Config& c, Backend& be, Comm& comm, const Dataset& ds) {
-  const double a = loop_seconds(c, s.warmup_steps, be, comm, ds);
-  const double b = loop_seconds(c, s.warmup_steps + s.timed_steps, be, comm, ds);
-  return (b - a) / s.timed_steps;
+double step_by_difference(const StepCounts& k, const Config& c, Backend& be, Comm& comm, const Dataset& ds) {
+  const double a = loop_seconds(c, k.warmup, be, comm, ds);
+  const double b = loop_seconds(c, k.warmup + k.timed, be, comm, ds);
+  return (b - a) / k.timed;
 }
 
 // Seconds per Backend::load_batch of b rows (what the loop's data gather costs, timed alone).
@@ -107,6 +107,7 @@ double max_over(MPI_Comm c, double v) {
 
 // One timing row's raw figures (rank 0 of the subset holds the gathered ones).
 struct RowTiming {
+  StepCounts steps;              // warm-up and timed steps of every run pair, and the probe
   Stat step;                     // seconds, slowest rank, over repeats
   std::vector<double> compute;   // per rank: median no-communication step
   std::vector<double> data;      // per rank: load_batch of its batch
@@ -118,19 +119,19 @@ RowTiming time_row(Context& cx, MPI_Comm sub, Comm& comm, const Config& c, const
   // the same stream order and graph capture, nothing sent.
   auto alone = make_null_comm(comm.rank(), comm.size(), cx.be, comm.capturable());
   std::vector<double> full, compute;
-  // One untimed run first: the first Trainer on a dataset pays one-time costs (on a GPU, the
-  // dataset's upload and the libraries' lazy set-up) that would skew the first difference.
-  loop_seconds(c, s.warmup_steps, *cx.be, comm, ds);
+  RowTiming t;
+  // The untimed first run (one-time costs: on a GPU the dataset's upload and the libraries'
+  // lazy set-up) and the probe; the compute runs take the same counts as the real ones.
+  t.steps = plan_steps(s, sub, [&](int64_t k) { return loop_seconds(c, k, *cx.be, comm, ds); });
   for (int r = 0; r < s.repeats; ++r) {
     DPT_CHECK_MPI(MPI_Barrier(sub));
-    full.push_back(max_over(sub, step_by_difference(s, c, *cx.be, comm, ds)));
+    full.push_back(max_over(sub, step_by_difference(t.steps, c, *cx.be, comm, ds)));
     if (!breakdown) continue;
     // Every rank of the subset runs its compute at the same time, as in the real loop, so
     // shared resources (cores, memory bandwidth, PCIe) are contended alike.
     DPT_CHECK_MPI(MPI_Barrier(sub));
-    compute.push_back(step_by_difference(s, c, *cx.be, *alone, ds));
+    compute.push_back(step_by_difference(t.steps, c, *cx.be, *alone, ds));
   }
-  RowTiming t;
   t.step = stat_of(full);
   if (breakdown) {
     t.compute = gather(sub, stat_of(compute).med);
@@ -157,6 +158,9 @@ const std::vector<Column> kScalingCols = {
     {"step_ms", "step", "ms", "%.3f"},
     {"step_min_ms", "min", "ms", "%.3f"},
     {"step_max_ms", "max", "ms", "%.3f"},
+    {"timed_steps", "timed", "steps", "%.0f"},
+    {"warmup_steps", "warm", "steps", "%.0f"},
+    {"probe_ms", "probe", "ms", "%.3f"},
     {"samples_per_s", "throughput", "samples/s", "%.0f"},
     {"efficiency", "eff", "", "%.3f"},
     {"efficiency_vs_best1", "eff/best1", "", "%.3f"},
@@ -178,11 +182,13 @@ std::vector<Cell> scaling_row(const Settings& s, const ModelSpec& m, const char*
   for (size_t r = 0; r < t.compute.size(); ++r) per_rank += (r ? " " : "") + fmt("%.3f", t.compute[r] * 1e3);
   const double G = double(b) * n;
   const bool resolved = step > 0;  // else the two run lengths' difference drowned in noise: no figure
+  const bool probed = std::isfinite(t.steps.probe_s);
   return {txt(m.name), txt(mode), txt(v.name()), num(n), num(b), num(G), resolved ? num(step * 1e3) : none(),
-          num(t.step.min * 1e3), num(t.step.max * 1e3), resolved ? num(G / step) : none(), none(), none(),
+          num(t.step.min * 1e3), num(t.step.max * 1e3), num(t.steps.timed), num(t.steps.warmup),
+          probed ? num(t.steps.probe_s * 1e3) : none(), resolved ? num(G / step) : none(), none(), none(),
           num(bd.compute_mean * 1e3), num(bd.compute_max * 1e3), num(bd.data_mean * 1e3),
           resolved ? num(bd.imbalance_pct) : none(), resolved ? num(bd.exposed * 1e3) : none(),
-          resolved ? num(bd.exposed_pct) : none(), txt(resolved ? bd.limit : "unresolved: raise scaling.timed_steps"),
+          resolved ? num(bd.exposed_pct) : none(), txt(resolved ? bd.limit : "unresolved: raise scaling.timed_steps (or timed_seconds)"),
           txt(per_rank)};
 }
 
@@ -227,6 +233,20 @@ std::unique_ptr<Comm> subset_comm(Context& cx, MPI_Comm sub) {
   } lend(rt, cx.be);
   make_comm_for(cx.s->base, sub, rt);
   return std::move(rt.comm);
+}
+
+StepCounts plan_steps(const Settings& s, MPI_Comm c, const std::function<double(int64_t)>& loop) {
+  if (!budget_applies(s)) {
+    loop(s.warmup_steps);
+    return {s.warmup_steps, s.timed_steps, NAN};
+  }
+  const int p = std::min(s.warmup_steps, kMinWarmupSteps);
+  loop(p);
+  DPT_CHECK_MPI(MPI_Barrier(c));
+  const double a = loop(p);
+  const double b = loop(2 * p);
+  // The slowest rank's, reduced exactly (MPI_MAX), so every rank computes the same counts.
+  return step_counts(s, max_over(c, (b - a) / p));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,6 +308,10 @@ Table measure_scaling(Context& cx) {
   std::vector<std::string> notes = {
       "variant: train.shard_optimizer (unsharded/sharded) and comm.grad_dtype (fp32/bf16 gradients on the wire) of the timed runs.",
       "step: slowest rank's seconds per step = (t(W+S) - t(W)) / S in fresh Trainers, median (min, max) of the repeats.",
+      "timed, warm: S and W of that row. With a time budget (scaling.timed_seconds, warmup_seconds) a slow row takes fewer: "
+      "S = min(timed_steps, max(min_timed_steps, ceil(timed_seconds / probe))), W = min(warmup_steps, max(5, "
+      "ceil(warmup_seconds / probe))); probe: the slowest rank's (t(2P) - t(P)) / P, P = min(warmup_steps, 5), "
+      "taken before the repeats (empty: no budget could shorten the row, not probed).",
       "compute: the same loop with nothing sent (a Comm on MPI_COMM_SELF with the subset's rank and size and the transport's stream order), all ranks at once; mean and max over ranks.",
       "data: Backend::load_batch of one batch timed alone (an estimate of the loop's gather, which it contains).",
       "imbal = (max - mean) / mean of per-rank compute; exp comm = step - max compute (communication and sync not hidden behind compute), per variant.",
@@ -435,7 +459,8 @@ Table measure_buckets(Context& cx) {
            {"step_max_ms", "max", "ms", "%.3f"},
            {"samples_per_s", "throughput", "samples/s", "%.0f"},
            {"vs_best_pct", "vs best", "% slower", "%.1f"},
-           {"best", "best", "", ""}},
+           {"best", "best", "", ""},
+           {"timed_steps", "timed", "steps", "%.0f"}},
           {},
           {}};
   for (const ModelSpec& m : s.models) {
@@ -457,7 +482,7 @@ Table measure_buckets(Context& cx) {
             t.rows.push_back({txt(m.name), num(n), num(mb), num(double(bk.size())), num(largest),
                               resolved ? num(rt.step.med * 1e3) : none(), num(rt.step.min * 1e3), num(rt.step.max * 1e3),
                               resolved ? num(double(s.weak_batch(m)) * n / rt.step.med) : none(), none(),
-                              txt(resolved ? "" : "unresolved")});
+                              txt(resolved ? "" : "unresolved"), num(rt.steps.timed)});
         }
         if (cx.rank == 0 && t.rows.size() > first) {
           size_t best = t.rows.size();
@@ -473,7 +498,8 @@ Table measure_buckets(Context& cx) {
     }
   }
   t.notes = {"buckets: how many allreduces a step makes (consecutive layers from the last, each at least the bucket size).",
-             "best (*): the fastest bucket size for that model and rank count; vs best = how much slower each other size is."};
+             "best (*): the fastest bucket size for that model and rank count; vs best = how much slower each other size is.",
+             "step and timed: as in the scaling table (timed steps within scaling.timed_seconds, warm-up and repeats alike)."};
   if (cx.size < 2) t.notes.push_back("one rank: no gradient allreduce, no bucket sweep.");
   return t;
 }

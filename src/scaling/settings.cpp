@@ -1,6 +1,7 @@
 // bench-scaling's settings: dptrain's sections go through dptrain's own option table; the
 // sweep's sections are a small key table here, with the same error style (key, value, file).
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -90,14 +91,18 @@ int to_int(const std::string& k, const std::string& v, const std::string& w, int
   }
 }
 
-double to_double(const std::string& k, const std::string& v, const std::string& w, double lo) {
+// `expected`: what the message says a value must be (default: a number ≥ lo).
+double to_double(const std::string& k, const std::string& v, const std::string& w, double lo,
+                 const std::string& expected = "") {
   try {
     size_t used = 0;
     const double x = std::stod(v, &used);
     if (used != v.size() || !(x >= lo) || x > 1e15) throw 0;
     return x;
   } catch (...) {
-    bad(k, v, w, "expected a number ≥ " + std::to_string(lo));
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", lo);
+    bad(k, v, w, "expected " + (expected.empty() ? "a number ≥ " + std::string(b) : expected));
   }
 }
 
@@ -121,6 +126,11 @@ std::vector<Key> key_table() {
   auto D = [](double Settings::*m, double lo) {
     return [m, lo](Settings& s, const std::string& k, const std::string& v, const std::string& w) { s.*m = to_double(k, v, w, lo); };
   };
+  auto budget = [](double Settings::*m) {
+    return [m](Settings& s, const std::string& k, const std::string& v, const std::string& w) {
+      s.*m = to_double(k, v, w, 0, "seconds ≥ 0 (0 turns the budget off)");
+    };
+  };
   return {
       {"scaling.models", "name:widths, e.g. 'default:784,256,128,10 wide:784,4096,4096,4096,10', or with layer lists "
                          "separated by ';': 'default:784,256,128,10; cnn@1,28,28:conv(32,3,pad=1) relu maxpool(2) flatten linear(10)'",
@@ -135,6 +145,13 @@ std::vector<Key> key_table() {
       {"scaling.strong_global_batch", "global batch of the strong-scaling rows (split over the ranks)", I(&Settings::strong_global_batch, 1)},
       {"scaling.warmup_steps", "steps of the shorter run (their time is subtracted)", I(&Settings::warmup_steps, 1)},
       {"scaling.timed_steps", "extra steps of the longer run (step time = difference / timed_steps)", I(&Settings::timed_steps, 1)},
+      {"scaling.timed_seconds", "time budget of a timing's longer run beyond the shorter: a row whose step is slow takes "
+                                "min(timed_steps, max(min_timed_steps, ceil(timed_seconds / step))) timed steps, the step "
+                                "probed first (0 = off: always timed_steps)", budget(&Settings::timed_seconds)},
+      {"scaling.min_timed_steps", "fewest timed steps the time budget leaves a row (never more than timed_steps)",
+       I(&Settings::min_timed_steps, 1)},
+      {"scaling.warmup_seconds", "time budget of the shorter run: min(warmup_steps, max(5, ceil(warmup_seconds / step))) "
+                                 "steps (0 = off: always warmup_steps)", budget(&Settings::warmup_seconds)},
       {"scaling.repeats", "repetitions of every timing (median, min, max)", I(&Settings::repeats, 1)},
       {"scaling.data_iters", "load_batch calls timed for the data share", I(&Settings::data_iters, 1)},
       {"scaling.latency_ms", "steps shorter than this are called launch/latency-bound", D(&Settings::latency_ms, 0)},
@@ -470,7 +487,9 @@ std::string settings_text(const Settings& s) {
   for (auto& m : s.models) lists = lists || m.is_list();
   for (size_t i = 0; i < s.models.size(); ++i) os << (i && lists ? "; " : " ") << s.models[i].text();
   os << "\nweak_batch_per_rank = " << s.weak_batch_per_rank << "\nstrong_global_batch = " << s.strong_global_batch
-     << "\nwarmup_steps = " << s.warmup_steps << "\ntimed_steps = " << s.timed_steps << "\nrepeats = " << s.repeats
+     << "\nwarmup_steps = " << s.warmup_steps << "\ntimed_steps = " << s.timed_steps
+     << "\ntimed_seconds = " << s.timed_seconds << "\nmin_timed_steps = " << s.min_timed_steps
+     << "\nwarmup_seconds = " << s.warmup_seconds << "\nrepeats = " << s.repeats
      << "\ndata_iters = " << s.data_iters << "\nlatency_ms = " << s.latency_ms << "\nmax_ranks = " << s.max_ranks
      << "\nvariants =";
   for (auto& v : variants_of(s)) os << " " << v.name();
