@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 #include <type_traits>
 
 #include "act.cuh"
@@ -30,9 +32,17 @@ constexpr int64_t kMaxChunk = (int64_t(1) << 31) - (int64_t(1) << 24);
 
 // ============================== kernels ==============================
 
+// Eight values (pooling's 8-channel path: 16-byte bf16 loads and stores).
+struct Float8 {
+  float v[8];
+};
+
 template <int V> struct VecF;
 template <> struct VecF<1> { using T = float; };
 template <> struct VecF<4> { using T = float4; };
+template <> struct VecF<8> { using T = Float8; };
+__device__ __forceinline__ float& lane(Float8& x, int k) { return x.v[k]; }
+__device__ __forceinline__ float lane(const Float8& x, int k) { return x.v[k]; }
 
 __device__ __forceinline__ float& lane(float& v, int) { return v; }
 __device__ __forceinline__ float& lane(float4& v, int k) {
@@ -60,6 +70,16 @@ __device__ __forceinline__ float ldv(const float* p, size_t i, float*) { return 
 __device__ __forceinline__ float ldv(const __nv_bfloat16* p, size_t i, float*) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ float4 ldv(const float* p, size_t i, float4*) { return ld4(p, i); }
 __device__ __forceinline__ float4 ldv(const __nv_bfloat16* p, size_t i, float4*) { return ld4(p, i); }
+__device__ __forceinline__ Float8 ldv(const float* p, size_t i, Float8*) {
+  Float8 r;
+  ld8(p, i * 8, r.v);
+  return r;
+}
+__device__ __forceinline__ Float8 ldv(const __nv_bfloat16* p, size_t i, Float8*) {
+  Float8 r;
+  ld8(p, i * 8, r.v);
+  return r;
+}
 template <class F, class T> __device__ __forceinline__ F ldv(const T* p, size_t i) {
   return ldv(p, i, static_cast<F*>(nullptr));
 }
@@ -72,6 +92,9 @@ __device__ __forceinline__ void stv(__nv_bfloat16* p, size_t i, const float4& v)
   h.hi = __floats2bfloat162_rn(v.z, v.w);
   reinterpret_cast<Bf16x4*>(p)[i] = h;
 }
+
+__device__ __forceinline__ void stv(float* p, size_t i, const Float8& v) { st8(p, i * 8, v.v); }
+__device__ __forceinline__ void stv(__nv_bfloat16* p, size_t i, const Float8& v) { st8(p, i * 8, v.v); }
 
 template <int V, bool BF16> struct ColT;
 template <> struct ColT<1, false> { using T = float; };
@@ -269,6 +292,59 @@ __global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __rest
   }
 }
 
+// The same where the windows tile the input exactly (k = stride, h and w multiples of k, no
+// padding): one thread per output element (V channels of one pixel) reads dy and argmax once and
+// writes its window's k² input elements, each the sum the gather form makes of its one window
+// (0 + dy where the argmax is this element, else 0; avg: 0 + dy / k²), and PRE's mask the same
+// way. The gather form read each window's dy and argmax once per input element it holds.
+template <int V, bool MAX, class TD, class TO, bool PRE>
+__global__ void pool_bwd_disjoint_kernel(const TD* __restrict__ dy, const int32_t* __restrict__ argmax, TO* dx,
+                                         PoolGeom g, Div cv, Div ow_n, Div oh_n, int pix0, int total,
+                                         const __nv_bfloat16* __restrict__ z16, const float* __restrict__ bias) {
+  using F = typename VecF<V>::T;
+  const float area = float(g.k * g.k);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int c, ow, oh;
+    const int pix = pix0 + cv.divmod(i, c);
+    const int n = oh_n.divmod(ow_n.divmod(pix, ow), oh);
+    const size_t o = size_t(pix) * size_t(cv.d) + size_t(c);
+    const F d = ldv<F>(dy, o);
+    int am[V];
+    if constexpr (MAX) {
+      if constexpr (V >= 4) {
+#pragma unroll
+        for (int q = 0; q < V; q += 4) {
+          const int4 a4 = reinterpret_cast<const int4*>(argmax + o * V)[q / 4];
+          am[q] = a4.x, am[q + 1] = a4.y, am[q + 2] = a4.z, am[q + 3] = a4.w;
+        }
+      } else {
+        am[0] = argmax[o];
+      }
+    }
+    for (int j = 0; j < g.k * g.k; ++j) {
+      const int kh = j / g.k, ih = oh * g.stride + kh, iw = ow * g.stride + j - kh * g.k;
+      const size_t e = ((size_t(n) * g.h + ih) * g.w + iw) * size_t(cv.d) + size_t(c);
+      F s{};
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        if (MAX) lane(s, q) = am[q] == j ? 0.f + lane(d, q) : 0.f;
+        else lane(s, q) = 0.f + __fdiv_rn(lane(d, q), area);
+      }
+      if constexpr (PRE) {
+        F a = ldv<F>(z16, e);
+        pre_act<true>(a, bias, c);
+#pragma unroll
+        for (int q = 0; q < V; ++q) {
+          float r = __bfloat162float(__float2bfloat16_rn(lane(s, q)));
+          if (!(lane(a, q) > 0.f)) r *= 0.f;
+          lane(s, q) = r;
+        }
+      }
+      stv(dx, e, s);
+    }
+  }
+}
+
 __global__ void act_fwd_kernel(const float* z, float* a, size_t n, Act act) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
@@ -408,24 +484,59 @@ void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s) {
 }
 
 namespace {
-template <bool PRE, class TX, class TY>
-void pool_fwd_launch(const TX* x, TY* y, int32_t* argmax, const PoolGeom& g, bool max, bool v4, const float* bias,
-                     cudaStream_t s) {
-  const int V = v4 ? 4 : 1;
-  const Div cv(g.c / V), ow_n(g.ow()), oh_n(g.oh());
-  in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / V, [&](int pix0, int total) {
-    const unsigned grid = grid_for(size_t(total));
-    if (max && v4) pool_fwd_kernel<4, true, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total, bias);
-    else if (max) pool_fwd_kernel<1, true, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total, bias);
-    else if (v4) pool_fwd_kernel<4, false, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total, bias);
-    else pool_fwd_kernel<1, false, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total, bias);
-    DPT_CHECK_LAUNCH("pool_fwd_kernel");
-  });
+// Channels per thread of a pooling pass: 8 where c allows and every operand is aligned for 16-byte
+// bf16 (32-byte float) accesses, else 4 (8- or 16-byte), else 1.
+int pool_width(int c, std::initializer_list<std::pair<const void*, size_t>> operands) {
+  for (int v : {8, 4}) {
+    if (c % v != 0) continue;
+    bool ok = true;
+    for (const auto& [p, elem] : operands) ok = ok && aligned(p, size_t(v) * elem);
+    if (ok) return v;
+  }
+  return 1;
 }
 
+template <bool PRE, class TX, class TY>
+void pool_fwd_launch(const TX* x, TY* y, int32_t* argmax, const PoolGeom& g, bool max, int V, const float* bias,
+                     cudaStream_t s) {
+  const Div cv(g.c / V), ow_n(g.ow()), oh_n(g.oh());
+  auto go = [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / W, [&](int pix0, int total) {
+      const unsigned grid = grid_for(size_t(total));
+      if (max) pool_fwd_kernel<W, true, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, argmax, g, cv, ow_n, oh_n, pix0, total, bias);
+      else pool_fwd_kernel<W, false, TX, TY, PRE><<<grid, kThreads, 0, s>>>(x, y, nullptr, g, cv, ow_n, oh_n, pix0, total, bias);
+      DPT_CHECK_LAUNCH("pool_fwd_kernel");
+    });
+  };
+  if (V == 8) go(std::integral_constant<int, 8>{});
+  else if (V == 4) go(std::integral_constant<int, 4>{});
+  else go(std::integral_constant<int, 1>{});
+}
+
+// Windows that tile the input exactly: pool_bwd_disjoint_kernel.
+bool disjoint(const PoolGeom& g) { return g.pad == 0 && g.k == g.stride && g.h % g.k == 0 && g.w % g.k == 0; }
+
 template <bool PRE, class TD, class TO>
-void pool_bwd_launch(const TD* dy, const int32_t* argmax, TO* dx, const PoolGeom& g, bool max, bool v4,
+void pool_bwd_launch(const TD* dy, const int32_t* argmax, TO* dx, const PoolGeom& g, bool max, int Vw,
                      const __nv_bfloat16* z16, const float* bias, cudaStream_t s) {
+  if (disjoint(g)) {
+    const Div cv(g.c / Vw), ow_n(g.ow()), oh_n(g.oh());
+    auto go = [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      in_chunks(int64_t(g.batch) * g.oh() * g.ow(), g.c / W, [&](int pix0, int total) {
+        const unsigned grid = grid_for(size_t(total));
+        if (max) pool_bwd_disjoint_kernel<W, true, TD, TO, PRE><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, cv, ow_n, oh_n, pix0, total, z16, bias);
+        else pool_bwd_disjoint_kernel<W, false, TD, TO, PRE><<<grid, kThreads, 0, s>>>(dy, argmax, dx, g, cv, ow_n, oh_n, pix0, total, z16, bias);
+        DPT_CHECK_LAUNCH("pool_bwd_disjoint_kernel");
+      });
+    };
+    if (Vw == 8) go(std::integral_constant<int, 8>{});
+    else if (Vw == 4) go(std::integral_constant<int, 4>{});
+    else go(std::integral_constant<int, 1>{});
+    return;
+  }
+  const bool v4 = Vw >= 4;
   const int V = v4 ? 4 : 1;
   const Div c_n(g.c / V), w_n(g.w), h_n(g.h), st(g.stride);
   in_chunks(int64_t(g.batch) * g.h * g.w, g.c / V, [&](int pix0, int total) {
@@ -450,35 +561,33 @@ template <class P, class F> void typed_ptr(P p, bool bf16, F&& f) {
 
 void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
                   cudaStream_t s) {
-  const bool v4 = g.c % 4 == 0 && aligned(x, x_bf16 ? 8 : 16) && aligned(y, y_bf16 ? 8 : 16);
+  const int V = pool_width(g.c, {{x, x_bf16 ? 2 : 4}, {y, y_bf16 ? 2 : 4}, {argmax, 4}});
   typed_ptr(x, x_bf16, [&](auto xp) {
-    typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<false>(xp, yp, argmax, g, max, v4, nullptr, s); });
+    typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<false>(xp, yp, argmax, g, max, V, nullptr, s); });
   });
 }
 
 void pool_forward_relu(const void* z16, const float* bias, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g,
                        cudaStream_t s) {
-  const bool v4 = g.c % 4 == 0 && aligned(z16, 8) && aligned(y, y_bf16 ? 8 : 16) && aligned(bias, 16);
+  const int V = pool_width(g.c, {{z16, 2}, {y, y_bf16 ? 2 : 4}, {argmax, 4}, {bias, 4}});
   const auto* zp = static_cast<const __nv_bfloat16*>(z16);
-  typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<true>(zp, yp, argmax, g, true, v4, bias, s); });
+  typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<true>(zp, yp, argmax, g, true, V, bias, s); });
 }
 
 void pool_backward(const void* dy, bool dy_bf16, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
                    bool max, cudaStream_t s) {
-  const bool v4 = g.c % 4 == 0 && aligned(dy, dy_bf16 ? 8 : 16) && aligned(dx, dx_bf16 ? 8 : 16) &&
-                  (!max || aligned(argmax, 16));
+  const int V = pool_width(g.c, {{dy, dy_bf16 ? 2 : 4}, {dx, dx_bf16 ? 2 : 4}, {argmax, 4}});
   typed_ptr(dy, dy_bf16, [&](auto dp) {
-    typed_ptr(dx, dx_bf16, [&](auto op) { pool_bwd_launch<false>(dp, argmax, op, g, max, v4, nullptr, nullptr, s); });
+    typed_ptr(dx, dx_bf16, [&](auto op) { pool_bwd_launch<false>(dp, argmax, op, g, max, V, nullptr, nullptr, s); });
   });
 }
 
 void pool_backward_relu(const void* dy, bool dy_bf16, const int32_t* argmax, const void* z16, const float* bias,
                         void* dx16, const PoolGeom& g, cudaStream_t s) {
-  const bool v4 = g.c % 4 == 0 && aligned(dy, dy_bf16 ? 8 : 16) && aligned(dx16, 8) && aligned(z16, 8) &&
-                  aligned(argmax, 16) && aligned(bias, 16);
+  const int V = pool_width(g.c, {{dy, dy_bf16 ? 2 : 4}, {dx16, 2}, {z16, 2}, {argmax, 4}, {bias, 4}});
   const auto* zp = static_cast<const __nv_bfloat16*>(z16);
   auto* op = static_cast<__nv_bfloat16*>(dx16);
-  typed_ptr(dy, dy_bf16, [&](auto dp) { pool_bwd_launch<true>(dp, argmax, op, g, true, v4, zp, bias, s); });
+  typed_ptr(dy, dy_bf16, [&](auto dp) { pool_bwd_launch<true>(dp, argmax, op, g, true, V, zp, bias, s); });
 }
 
 void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s) {
