@@ -78,17 +78,15 @@ PARAM_ATOL = 1e-4  # of the tensor's max |value|
 # 4 decimals.
 LATE_RTOL = 2e-2
 FINAL_RTOL = 0.25
-# --device cuda: dptrain's fp32 on the GPU is FMA math without TF32 and without Winograd or FFT
-# convolutions (src/cuda/cudnn_conv.cpp), and batch statistics summed in double by its own
-# kernels, so it still differs from torch's fp32 by summation order only; but cuDNN's implicit
-# GEMMs sum in another order than the CPU's im2col + OpenBLAS, whose order is nearer torch's CPU
-# kernels. On the H200 (2026-12-02) step 1's tensors passed within 0.03 of the allowance in four
-# cases, and in r2_local_bn_acc2 one element, bn1.bias[0], after step 1 a gradient summed near
-# cancellation (-2.1e-5 against a tensor scale ~5e-4), was off by 1.7x the allowance. Step 1's
-# tensor tolerances are 4x wider there (CUDA_PARAM_SCALE): a 1% learning-rate error
-# (--perturb 0.01) still exceeds them 2.5x on every parameter. The later checks keep theirs.
-CUDA_PARAM_SCALE = 4.0
-PARAM_WIDEN = 1.0  # CUDA_PARAM_SCALE with --device cuda (main)
+# --device cuda keeps these tolerances: dptrain's fp32 on the GPU is FMA math without TF32 and
+# without Winograd or FFT convolutions (src/cuda/cudnn_conv.cpp), and batch statistics summed in
+# double by its own kernels, so it should differ from torch's fp32 by summation order only. On
+# the H200 (2026-12-02) four cases passed within 0.008 of step 1's allowance; r2_local_bn_acc2
+# failed it in one element (layer1.0.bn1.bias[45]: 2% of its step-1 update, 4.5x the allowance),
+# the same bits in three runs, and passed within 0.004 with DPT_CONV=im2col on the same GPU
+# (every convolution as im2col + cuBLAS instead of cuDNN). Not explained yet: a ReLU input near 0
+# on the other side of 0 under cuDNN's summation order, or a cuDNN algorithm whose math is not
+# FMA; an open item, not a tolerance to widen.
 
 IMG = (1, 12, 12)
 CLASSES = 4
@@ -252,7 +250,7 @@ def check_tensors(c, what, ck, sd, start=None, limit=None):
         if start is None:
             scale = float(np.abs(tn).max()) or 1.0
             err = np.abs(a - tn)
-            allowed = PARAM_WIDEN * (PARAM_ATOL * scale + PARAM_RTOL * np.abs(tn))
+            allowed = PARAM_ATOL * scale + PARAM_RTOL * np.abs(tn)
             ratio = float((err / allowed).max())
             if ratio > 1:
                 i = int(np.argmax(err / allowed))
@@ -347,8 +345,6 @@ def main():
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     a = ap.parse_args()
-    global PARAM_WIDEN
-    PARAM_WIDEN = CUDA_PARAM_SCALE if a.device == "cuda" else 1.0
     tools = {}
     for t in ("dptrain",):
         p = os.path.join(a.build, t)
