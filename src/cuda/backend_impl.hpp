@@ -380,6 +380,7 @@ class CudaBackendImpl final : public CudaBackend {
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
   static constexpr int kLtCandidates = 8;
   static constexpr size_t kIm2colMaxBytes = size_t(1) << 30;  // conv_cols: one layer's columns  // heuristic results asked for (DPT_LT_ALGO < this)
+  static constexpr float kIm2colMarginBf16 = 1.25f;  // im2col_wins: how much faster im2col must time under bf16
 
   // cuda_backend.cpp
   static int pick_device(const BackendOptions& opt);
