@@ -139,8 +139,9 @@ TEST_F(BenchCli, VariantsCollectivesAndThePyTorchPeerOnCpuRanks) {
       "print('scaling', len(sc), ','.join(sorted({r['variant'] for r in sc})), "
       "'collectives', len(t['reduce_scatter']['rows']), len(t['all_gather']['rows']), "
       "sum(r['wrong'] for c in ('allreduce','reduce_scatter','all_gather') for r in t[c]['rows']), "
-      "'peer', len(p), sum(1 for r in p if (r['peer_step_ms'] or 0) > 0 and (r['ratio'] or 0) > 0), "
-      "sum(1 for r in p if r['strongest'] == '*'))");
+      "'peer', len(p), sum(1 for r in p if (r['peer_step_ms'] or 0) > 0 and "
+      "((r['ratio'] or 0) > 0) == ((r['ours_step_ms'] or 0) > 0)), "
+      "sum(1 for r in p if r['strongest'] == '*'), 'ratios', sum(1 for r in p if (r['ratio'] or 0) > 0))");
   const Outcome c = sh("/usr/bin/python3 -c \"" + count + "\" " + (out / "records.json").string());
   ASSERT_EQ(c.code, 0) << c.out;
   // n = 1, 2 × weak, strong × 2 variants; 64, 512, 4096 B on 2 ranks, every result exact.
@@ -151,8 +152,12 @@ TEST_F(BenchCli, VariantsCollectivesAndThePyTorchPeerOnCpuRanks) {
   }
   // weak: 1 process (eager, compiled step) and 2 (buckets 1 and 25 MB, compiled step); strong:
   // 1 process at the global batch, and the 2-process run again (same batch per rank). The
-  // eager rows are timed beside dptrain's; one strongest per mode and n.
+  // six eager rows are timed, each with a ratio exactly where dptrain's own step is there: at
+  // this size (microseconds a step, 3 timed) a row of dptrain's can be unresolved, the
+  // difference of two short runs lost in noise (weak n = 1 on the CI machine, 2026-12-02), and
+  // then no ratio is stated. One strongest per mode and n.
   EXPECT_NE(c.out.find("peer 10 6 4"), std::string::npos) << c.out << r.out;
+  EXPECT_EQ(c.out.find("ratios 0\n"), std::string::npos) << "no peer row has a ratio: " << c.out << r.out;
   EXPECT_TRUE(fs::exists(out / "ddp-peer" / "small-n2-b8.log"));
 }
 
