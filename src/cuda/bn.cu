@@ -243,7 +243,9 @@ __global__ void bn_train_coef_kernel(const double* __restrict__ sums, int c, Tra
     train_channel(sums[j], sums[c + j], sums[2 * c], c, j, t);
 }
 
-__global__ void bn_backward_coef_kernel(const double* __restrict__ sums, int c, BackwardArgs bw) {
+// backward_channel's work: the parameter gradients (bn_param_grads), or the input gradient's
+// coefficients (bn_backward).
+__global__ void bn_backward_channels_kernel(const double* __restrict__ sums, int c, BackwardArgs bw) {
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
     backward_channel(sums[j], sums[c + j], sums[2 * c], c, j, bw);
 }
@@ -311,15 +313,6 @@ __global__ void bn_backward_pass(const TD* dy, const TX* x, const void* relu_out
     for (int q = 0; q < W; ++q)
       d[q] = __fsub_rn(__fsub_rn(__fmul_rn(k[q], d[q]), off[q]), __fmul_rn(m[q], __fsub_rn(v[q], mu[q])));
     stw<W>(dx, i, d);
-  }
-}
-
-__global__ void bn_param_grads_kernel(const double* __restrict__ sums, const float* __restrict__ invstd,
-                                      int c, float* __restrict__ dw, float* __restrict__ db, bool accumulate) {
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
-    const float gw = float(sums[c + j] * invstd[j]), gb = float(sums[j]);
-    dw[j] = accumulate ? dw[j] + gw : gw;
-    db[j] = accumulate ? db[j] + gb : gb;
   }
 }
 
@@ -487,8 +480,9 @@ void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* run
 void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, float* db,
                     bool accumulate, cudaStream_t s) {
   if (c <= 0) return;
-  bn_param_grads_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, invstd, c, dw, db, accumulate);
-  DPT_CHECK_LAUNCH("bn_param_grads_kernel");
+  const BackwardArgs bw{nullptr, invstd, nullptr, nullptr, dw, db, accumulate};
+  bn_backward_channels_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, bw);
+  DPT_CHECK_LAUNCH("bn_backward_channels_kernel");
 }
 
 void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOut dx, int64_t rows, int c,
@@ -496,8 +490,8 @@ void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOu
                  cudaStream_t s) {
   if (c <= 0 || rows <= 0) return;
   const BackwardArgs bw{mean, invstd, w, coef, nullptr, nullptr, false};
-  bn_backward_coef_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, bw);
-  DPT_CHECK_LAUNCH("bn_backward_coef_kernel");
+  bn_backward_channels_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, bw);
+  DPT_CHECK_LAUNCH("bn_backward_channels_kernel");
   backward_pass(dy, x, relu_out, relu_out_bf16, dx, rows, c, coef, s);
 }
 
