@@ -186,6 +186,22 @@ __device__ __forceinline__ void pre_act(F& v, const float* bias, int c) {
   }
 }
 
+// The ReLU's backward over the pooling's gradient s at input element e (PRE's backward), as
+// relu_bgrad_bf16_kernel runs it: s rounded to bf16 (dx16), times 0 where the activation,
+// bf16(relu(z + bias)) from the pre-activation z16, is not > 0.
+template <class F>
+__device__ __forceinline__ void pre_act_mask(F& s, const __nv_bfloat16* z16, size_t e, const float* bias, int c) {
+  constexpr int V = sizeof(F) / sizeof(float);
+  F a = ldv<F>(z16, e);
+  pre_act<true>(a, bias, c);
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    float r = __bfloat162float(__float2bfloat16_rn(lane(s, q)));
+    if (!(lane(a, q) > 0.f)) r *= 0.f;
+    lane(s, q) = r;
+  }
+}
+
 template <int V, bool MAX, class TX, class TY, bool PRE = false>
 __global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, int32_t* argmax, PoolGeom g, Div cv,
                                 Div ow_n, Div oh_n, int pix0, int total, const float* __restrict__ bias = nullptr) {
@@ -278,16 +294,7 @@ __global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __rest
         }
       }
     const size_t o = size_t(pix) * size_t(c_n.d) + size_t(c);
-    if constexpr (PRE) {
-      F a = ldv<F>(z16, o);
-      pre_act<true>(a, bias, c);
-#pragma unroll
-      for (int q = 0; q < V; ++q) {
-        float r = __bfloat162float(__float2bfloat16_rn(lane(s, q)));
-        if (!(lane(a, q) > 0.f)) r *= 0.f;
-        lane(s, q) = r;
-      }
-    }
+    if constexpr (PRE) pre_act_mask(s, z16, o, bias, c);
     stv(dx, o, s);
   }
 }
@@ -330,16 +337,7 @@ __global__ void pool_bwd_disjoint_kernel(const TD* __restrict__ dy, const int32_
         if (MAX) lane(s, q) = am[q] == j ? 0.f + lane(d, q) : 0.f;
         else lane(s, q) = 0.f + __fdiv_rn(lane(d, q), area);
       }
-      if constexpr (PRE) {
-        F a = ldv<F>(z16, e);
-        pre_act<true>(a, bias, c);
-#pragma unroll
-        for (int q = 0; q < V; ++q) {
-          float r = __bfloat162float(__float2bfloat16_rn(lane(s, q)));
-          if (!(lane(a, q) > 0.f)) r *= 0.f;
-          lane(s, q) = r;
-        }
-      }
+      if constexpr (PRE) pre_act_mask(s, z16, e, bias, c);
       stv(dx, e, s);
     }
   }
@@ -496,6 +494,13 @@ int pool_width(int c, std::initializer_list<std::pair<const void*, size_t>> oper
   return 1;
 }
 
+// f(std::integral_constant<int, V>) for a pool_width result.
+template <class F> void with_width(int V, F&& f) {
+  if (V == 8) f(std::integral_constant<int, 8>{});
+  else if (V == 4) f(std::integral_constant<int, 4>{});
+  else f(std::integral_constant<int, 1>{});
+}
+
 template <bool PRE, class TX, class TY>
 void pool_fwd_launch(const TX* x, TY* y, int32_t* argmax, const PoolGeom& g, bool max, int V, const float* bias,
                      cudaStream_t s) {
@@ -509,9 +514,7 @@ void pool_fwd_launch(const TX* x, TY* y, int32_t* argmax, const PoolGeom& g, boo
       DPT_CHECK_LAUNCH("pool_fwd_kernel");
     });
   };
-  if (V == 8) go(std::integral_constant<int, 8>{});
-  else if (V == 4) go(std::integral_constant<int, 4>{});
-  else go(std::integral_constant<int, 1>{});
+  with_width(V, go);
 }
 
 // Windows that tile the input exactly: pool_bwd_disjoint_kernel.
@@ -531,9 +534,7 @@ void pool_bwd_launch(const TD* dy, const int32_t* argmax, TO* dx, const PoolGeom
         DPT_CHECK_LAUNCH("pool_bwd_disjoint_kernel");
       });
     };
-    if (Vw == 8) go(std::integral_constant<int, 8>{});
-    else if (Vw == 4) go(std::integral_constant<int, 4>{});
-    else go(std::integral_constant<int, 1>{});
+    with_width(Vw, go);
     return;
   }
   const bool v4 = Vw >= 4;

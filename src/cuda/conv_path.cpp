@@ -47,8 +47,8 @@ void CudaBackendImpl::col2im(const float* dcols, const ConvGeom& g, float* dx) {
 // padded pools (norm.cu) take floats.
 void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
   const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
-  const float* unused = nullptr;
-  const bool pre = max && !g.pad && pre_act_twin(x, ni, &unused);
+  const float* bias = nullptr;
+  const void* pre = max && !g.pad ? pre_act_twin(x, ni, &bias) : nullptr;  // note_relu_pool
   if (g.pad) floats_of(x, ni);
   const void* x16 = pre ? nullptr : only_copy(x, ni);
   note_write(y, n * sizeof(float));
@@ -60,8 +60,7 @@ void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, co
   bool only = false;
   void* y16 = out_twin(y, n, false, only);
   void* out = only ? y16 : static_cast<void*>(y);
-  const float* bias = nullptr;
-  if (const void* pre = max ? pre_act_twin(x, ni, &bias) : nullptr)  // note_relu_pool
+  if (pre)
     cuda::pool_forward_relu(pre, bias, out, only, argmax, g, stream_.get());
   else
     cuda::pool_forward(x16 ? x16 : x, x16 != nullptr, out, only, argmax, g, max, stream_.get());
