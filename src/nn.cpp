@@ -388,14 +388,11 @@ void Model::build_ops() {
       const size_t mid = size_t(nb.mid), end = size_t(nb.end);
       hint = i + 2 < mid && bf16_reader(i + 2) && (end == mid + 1 || bf16_reader(mid + 1));
     }
-    if (hint) be_.note_bf16_readers(op.a.data() ? op.a.data() : op.z.data());  // a conv's ReLU overwrites z
-  }
-  // A convolution's ReLU output that only a max pooling without padding reads (note_relu_pool).
-  for (size_t i = 0; i + 1 < ops_.size(); ++i) {
-    const Op& op = *ops_[i];
-    const Op& next = *ops_[i + 1];
-    if (op.kind == OpKind::conv && op.act == Act::relu && !op.cols.data() && unpadded_pool(next) && next.max)
-      be_.note_relu_pool(op.a.data() ? op.a.data() : op.z.data(), next.argmax.data());
+    const float* y = op.a.data() ? op.a.data() : op.z.data();  // a conv's ReLU overwrites z
+    if (hint) be_.note_bf16_readers(y);
+    // That output when a max pooling without padding is its only reader (note_relu_pool).
+    if (hint && op.kind == OpKind::conv && unpadded_pool(*ops_[i + 1]) && ops_[i + 1]->max)
+      be_.note_relu_pool(y, ops_[i + 1]->argmax.data());
   }
   // Who reads each op's input gradient (grad_use), from the op below it.
   using GradUse = Backend::GradUse;
