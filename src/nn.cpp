@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <sstream>
 
 #include "dpt/check.hpp"
 #include "dpt/data.hpp"
+#include "nn_ops.hpp"
 
 namespace dpt {
 
@@ -99,50 +101,6 @@ ArenaLayout packed_layout(const std::vector<ParamShape>& layers) {
 }
 
 ArenaLayout packed_layout(const std::vector<int>& widths) { return packed_layout(mlp_param_shapes(widths)); }
-
-// ---- the ops a forward pass runs, in order ----
-// A conv or linear layer takes the activation that follows it (computed in its epilogue);
-// consecutive linear layers form one run (Backend::mlp_forward/mlp_backward); an image input
-// with several channels is made NHWC first, unless the model starts flat.
-// A residual block runs as res_begin (its input is kept), the body's ops, res_shortcut (the
-// body's output kept, the block's input taken up again), the shortcut's ops, res_end (the sum).
-enum class OpKind { to_nhwc, conv, pool, act, flatten, linear_run, dropout, bn, gap, res_begin, res_shortcut,
-                    res_end };
-
-struct Model::Op {
-  OpKind kind = OpKind::act;
-  int layer = 0;        // its (first) layer's position in the list
-  TensorShape in, out;  // per sample
-  int param = -1;       // conv: its LayerSlice
-  ConvGeom cg;          // conv (batch set per pass)
-  PoolGeom pg;          // pool
-  bool max = true;      // pool
-  Act act = Act::none;  // conv's epilogue, the act op's, or a ReLU fused into bn / res_end
-  double p = 0;         // dropout
-  bool alias = false;   // flatten with nothing to move (one channel, or already flat)
-  std::vector<LinearArgs> run;  // linear_run
-  std::vector<int> run_params;  // its LayerSlices
-  std::vector<Buffer<float>> zs;  // linear_run: each layer's z and (with an activation) a
-  Buffer<float> z, a, cols;
-  Buffer<int32_t> argmax;
-  const float* y = nullptr;  // output of the last forward
-  // bn: the running statistics, this pass's mean and 1/std, partial sums (2c + 1)
-  Buffer<float> rmean, rvar, mean, invstd;
-  Buffer<double> sums;
-  int64_t tracked = 0;
-  // res_*: the block's other markers (ops_ indices); res_shortcut keeps the body's output
-  // (body_y) and, backward, the shortcut's input gradient (a); res_end keeps its output
-  // gradient (a) for the body.
-  int begin = -1, mid = -1, end = -1;
-  const float* body_y = nullptr;
-  // Backward, the one op that reads this op's input gradient, where it is one the backend can
-  // hand a bf16 operand (note_grad_use): bn — the convolution below, one without bias or
-  // activation (GradUse::conv); conv — the batch norm below (GradUse::bn), a residual block's add
-  // (GradUse::sum), a convolution with a fused ReLU (GradUse::act), a pooling without padding
-  // (GradUse::pool); pool (without padding) — a convolution with a fused ReLU (GradUse::act);
-  // res_end — the batch norm below, the last op of the shortcut or the body (GradUse::bn).
-  std::optional<Backend::GradUse> grad_use;
-};
 
 Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout)
     : be_(be), widths_(std::move(widths)), act_(act), max_batch_(max_batch) {
@@ -353,67 +311,8 @@ void Model::build_ops() {
     i += fuse_act;
   }
   link_blocks();
-  // A conv without activation whose output only batch norm reads: the backend may keep that
-  // output in another form (note_bn_input).
-  auto bn_input = [&](const Op& conv, const Op& next) {
-    return conv.kind == OpKind::conv && conv.act == Act::none && !conv.a.data() && next.kind == OpKind::bn;
-  };
-  for (size_t i = 0; i + 1 < ops_.size(); ++i)
-    if (bn_input(*ops_[i], *ops_[i + 1])) be_.note_bn_input(ops_[i]->z.data());
-  // Outputs whose every reader takes a bf16 operand (note_bf16_readers): the backend may keep
-  // them in another form. A batch norm's output read by the convolution above (without columns:
-  // it takes its input as a GEMM operand), or by a residual block's sum (the body's or the
-  // shortcut's last op); a block's sum that the next block's first ops read (a convolution or a
-  // batch norm, the identity shortcut's sum); a convolution's ReLU output that a convolution or
-  // a pooling without padding reads, and such a pooling's output that a convolution reads.
-  auto unpadded_pool = [](const Op& r) { return r.kind == OpKind::pool && r.pg.pad == 0; };
-  auto bf16_reader = [&](size_t k) {
-    const Op& r = *ops_[k];
-    return (r.kind == OpKind::conv && !r.cols.data()) || r.kind == OpKind::bn || unpadded_pool(r);
-  };
-  for (size_t i = 0; i + 1 < ops_.size(); ++i) {
-    const Op& op = *ops_[i];
-    const OpKind next = ops_[i + 1]->kind;
-    bool hint = false;
-    if (op.kind == OpKind::bn)
-      hint = (op.act == Act::relu && bf16_reader(i + 1) && next == OpKind::conv) || next == OpKind::res_shortcut ||
-             next == OpKind::res_end;
-    else if (op.kind == OpKind::conv)
-      hint = op.act == Act::relu && !op.cols.data() && bf16_reader(i + 1) &&
-             (next == OpKind::conv || unpadded_pool(*ops_[i + 1]));
-    else if (unpadded_pool(op))
-      hint = next == OpKind::conv && bf16_reader(i + 1);
-    else if (op.kind == OpKind::res_end && next == OpKind::res_begin) {
-      const Op& nb = *ops_[i + 1];
-      const size_t mid = size_t(nb.mid), end = size_t(nb.end);
-      hint = i + 2 < mid && bf16_reader(i + 2) && (end == mid + 1 || bf16_reader(mid + 1));
-    }
-    const float* y = op.a.data() ? op.a.data() : op.z.data();  // a conv's ReLU overwrites z
-    if (hint) be_.note_bf16_readers(y);
-    // That output when a max pooling without padding is its only reader (note_relu_pool).
-    if (hint && op.kind == OpKind::conv && unpadded_pool(*ops_[i + 1]) && ops_[i + 1]->max)
-      be_.note_relu_pool(y, ops_[i + 1]->argmax.data());
-  }
-  // Who reads each op's input gradient (grad_use), from the op below it.
-  using GradUse = Backend::GradUse;
-  for (size_t i = 1; i < ops_.size(); ++i) {
-    Op& op = *ops_[i];
-    const Op& below = *ops_[i - 1];
-    if (op.kind == OpKind::conv) {
-      if (below.kind == OpKind::bn) op.grad_use = GradUse::bn;
-      else if (below.kind == OpKind::res_begin) op.grad_use = GradUse::sum;  // the body's first op
-      else if (below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data())
-        op.grad_use = GradUse::act;
-      else if (unpadded_pool(below))
-        op.grad_use = GradUse::pool;
-    } else if (unpadded_pool(op) && below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data()) {
-      op.grad_use = GradUse::act;
-    } else if (op.kind == OpKind::res_end && below.kind == OpKind::bn) {
-      op.grad_use = GradUse::bn;
-    } else if (bn_input(below, op) && !slices_[size_t(below.param)].has_bias) {
-      op.grad_use = GradUse::conv;
-    }
-  }
+  reorder_flatten_reads();
+  give_hints();
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
   for (auto& op : ops_)
@@ -425,6 +324,40 @@ void Model::build_ops() {
       op->zs.emplace_back(be_, B * size_t(la.out));
       la.a = op->zs.back().data();
     }
+}
+
+// A flatten of an NHWC image that a linear run reads next: the run's first layer reads the
+// image as it is, its weight reordered to NHWC for each pass (Backend::weight_to_nhwc) and its
+// weight gradient back to the arena's NCHW order, where the weight is no larger than the batch's
+// activation (out ≤ max batch). Two transposes of the weight per pass instead of two of the
+// batch's activation (the compute-bound CNN at batch 256: 10×65,536 weights against
+// 256×65,536 activations). The arena, the checkpoint and the optimizer keep NCHW order; only the
+// layer's sum over its inputs runs in another order.
+void Model::reorder_flatten_reads() {
+  for (size_t i = 0; i + 1 < ops_.size(); ++i) {
+    Op& f = *ops_[i];
+    Op& run = *ops_[i + 1];
+    if (f.kind != OpKind::flatten || f.alias || run.kind != OpKind::linear_run) continue;
+    LinearArgs& l = run.run.front();
+    if (l.out > max_batch_) continue;
+    f.alias = f.reordered = true;
+    f.a = Buffer<float>();
+    run.nhwc_c = int(f.in.c);
+    run.nhwc_hw = int(f.in.h * f.in.w);
+    const size_t nw = size_t(l.out) * size_t(l.in);
+    run.wp = Buffer<float>(be_, nw);
+    run.dwp = Buffer<float>(be_, nw);
+    run.w_arena = l.w;
+    run.dw_arena = l.dw;
+    l.w = run.wp.data();
+    l.dw = run.dwp.data();
+  }
+}
+
+bool Model::reads_flatten_nhwc() const {
+  for (const auto& op : ops_)
+    if (op->nhwc_c) return true;
+  return false;
 }
 
 // Each residual marker learns the other two of its block.
@@ -588,6 +521,7 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         }
         break;
       case OpKind::linear_run:
+        if (op.nhwc_c) be_.weight_to_nhwc(op.w_arena, op.wp.data(), op.run[0].out, op.nhwc_c, op.nhwc_hw);
         be_.mlp_forward(cur, batch, op.run);
         cur = op.run.back().a;
         break;
@@ -736,12 +670,33 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
         cur = nxt;
       }
       break;
-    case OpKind::linear_run:
+    case OpKind::linear_run: {
       // d and grad_[nxt] are the run's scratch; its input gradient goes to the third buffer.
-      be_.mlp_backward(in, batch, op.run, d, grad_[nxt].data(), accumulate, hooks,
-                       first ? nullptr : grad_[spare].data());
+      float* dx = first ? nullptr : grad_[spare].data();
       cur = spare;
+      if (!op.nhwc_c) {
+        be_.mlp_backward(in, batch, op.run, d, grad_[nxt].data(), accumulate, hooks, dx);
+        break;
+      }
+      // A reordered first layer (reorder_flatten_reads): its weight gradient is summed in dwp,
+      // in NHWC order, added to over micro-batches as the arena's would be (a permutation of the
+      // same sums), and written to the arena after each pass; the reports of its range wait
+      // for that (and its release follows them, as everywhere).
+      const LinearArgs& l = op.run[0];
+      const size_t w0 = l.w_at, w1 = l.w_at + size_t(l.out) * size_t(l.in);
+      auto outside = [w0, w1](const std::function<void(size_t, size_t)>& f) -> std::function<void(size_t, size_t)> {
+        if (!f) return nullptr;
+        return [f, w0, w1](size_t b, size_t e) {
+          if (b >= w1 || e <= w0) f(b, e);
+        };
+      };
+      be_.mlp_backward(in, batch, op.run, d, grad_[nxt].data(), accumulate,
+                       {outside(hooks.grads_final), outside(hooks.params_released)}, dx);
+      be_.nhwc_to_nchw(op.dwp.data(), op.dw_arena, l.out, op.nhwc_c, op.nhwc_hw);
+      if (hooks.grads_final) hooks.grads_final(w0, w1);
+      if (hooks.params_released) hooks.params_released(w0, w1);
       break;
+    }
     case OpKind::dropout:
       if (trained_ && op.p > 0) {
         DropoutArgs dr;

@@ -504,6 +504,60 @@ TEST(ResnetModel, BackwardIsRepeatable) {
   }
 }
 
+// A linear run on a flattened image reads it in NHWC order, its first weight reordered per pass,
+// where the weight is no larger than the activation (max batch >= its outputs); otherwise the
+// activation is transposed to NCHW. Both give the same logits and gradients up to summation
+// order, in the arena's (the checkpoint's) NCHW order, added to under accumulation; the
+// reordered weight's gradient is reported final once, after the arena holds it.
+TEST(ResnetModel, FlattenReadInNhwcOrderMatchesTheTransposedRead) {
+  auto be = make_cpu_backend({});
+  const TensorShape in = TensorShape::image(2, 6, 6);
+  const char* list = "conv(4,3,pad=1) relu maxpool(2) flatten linear(3) relu linear(3)";
+  Model plain(*be, plan_model(parse_layer_list(list), in, 3), 2);     // 3 outputs > max batch 2
+  Model reordered(*be, plan_model(parse_layer_list(list), in, 3), 8);  // 3 <= 8
+  EXPECT_FALSE(plain.reads_flatten_nhwc());
+  EXPECT_TRUE(reordered.reads_flatten_nhwc());
+  plain.init_params(5);
+  std::copy(plain.params(), plain.params() + plain.num_params(), reordered.params());
+  const auto x = rnd(2 * size_t(in.size()), 6);
+  const std::vector<int32_t> y = {0, 2};
+  const LayerSlice& fc = reordered.layers()[1];
+  ASSERT_FALSE(fc.conv);
+  const size_t w0 = fc.w_off, w1 = fc.w_off + fc.weights();
+  TrainPass tp;
+  auto pass = [&](Model& m, bool acc, const PassHooks& h) {
+    const float* l = m.forward(x.data(), 2, &tp);
+    std::vector<float> logits(l, l + 6);
+    float stats[2] = {0, 0};
+    m.loss(y.data(), 2, 1.f, stats, true);
+    m.backward(x.data(), 2, acc, h);
+    return logits;
+  };
+  int reports = 0;
+  std::vector<float> at_report;
+  PassHooks h;
+  h.grads_final = [&](size_t b, size_t e) {
+    if (b < w1 && e > w0) {
+      EXPECT_TRUE(b == w0 && e == w1) << "the reordered weight reported in part: [" << b << ", " << e << ")";
+      ++reports;
+      at_report.assign(reordered.grads() + w0, reordered.grads() + w1);
+    }
+  };
+  for (bool acc : {false, true}) {
+    SCOPED_TRACE(acc ? "accumulated" : "first pass");
+    const auto lp = pass(plain, acc, {}), lr = pass(reordered, acc, h);
+    for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(lr[i], lp[i], 1e-5f * (1 + std::fabs(lp[i]))) << i;
+    double scale = 0;
+    for (size_t i = 0; i < plain.num_params(); ++i) scale = std::max(scale, double(std::fabs(plain.grads()[i])));
+    ASSERT_GT(scale, 0);
+    for (size_t i = 0; i < plain.num_params(); ++i)
+      ASSERT_NEAR(reordered.grads()[i], plain.grads()[i], 1e-5 * scale) << i;
+    EXPECT_EQ(reports, acc ? 2 : 1);
+    ASSERT_EQ(at_report.size(), w1 - w0);
+    for (size_t i = 0; i < at_report.size(); ++i) ASSERT_EQ(at_report[i], reordered.grads()[w0 + i]) << i;
+  }
+}
+
 // ---- label smoothing and weight decay -------------------------------------------------------
 
 // F.cross_entropy(label_smoothing = eps): loss (1 − eps)·nll + eps·mean_j(−log p_j), and its

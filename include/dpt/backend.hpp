@@ -244,6 +244,12 @@ class Backend {
   virtual void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) = 0;
   virtual void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) = 0;
   // y = x·mask·float(1/(1−p)) for a micro-batch (batch samples, DropoutArgs), step = ctl->step
+  // A Linear layer that reads a flattened image in the backend's NHWC order, its weight held in
+  // flatten's NCHW order (the checkpoint's, PyTorch's): wp (rows, hw, c) = w (rows, c, hw) per
+  // row, made from what the layer's GEMMs read (the CUDA backend under bf16: the weight shadow,
+  // into wp's bf16 twin, current where the fp32 master is not, as with the sharded optimizer).
+  // Its gradient goes back with nhwc_to_nchw. Default: nchw_to_nhwc(w, wp, rows, c, hw).
+  virtual void weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw);
   // (ctl in backend memory; nullptr: step 0). The backward pass applies the same op to dy.
   // y may equal x.
   virtual void dropout(const float* x, float* y, int batch, const DropoutArgs& d,

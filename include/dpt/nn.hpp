@@ -116,6 +116,10 @@ class Model {
   // The MLP widths form: its widths (else empty) and activation.
   bool widths_form() const { return !widths_.empty(); }
   const std::vector<LayerSlice>& layers() const { return slices_; }
+  // Whether a linear run reads a flattened image in NHWC order, its weight reordered per pass
+  // (where the weight is no larger than the activation at the max batch; else the image is
+  // transposed to flatten's NCHW order).
+  bool reads_flatten_nhwc() const;
   const std::vector<int>& widths() const { return widths_; }
   Act activation() const { return act_; }
   size_t num_params() const { return n_params_; }
@@ -164,8 +168,9 @@ class Model {
   struct Op;
   void build(int max_batch, ArenaLayout layout);
   void build_ops();
-  void build_op(const PlannedLayer& p, const PlannedLayer* next, int& param, size_t i);
   void link_blocks();
+  void reorder_flatten_reads();
+  void give_hints();
   void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur,
                    bool want_dx);
 

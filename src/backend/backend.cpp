@@ -52,6 +52,9 @@ void Backend::residual_backward(float* d, const float* y, float* keep, size_t n,
   if (relu) act_backward(d, y, y, n, Act::relu);
   copy(keep, d, n * sizeof(float));
 }
+void Backend::weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw) {
+  nchw_to_nhwc(w, wp, rows, c, hw);
+}
 void Backend::global_avgpool_forward(const float*, float*, int, int, int) { needs_resnet_ops(); }
 void Backend::global_avgpool_backward(const float*, float*, int, int, int) { needs_resnet_ops(); }
 

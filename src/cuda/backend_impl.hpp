@@ -266,6 +266,7 @@ class CudaBackendImpl final : public CudaBackend {
   void bn_train_forward(const float* x, float* y, int64_t rows, int c, double* sums, const float* w, const float* b,
                         float eps, float momentum, float* save_mean, float* save_invstd, float* running_mean,
                         float* running_var, bool relu) override;
+  void weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw) override;
   void bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, double* sums,
                          const float* mean, const float* invstd, const float* w, const float* relu_out, float* dw,
                          float* db, bool accumulate) override;

@@ -357,14 +357,15 @@ __global__ void act_bwd_kernel(float* da, const float* z, const float* a, size_t
 
 // Per sample (blockIdx.z, grid-strided), dst (cols, rows) = src (rows, cols)ᵀ in 32×32 tiles
 // through shared memory (one padding column against bank conflicts): both sides coalesced.
-__global__ void batched_transpose_kernel(const float* __restrict__ src, float* __restrict__ dst,
-                                         int batch, int rows, int cols) {
-  __shared__ float tile[32][33];
+template <class T>
+__global__ void batched_transpose_kernel(const T* __restrict__ src, T* __restrict__ dst, int batch, int rows,
+                                         int cols) {
+  __shared__ T tile[32][33];
   const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
   const size_t per = size_t(rows) * cols;
   for (int b = blockIdx.z; b < batch; b += gridDim.z) {
-    const float* s = src + b * per;
-    float* d = dst + b * per;
+      const T* s = src + b * per;
+    T* d = dst + b * per;
     for (int j = threadIdx.y; j < 32; j += 8) {
       const int r = r0 + j, c = c0 + threadIdx.x;
       if (r < rows && c < cols) tile[j][threadIdx.x] = s[size_t(r) * cols + c];
@@ -614,6 +615,14 @@ void batched_transpose(const float* src, float* dst, int batch, int rows, int co
   const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min(batch, 65535)));
   batched_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(src, dst, batch, rows, cols);
   DPT_CHECK_LAUNCH("batched_transpose_kernel");
+}
+
+void batched_transpose_bf16(const void* src, void* dst, int batch, int rows, int cols, cudaStream_t s) {
+  if (batch <= 0 || rows <= 0 || cols <= 0) return;
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min(batch, 65535)));
+  batched_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst),
+                                                        batch, rows, cols);
+  DPT_CHECK_LAUNCH("batched_transpose_kernel<bf16>");
 }
 
 void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl, cudaStream_t s) {

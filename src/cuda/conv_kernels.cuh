@@ -38,6 +38,8 @@ void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s);
 void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
 // Per sample, dst (c, hw) = src (hw, c)ᵀ (to_nchw) or dst (hw, c) = src (c, hw)ᵀ.
 void batched_transpose(const float* src, float* dst, int batch, int rows, int cols, cudaStream_t s);
+// The same on bf16 values (as 16-bit words).
+void batched_transpose_bf16(const void* src, void* dst, int batch, int rows, int cols, cudaStream_t s);
 // Backend::dropout with the step read from ctl on the device (ctl nullptr: step 0).
 void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl, cudaStream_t s);
 // Backend::augment: sample i's draw is draws[(ctl ? ctl->cursor : 0) + offset + i].

@@ -126,6 +126,25 @@ void CudaBackendImpl::nchw_to_nhwc(const float* src, float* dst, int batch, int 
   cuda::batched_transpose(src, dst, batch, c, hw, stream_.get());
 }
 
+// bf16: from the weight shadow (as_bf16), into wp's twin alone: the GEMMs read that (as_bf16
+// finds it), and the shadow is current where the fp32 master may not be (the sharded
+// optimizer's all-gather writes the shadow only).
+void CudaBackendImpl::weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw) {
+  const size_t n = size_t(rows) * size_t(c) * size_t(hw);
+  if (!bf16()) {
+    nchw_to_nhwc(w, wp, rows, c, hw);
+    return;
+  }
+  const void* w16 = as_bf16(w, n, bf16_a_);
+  note_write(wp, n * sizeof(float));
+  void* t = twin_slot(wp, n);
+  if (!t)
+    throw Error("weight_to_nhwc: no bf16 copy for a Linear layer's reordered weight (first met while a step is "
+                "being captured)");
+  cuda::batched_transpose_bf16(w16, t, rows, c, hw, stream_.get());
+  made_only_twin(wp, n);
+}
+
 void CudaBackendImpl::dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl) {
   note_write(y, size_t(batch) * d.c * d.h * d.w * sizeof(float));
   cuda::dropout(x, y, batch, d, ctl, stream_.get());
