@@ -216,8 +216,9 @@ class Backend {
   // batch): rows·cols for the im2col path, 0 where the backend convolves without it (a 1x1
   // stride-1 convolution, a GEMM on the input's pixels; cuda: cuDNN, chosen per shape); then
   // they are given cols = nullptr. Called once per layer as a model is built, never inside a
-  // captured step.
-  virtual size_t conv_cols(const ConvGeom& g);
+  // captured step. input_grad: whether conv_backward will compute the input gradient (not for
+  // the model's first layer with parameters).
+  virtual size_t conv_cols(const ConvGeom& g, bool input_grad = true);
   // da (rows, out) holds dLoss/da and becomes dz (not under bf16 on the CUDA backend's cuDNN
   // path, where dz is made in bf16 for the GEMMs and da's floats are left as they are); dw, db as
   // linear_backward's (added to when
@@ -243,13 +244,13 @@ class Backend {
   // Per sample, dst (c, hw) = src (hw, c)ᵀ: NHWC to flatten's NCHW order, and back.
   virtual void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) = 0;
   virtual void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) = 0;
-  // y = x·mask·float(1/(1−p)) for a micro-batch (batch samples, DropoutArgs), step = ctl->step
   // A Linear layer that reads a flattened image in the backend's NHWC order, its weight held in
   // flatten's NCHW order (the checkpoint's, PyTorch's): wp (rows, hw, c) = w (rows, c, hw) per
   // row, made from what the layer's GEMMs read (the CUDA backend under bf16: the weight shadow,
   // into wp's bf16 twin, current where the fp32 master is not, as with the sharded optimizer).
   // Its gradient goes back with nhwc_to_nchw. Default: nchw_to_nhwc(w, wp, rows, c, hw).
   virtual void weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw);
+  // y = x·mask·float(1/(1−p)) for a micro-batch (batch samples, DropoutArgs), step = ctl->step
   // (ctl in backend memory; nullptr: step 0). The backward pass applies the same op to dy.
   // y may equal x.
   virtual void dropout(const float* x, float* y, int batch, const DropoutArgs& d,

@@ -154,7 +154,7 @@ void need_cols(const float* cols, const ConvGeom& g) {
 }
 }  // namespace
 
-size_t Backend::conv_cols(const ConvGeom& g) {
+size_t Backend::conv_cols(const ConvGeom& g, bool) {
   return pointwise(g) ? 0 : size_t(g.rows()) * size_t(g.cols());
 }
 

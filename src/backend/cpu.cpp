@@ -206,7 +206,9 @@ class CpuBackend final : public Backend {
 
   // ---- convolutional networks: oneDNN (cpu_dnnl.cpp), or with DPT_CONV=im2col (kept to
   // measure) and wherever a caller passes columns, im2col + the GEMMs; cpu_conv.cpp's loops ----
-  size_t conv_cols(const ConvGeom& g) override { return im2col_ ? Backend::conv_cols(g) : 0; }
+  size_t conv_cols(const ConvGeom& g, bool input_grad = true) override {
+    return im2col_ ? Backend::conv_cols(g, input_grad) : 0;
+  }
   void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z, float* a,
                     const ConvGeom& g, Act act) override {
     if (cols || im2col_) {

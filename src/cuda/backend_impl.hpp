@@ -65,6 +65,26 @@ template <class Algo> struct ConvChoice {
   float ms = -1;
   bool made = false;
 };
+// Under bf16, each direction also runs through cuDNN's graph API (cudnn_engines.cpp): the
+// operation graph of the one convolution, and the execution plan of the engine configuration
+// chosen among those cuDNN's heuristics offer, timed on first use (conv_tuning = time) or the
+// first usable one (heuristic). tried: built (plan nullptr where none was usable: the
+// convolution API's algorithm runs instead).
+struct ConvEngine {
+  std::vector<cudnnBackendDescriptor_t> owned;  // the graph's descriptors, destroyed with it
+  cudnnBackendDescriptor_t plan = nullptr;
+  int64_t engine = -1;  // the engine's global index, printed
+  size_t ws = 0;
+  float ms = -1;
+  int offered = 0;  // configurations offered, usable (timed where timed)
+  int usable = 0;
+  bool tried = false;
+  ConvEngine() = default;
+  ConvEngine(const ConvEngine&) = delete;
+  ConvEngine& operator=(const ConvEngine&) = delete;
+  ~ConvEngine();
+};
+enum class ConvDir { fwd, data, filter };
 struct ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
@@ -72,6 +92,7 @@ struct ConvPlan {
   ConvChoice<cudnnConvolutionFwdAlgo_t> fwd;
   ConvChoice<cudnnConvolutionBwdDataAlgo_t> data;
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> filter;
+  ConvEngine efwd, edata, efilter;
   bool said = false;
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
@@ -223,7 +244,7 @@ class CudaBackendImpl final : public CudaBackend {
                     bool accumulate, const PassHooks& hooks, float* dx0) override;
 
   // ---- convolutions through cuDNN (cudnn_conv.cpp); DPT_CONV=im2col: conv_path.cpp's ----
-  size_t conv_cols(const ConvGeom& g) override;
+  size_t conv_cols(const ConvGeom& g, bool input_grad = true) override;
   void conv_backward(const float* x, const float* w, const float* z, const float* a, float* da, float* cols,
                      const ConvGeom& g, Act act, float* dw, float* db, float* dx, bool accumulate) override;
   void cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a, const ConvGeom& g,
@@ -245,6 +266,7 @@ class CudaBackendImpl final : public CudaBackend {
   void act_backward(float* da, const float* z, const float* a, size_t n, Act act) override;
   void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw) override;
   void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) override;
+  void weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw) override;
   void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl) override;
   void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
                const int32_t* draws, const StepCtl* ctl, int64_t offset) override;
@@ -266,7 +288,6 @@ class CudaBackendImpl final : public CudaBackend {
   void bn_train_forward(const float* x, float* y, int64_t rows, int c, double* sums, const float* w, const float* b,
                         float eps, float momentum, float* save_mean, float* save_invstd, float* running_mean,
                         float* running_var, bool relu) override;
-  void weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw) override;
   void bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, double* sums,
                          const float* mean, const float* invstd, const float* w, const float* relu_out, float* dw,
                          float* db, bool accumulate) override;
@@ -379,8 +400,8 @@ class CudaBackendImpl final : public CudaBackend {
   cuda::BnIn bn_in(const float* x, size_t n) const;
 
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
-  static constexpr int kLtCandidates = 8;
-  static constexpr size_t kIm2colMaxBytes = size_t(1) << 30;  // conv_cols: one layer's columns  // heuristic results asked for (DPT_LT_ALGO < this)
+  static constexpr int kLtCandidates = 8;  // heuristic results asked for (DPT_LT_ALGO < this)
+  static constexpr size_t kIm2colMaxBytes = size_t(1) << 30;  // conv_cols: one layer's columns
   static constexpr float kIm2colMarginBf16 = 1.25f;  // im2col_wins: how much faster im2col must time under bf16
 
   // cuda_backend.cpp
@@ -450,7 +471,13 @@ class CudaBackendImpl final : public CudaBackend {
   void choose_filter(ConvPlan& p, const ConvGeom& g, const void* x, const void* dy);
   void* conv_workspace(size_t bytes);
   void say_conv_plan(ConvPlan& p, const ConvGeom& g);
-  bool im2col_wins(const ConvGeom& g);
+  // cudnn_engines.cpp: the direction's graph-API plan run on (x, w, y) — fwd: y = conv(x, w);
+  // data: x = dgrad(w, y); filter: w = wgrad(x, y) — built and chosen on first use; false, with
+  // nothing enqueued, where none is usable (not bf16, DPT_CUDNN_GRAPH=0, first met while a
+  // step is being captured, no engine, a pointer less aligned than the plan assumes).
+  bool run_conv_engine(ConvPlan& p, ConvDir dir, const ConvGeom& g, const void* x, const void* w, const void* y);
+  void build_conv_engine(ConvEngine& e, ConvDir dir, const ConvGeom& g, const void* x, const void* w, const void* y);
+  bool im2col_wins(const ConvGeom& g, bool input_grad);
 
   Precision precision_;
   int dev_ = 0;
@@ -488,11 +515,12 @@ class CudaBackendImpl final : public CudaBackend {
   bool im2col_convs_ = false;     // DPT_CONV=im2col: convolutions as im2col + cuBLASLt GEMMs
   bool gemm_1x1_ = true;          // DPT_CONV1X1=cudnn: 1x1 stride-1 convs on cuDNN too
   bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
+  bool conv_graph_ = true;        // DPT_CUDNN_GRAPH (default 1): bf16 convolutions through cuDNN's graph API
   bool bf16_grads_ = true;        // note_grad_use's hints taken (DPT_BF16_GRADS=0: ignored, to measure)
   bool bf16_acts_ = true;         // note_bf16_readers's hints taken (DPT_BF16_ACTS=0: ignored, to measure)
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
-  std::map<std::array<int, 8>, bool> im2col_choice_;  // conv_cols's timed choice per shape
+  std::map<std::array<int, 9>, bool> im2col_choice_;  // conv_cols's timed choice per shape
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only

@@ -160,6 +160,7 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   bf16_grads_ = env_int("DPT_BF16_GRADS", 1) != 0;
   bf16_acts_ = env_int("DPT_BF16_ACTS", 1) != 0;
   conv_heuristic_ = opt.conv_heuristic;
+  conv_graph_ = env_int("DPT_CUDNN_GRAPH", 1) != 0;
   conv_ws_limit_ = opt.conv_workspace_bytes;
   describe_ = make_description();
 }

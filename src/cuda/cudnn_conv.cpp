@@ -106,17 +106,17 @@ cudnnHandle_t CudaBackendImpl::cudnn() {
 // the faster kept; the columns then take rows·k²·c floats per layer, so only shapes whose
 // columns fit in kIm2colMaxBytes are candidates. heuristic: cuDNN (no timing). 1x1 stride-1
 // convolutions are GEMMs without columns either way. DPT_CONV=im2col: im2col everywhere.
-size_t CudaBackendImpl::conv_cols(const ConvGeom& g) {
+size_t CudaBackendImpl::conv_cols(const ConvGeom& g, bool input_grad) {
   const size_t full = size_t(g.rows()) * size_t(g.cols());
   if (im2col_convs_) return full;
   if (pointwise_gemm(g) || conv_heuristic_ || full * sizeof(float) > kIm2colMaxBytes || capturing()) return 0;
-  const std::array<int, 8> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad};
+  const std::array<int, 9> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad, int(input_grad)};
   auto it = im2col_choice_.find(key);
-  if (it == im2col_choice_.end()) it = im2col_choice_.emplace(key, im2col_wins(g)).first;
+  if (it == im2col_choice_.end()) it = im2col_choice_.emplace(key, im2col_wins(g, input_grad)).first;
   return it->second ? full : 0;
 }
 
-bool CudaBackendImpl::im2col_wins(const ConvGeom& g) {
+bool CudaBackendImpl::im2col_wins(const ConvGeom& g, bool input_grad) {
   cudaStream_t s = stream_.get();
   const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
   std::vector<Buffer<float>> bufs;
@@ -131,8 +131,16 @@ bool CudaBackendImpl::im2col_wins(const ConvGeom& g) {
   float* da = buf(ny);
   float* dw = buf(nw);
   float* db = buf(size_t(g.out));
-  float* dx = buf(nx);
+  float* dx = input_grad ? buf(nx) : nullptr;
   float* cols = buf(size_t(g.rows()) * size_t(g.cols()));
+  // Under bf16 im2col's output and input gradient are floats where cuDNN's are bf16: in a model
+  // its output is converted for the bf16 reader above, the output gradient that reader hands
+  // down in bf16 is widened for it, and its input gradient converted for the layer below.
+  // Those passes are timed with it.
+  const bool convert = bf16();
+  void* s16 = convert ? static_cast<void*>(buf((std::max(ny, nx) + 1) / 2)) : nullptr;
+  void* d16 = convert ? static_cast<void*>(buf((ny + 1) / 2)) : nullptr;
+  if (convert) cuda::to_bf16(da, d16, ny, s);
   cudaEvent_t e0 = nullptr, e1 = nullptr;  // timing events (make_event's do not time)
   DPT_CHECK_CUDA(cudaEventCreate(&e0));
   Event t0(e0);
@@ -141,7 +149,12 @@ bool CudaBackendImpl::im2col_wins(const ConvGeom& g) {
   auto time = [&](float* c) {
     DPT_CHECK_CUDA(cudaEventRecord(t0.get(), s));
     conv_forward(x, w, nullptr, c, z, z, g, Act::none);
+    if (c && convert) {
+      cuda::to_bf16(z, s16, ny, s);
+      cuda::widen_bf16(d16, da, ny, false, s);
+    }
     conv_backward(x, w, z, z, da, c, g, Act::none, dw, db, dx, false);
+    if (c && convert && dx) cuda::to_bf16(dx, s16, nx, s);
     DPT_CHECK_CUDA(cudaEventRecord(t1.get(), s));
     DPT_CHECK_CUDA(cudaEventSynchronize(t1.get()));
     float ms = 0;
@@ -257,13 +270,21 @@ void CudaBackendImpl::choose_filter(ConvPlan& p, const ConvGeom& g, const void* 
 
 // One line per shape once all three directions are chosen (or forward alone, for evaluation).
 void CudaBackendImpl::say_conv_plan(ConvPlan& p, const ConvGeom& g) {
-  if (p.said || !p.fwd.made || !p.filter.made) return;
+  if (p.said || !(p.fwd.made || p.efwd.plan) || !(p.filter.made || p.efilter.plan)) return;
   p.said = true;
   auto ms = [](float t) { return t < 0 ? std::string() : " " + std::to_string(t).substr(0, 5) + " ms"; };
-  std::string s = "cuda: conv " + g.text() + ": forward algo " + std::to_string(int(p.fwd.algo)) +
-                  ms(p.fwd.ms) + ", filter algo " + std::to_string(int(p.filter.algo)) + ms(p.filter.ms);
-  if (p.data.made) s += ", data algo " + std::to_string(int(p.data.algo)) + ms(p.data.ms);
-  const size_t ws = std::max({p.fwd.ws, p.data.ws, p.filter.ws});
+  // The graph API's engine (its global index, and how many configurations cuDNN offered and were
+  // usable), else the convolution API's algorithm.
+  auto dir = [&](const char* name, const ConvEngine& e, int algo, float algo_ms) {
+    if (e.plan)
+      return std::string(name) + " engine " + std::to_string(e.engine) + ms(e.ms) + " (" + std::to_string(e.usable) +
+             " of " + std::to_string(e.offered) + ")";
+    return std::string(name) + " algo " + std::to_string(algo) + ms(algo_ms);
+  };
+  std::string s = "cuda: conv " + g.text() + ": " + dir("forward", p.efwd, int(p.fwd.algo), p.fwd.ms) + ", " +
+                  dir("filter", p.efilter, int(p.filter.algo), p.filter.ms);
+  if (p.data.made || p.edata.plan) s += ", " + dir("data", p.edata, int(p.data.algo), p.data.ms);
+  const size_t ws = std::max({p.fwd.ws, p.data.ws, p.filter.ws, p.efwd.ws, p.edata.ws, p.efilter.ws});
   s += ", workspace " + std::to_string((ws + (1 << 20) - 1) >> 20) + " MB";
   log::info(s);
 }
@@ -295,10 +316,12 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   // twin as it is, before bias and ReLU, which the pooling applies as it reads it.
   void* pre = bf16() && !only && act == Act::relu && relu_pool_input(a) ? twin_slot(a, ny) : nullptr;
   void* y = only ? only : pre ? pre : bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
-  if (!p.fwd.made) choose_fwd(p, g, xin, win, y);
-  const float one = 1.f, zero = 0.f;
-  DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
-                                          conv_workspace(p.fwd.ws), p.fwd.ws, &zero, p.y, y));
+  if (!run_conv_engine(p, ConvDir::fwd, g, xin, win, y)) {
+    if (!p.fwd.made) choose_fwd(p, g, xin, win, y);
+    const float one = 1.f, zero = 0.f;
+    DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
+                                            conv_workspace(p.fwd.ws), p.fwd.ws, &zero, p.y, y));
+  }
   if (only) {
     made_only_twin(z, ny);
   } else if (pre) {
@@ -397,14 +420,17 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
     }
   }
   const float one = 1.f, zero = 0.f;
-  if (!p.filter.made) choose_filter(p, g, xin, dy);
   if (bf16()) {
     void* dw16 = conv_dw16_.get(nw * 2, s);
-    DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc,
-                                                   p.filter.algo, conv_workspace(p.filter.ws), p.filter.ws, &zero,
-                                                   p.w, dw16));
+    if (!run_conv_engine(p, ConvDir::filter, g, xin, dw16, dy)) {
+      if (!p.filter.made) choose_filter(p, g, xin, dy);
+      DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc,
+                                                     p.filter.algo, conv_workspace(p.filter.ws), p.filter.ws, &zero,
+                                                     p.w, dw16));
+    }
     cuda::widen_bf16(dw16, dw, nw, accumulate, s);
   } else {
+    if (!p.filter.made) choose_filter(p, g, xin, dy);
     const float beta = accumulate ? 1.f : 0.f;
     DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc,
                                                    p.filter.algo, conv_workspace(p.filter.ws), p.filter.ws, &beta,
@@ -413,9 +439,11 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   if (dx) {
     void* keep = keep_dx16 ? twin_slot(dx, nx) : nullptr;
     void* out = keep ? keep : bf16() ? conv_dx16_.get(nx * 2, s) : static_cast<void*>(dx);
-    if (!p.data.made) choose_data(p, g, win, dy, out);
-    DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data.algo,
-                                                 conv_workspace(p.data.ws), p.data.ws, &zero, p.x, out));
+    if (!run_conv_engine(p, ConvDir::data, g, out, win, dy)) {
+      if (!p.data.made) choose_data(p, g, win, dy, out);
+      DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data.algo,
+                                                   conv_workspace(p.data.ws), p.data.ws, &zero, p.x, out));
+    }
     if (keep) made_only_twin(dx, nx);
     else if (bf16()) cuda::widen_bf16(out, dx, nx, false, s);
   }
