@@ -478,6 +478,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool run_conv_engine(ConvPlan& p, ConvDir dir, const ConvGeom& g, const void* x, const void* w, const void* y);
   void build_conv_engine(ConvEngine& e, ConvDir dir, const ConvGeom& g, const void* x, const void* w, const void* y);
   bool im2col_wins(const ConvGeom& g, bool input_grad);
+  const char* conv_api_lacks(const ConvGeom& g, bool input_grad);
 
   Precision precision_;
   int dev_ = 0;

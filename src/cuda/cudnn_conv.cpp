@@ -105,15 +105,52 @@ cudnnHandle_t CudaBackendImpl::cudnn() {
 // scratch buffers (forward, then backward with the input gradient, 3 times after a warm-up) and
 // the faster kept; the columns then take rows·k²·c floats per layer, so only shapes whose
 // columns fit in kIm2colMaxBytes are candidates. heuristic: cuDNN (no timing). 1x1 stride-1
-// convolutions are GEMMs without columns either way. DPT_CONV=im2col: im2col everywhere.
+// convolutions are GEMMs without columns either way. DPT_CONV=im2col: im2col everywhere. A shape
+// for which the convolution API (fp32, TF32) offers no usable algorithm in some direction takes
+// im2col whatever the tuning: in fp32 resnet50's 256x56x56 -> 512 1x1 stride-2 convolution at
+// batch 256 has no deterministic FMA backward-data algorithm on the H200 (cuDNN 9.19).
 size_t CudaBackendImpl::conv_cols(const ConvGeom& g, bool input_grad) {
   const size_t full = size_t(g.rows()) * size_t(g.cols());
   if (im2col_convs_) return full;
-  if (pointwise_gemm(g) || conv_heuristic_ || full * sizeof(float) > kIm2colMaxBytes || capturing()) return 0;
+  if (pointwise_gemm(g) || full * sizeof(float) > kIm2colMaxBytes || capturing()) return 0;
+  if (!(bf16() && conv_graph_)) {
+    const char* none = conv_api_lacks(g, input_grad);
+    if (none) {
+      log::info("cuda: conv " + g.text() + ": cuDNN offers no deterministic " + none + " algorithm" +
+                (precision_ == Precision::fp32 ? " with FMA math" : "") + " within " +
+                std::to_string(conv_ws_limit_ >> 20) + " MB of workspace: im2col + GEMMs");
+      return full;
+    }
+  }
+  if (conv_heuristic_) return 0;
   const std::array<int, 9> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad, int(input_grad)};
   auto it = im2col_choice_.find(key);
   if (it == im2col_choice_.end()) it = im2col_choice_.emplace(key, im2col_wins(g, input_grad)).first;
   return it->second ? full : 0;
+}
+
+// The direction ("forward", "backward-filter", "backward-data") for which the convolution API's
+// heuristic lists no algorithm that choose_* could take (pick), else nullptr. No GPU work.
+const char* CudaBackendImpl::conv_api_lacks(const ConvGeom& g, bool input_grad) {
+  ConvPlan& p = conv_plan(g);
+  const bool fp32 = precision_ == Precision::fp32;
+  int n = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  DPT_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(cudnn(), p.x, p.w, p.fwd_desc, p.y,
+                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, fwd));
+  if (pick(fwd, n, conv_ws_limit_, [&](cudnnConvolutionFwdAlgo_t a) { return fwd_ok(a, fp32); }) < 0) return "forward";
+  cudnnConvolutionBwdFilterAlgoPerf_t filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+  DPT_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+      cudnn(), p.x, p.y, p.filter_desc, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, filter));
+  if (pick(filter, n, conv_ws_limit_, [&](cudnnConvolutionBwdFilterAlgo_t a) { return filter_ok(a, fp32); }) < 0)
+    return "backward-filter";
+  if (!input_grad) return nullptr;
+  cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  DPT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn(), p.w, p.y, p.data_desc, p.x,
+                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, data));
+  if (pick(data, n, conv_ws_limit_, [&](cudnnConvolutionBwdDataAlgo_t a) { return data_ok(a, fp32); }) < 0)
+    return "backward-data";
+  return nullptr;
 }
 
 bool CudaBackendImpl::im2col_wins(const ConvGeom& g, bool input_grad) {
