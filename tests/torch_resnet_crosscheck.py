@@ -81,12 +81,16 @@ FINAL_RTOL = 0.25
 # --device cuda keeps these tolerances: dptrain's fp32 on the GPU is FMA math without TF32 and
 # without Winograd or FFT convolutions (src/cuda/cudnn_conv.cpp), and batch statistics summed in
 # double by its own kernels, so it should differ from torch's fp32 by summation order only. On
-# the H200 (2026-12-02) four cases passed within 0.008 of step 1's allowance; r2_local_bn_acc2
-# failed it in one element (layer1.0.bn1.bias[45]: 2% of its step-1 update, 4.5x the allowance),
-# the same bits in three runs, and passed within 0.004 with DPT_CONV=im2col on the same GPU
-# (every convolution as im2col + cuBLAS instead of cuDNN). Not explained yet: a ReLU input near 0
-# on the other side of 0 under cuDNN's summation order, or a cuDNN algorithm whose math is not
-# FMA; an open item, not a tolerance to widen.
+# the H200 (2026-12-02) four cases passed within 0.04 of step 1's allowance; r2_local_bn_acc2
+# failed it in one element, bn1.bias[0] (-2.11523e-05 against torch's -2.10548e-05 and float64's
+# -2.10544e-05: torch's float32 is exact there to 2e-5 relative, dptrain's cuDNN run is 0.46%
+# off), the same bits in every run, and passed with DPT_CONV=im2col (every convolution as im2col
+# + cuBLAS). bn1's own ReLU inputs lie at least 9e-4 of their spread from 0, but in float64 eight
+# ReLU inputs further up lie within 1e-5 of their tensor's spread from 0 in that step (the
+# nearest 9e-7, in layer1.1), where another summation order can land on the other side and send
+# a different gradient down to bn1. That is the likely cause, not a proven one: an open item,
+# not a tolerance to widen. Where step 1 fails on float32 torch, it is judged again against
+# torch's own run in float64 (check_tensors' `exact`), which prints the float64 value.
 
 IMG = (1, 12, 12)
 CLASSES = 4
@@ -180,9 +184,9 @@ def averaged(ranks_stats):
     return out
 
 
-def replay(c, state, data, perturb):
-    """The run in torch; returns (per-step losses, final state_dict, test loss)."""
-    m = torchvision_resnet18(state)
+def replay(c, state, data, perturb, dtype=torch.float32):
+    """The run in torch; returns (per-step losses, state_dict after step 1, final state_dict, test loss)."""
+    m = torchvision_resnet18(state).to(dtype)
     m.train()
     R, b, A = c["ranks"], c["b"], c["acc"]
     G = R * b * A
@@ -193,7 +197,7 @@ def replay(c, state, data, perturb):
                   dict(params=[p for p in m.parameters() if p.ndim <= 1], weight_decay=0.0)]
     opt = torch.optim.SGD(groups, lr=LR * (1 + perturb), momentum=MOMENTUM, nesterov=True, weight_decay=WD)
     smooth = c.get("label_smoothing", 0.0)
-    x, y = data["train"][1], data["train"][2]
+    x, y = data["train"][1].to(dtype), data["train"][2]
     # sync_bn = false: every rank's running statistics, swapped into the model for its passes.
     ranks_stats = [{n: t.clone() for n, t in bn_buffers(m).items()} for _ in range(R)]
     losses, first = [], None
@@ -228,16 +232,17 @@ def replay(c, state, data, perturb):
                 bn_buffers(m)[n].copy_(t)
     m.eval()
     with torch.no_grad():
-        xt, yt = data["test"][1], data["test"][2]
+        xt, yt = data["test"][1].to(dtype), data["test"][2]
         test_loss = F.cross_entropy(m(xt), yt, reduction="sum").item() / len(yt)
     return losses, first, m.state_dict(), test_loss
 
 
-def check_tensors(c, what, ck, sd, start=None, limit=None):
+def check_tensors(c, what, ck, sd, start=None, limit=None, exact=None):
     """Every tensor of dptrain's checkpoint against torch's state_dict. start = None: elementwise
-    within PARAM_ATOL of the tensor's scale + PARAM_RTOL. start given: per tensor, the norm of
-    the difference within `limit` times the norm of torch's change since start. Returns the
-    worst error relative to what was allowed."""
+    within PARAM_ATOL of the tensor's scale + PARAM_RTOL, plus twice torch's own rounding error
+    where `exact` (torch's run in float64) is given. start given: per tensor, the norm of the
+    difference within `limit` times the norm of torch's change since start. Returns the worst
+    error relative to what was allowed."""
     if set(ck) != set(sd):
         raise Mismatch(f"{c['name']}: checkpoint keys differ from torchvision's: {sorted(set(ck) ^ set(sd))[:5]}")
     worst = 0.0
@@ -251,10 +256,13 @@ def check_tensors(c, what, ck, sd, start=None, limit=None):
             scale = float(np.abs(tn).max()) or 1.0
             err = np.abs(a - tn)
             allowed = PARAM_ATOL * scale + PARAM_RTOL * np.abs(tn)
+            if exact is not None:
+                allowed = allowed + 2 * np.abs(tn - exact[k].numpy().astype(np.float64))
             ratio = float((err / allowed).max())
             if ratio > 1:
                 i = int(np.argmax(err / allowed))
-                raise Mismatch(f"{c['name']}: {what}: tensor {k} element {i}: {a.flat[i]} vs torch {tn.flat[i]} "
+                f64 = f", float64 {exact[k].numpy().flat[i]}" if exact is not None else ""
+                raise Mismatch(f"{c['name']}: {what}: tensor {k} element {i}: {a.flat[i]} vs torch {tn.flat[i]}{f64} "
                                f"(|diff| {err.flat[i]:.2e}, allowed {allowed.flat[i]:.2e})")
         else:
             moved = np.linalg.norm(tn - np.asarray(start[k], dtype=np.float64))
@@ -300,7 +308,15 @@ def run_case(c, tmp, tools, data, mpirun, perturb, device):
     rel = abs(losses[0] - t_losses[0]) / abs(t_losses[0])
     if rel > LOSS_RTOL:
         raise Mismatch(f"{c['name']}: step 1 loss {losses[0]} vs torch {t_losses[0]} (rel {rel:.2e})")
-    worst["step1"] = check_tensors(c, "after step 1", ck(1), t_first)
+    try:
+        worst["step1"] = check_tensors(c, "after step 1", ck(1), t_first)
+    except Mismatch as e:
+        # Where an element sums many terms that cancel (a batch-norm bias gradient), torch's
+        # float32 itself lies off the exact value by more than the tolerance leaves: judged
+        # again with twice torch's own error there (its run in float64) added to the allowance.
+        exact = replay(c, start, data, perturb, torch.float64)[1]
+        worst["step1"] = check_tensors(c, "after step 1", ck(1), t_first, exact=exact)
+        print(f"  note: {c['name']}: step 1 judged with float64 torch's rounding error as well ({e})", flush=True)
     # Later steps: ReLU's kinks (see LATE_RTOL) make them drift apart within a few 1e-3.
     for s_ in range(1, STEPS):
         rel = abs(losses[s_] - t_losses[s_]) / abs(t_losses[s_])
