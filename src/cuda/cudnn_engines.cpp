@@ -82,38 +82,33 @@ cudnnBackendDescriptor_t conv_graph(std::vector<cudnnBackendDescriptor_t>& owned
       !set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad) ||
       cudnnBackendFinalize(conv) != CUDNN_STATUS_SUCCESS)
     return nullptr;
+  // The operation's attributes per direction: its x (dx), w (dw), y (dy), convolution, alpha, beta.
+  struct OpAttrs {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+  };
+  static const OpAttrs kOps[3] = {
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+  };
+  const OpAttrs& at = kOps[dir == ConvDir::fwd ? 0 : dir == ConvDir::data ? 1 : 2];
   const float alpha = 1.f, beta = 0.f;
-  cudnnBackendDescriptor_t op = nullptr;
-  bool ok = false;
-  switch (dir) {
-    case ConvDir::fwd:
-      op = make(owned, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      ok = op && set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-    case ConvDir::data:
-      op = make(owned, CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      ok = op && set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-    case ConvDir::filter:
-      op = make(owned, CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      ok = op && set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha) &&
-           set(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-  }
+  cudnnBackendDescriptor_t op = make(owned, at.type);
+  const bool ok = op && set(op, at.x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x) &&
+                  set(op, at.w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w) &&
+                  set(op, at.y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y) &&
+                  set(op, at.conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv) &&
+                  set(op, at.alpha, CUDNN_TYPE_FLOAT, 1, &alpha) && set(op, at.beta, CUDNN_TYPE_FLOAT, 1, &beta);
   if (!ok || cudnnBackendFinalize(op) != CUDNN_STATUS_SUCCESS) return nullptr;
   cudnnBackendDescriptor_t graph = make(owned, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   if (!graph || !set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op) ||
@@ -165,6 +160,33 @@ bool engine_of(std::vector<cudnnBackendDescriptor_t>& owned, cudnnBackendDescrip
 }
 
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % uintptr_t(kAlignment) == 0; }
+
+// A plan's operands (x or dx, w or dw, y or dy by unique id) and workspace, for execute.
+class Operands {
+ public:
+  Operands(const void* x, const void* w, const void* y, void* ws) {
+    void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
+    const int64_t uids[3] = {kUidX, kUidW, kUidY};
+    pack_ = make(owned_, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    ok_ = pack_ && set(pack_, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids) &&
+          set(pack_, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs) &&
+          set(pack_, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws) &&
+          cudnnBackendFinalize(pack_) == CUDNN_STATUS_SUCCESS;
+  }
+  ~Operands() {
+    for (auto d : owned_) cudnnBackendDestroyDescriptor(d);
+  }
+  Operands(const Operands&) = delete;
+  Operands& operator=(const Operands&) = delete;
+  cudnnStatus_t execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan) const {
+    return ok_ ? cudnnBackendExecute(h, plan, pack_) : CUDNN_STATUS_BAD_PARAM;
+  }
+
+ private:
+  std::vector<cudnnBackendDescriptor_t> owned_;
+  cudnnBackendDescriptor_t pack_ = nullptr;
+  bool ok_ = false;
+};
 
 }  // namespace
 
@@ -222,20 +244,12 @@ void CudaBackendImpl::build_conv_engine(ConvEngine& e, ConvDir dir, const ConvGe
     Event t1(e1);
     float best_ms = 1e30f;
     for (size_t i = 0; i < cands.size(); ++i) {
-      void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
-      const int64_t uids[3] = {kUidX, kUidW, kUidY};
-      void* ws = conv_workspace(cands[i].ws);
-      std::vector<cudnnBackendDescriptor_t> pk;
-      cudnnBackendDescriptor_t pack = make(pk, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-      const bool packed = pack && set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids) &&
-                          set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs) &&
-                          set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws) &&
-                          cudnnBackendFinalize(pack) == CUDNN_STATUS_SUCCESS;
+      const Operands ops(x, w, y, conv_workspace(cands[i].ws));
       float ms = 1e30f;
-      if (packed && cudnnBackendExecute(h, cands[i].plan, pack) == CUDNN_STATUS_SUCCESS) {
+      if (ops.execute(h, cands[i].plan) == CUDNN_STATUS_SUCCESS) {
         for (int rep = 0; rep < 3; ++rep) {
           DPT_CHECK_CUDA(cudaEventRecord(t0.get(), s));
-          const cudnnStatus_t st = cudnnBackendExecute(h, cands[i].plan, pack);
+          const cudnnStatus_t st = ops.execute(h, cands[i].plan);
           DPT_CHECK_CUDA(cudaEventRecord(t1.get(), s));
           DPT_CHECK_CUDA(cudaEventSynchronize(t1.get()));
           float t = 0;
@@ -244,7 +258,6 @@ void CudaBackendImpl::build_conv_engine(ConvEngine& e, ConvDir dir, const ConvGe
         }
       }
       DPT_CHECK_CUDA(cudaGetLastError());
-      for (auto d : pk) cudnnBackendDestroyDescriptor(d);
       if (ms < best_ms) best_ms = ms, best = i;
     }
     if (best_ms >= 1e30f) {  // none ran
@@ -270,17 +283,7 @@ bool CudaBackendImpl::run_conv_engine(ConvPlan& p, ConvDir dir, const ConvGeom& 
     build_conv_engine(e, dir, g, x, w, y);
   }
   if (!e.plan || !aligned(x) || !aligned(w) || !aligned(y)) return false;
-  void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
-  const int64_t uids[3] = {kUidX, kUidW, kUidY};
-  void* ws = conv_workspace(e.ws);
-  std::vector<cudnnBackendDescriptor_t> pk;
-  cudnnBackendDescriptor_t pack = make(pk, CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const bool packed = pack && set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids) &&
-                      set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs) &&
-                      set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws) &&
-                      cudnnBackendFinalize(pack) == CUDNN_STATUS_SUCCESS;
-  const cudnnStatus_t st = packed ? cudnnBackendExecute(cudnn(), e.plan, pack) : CUDNN_STATUS_BAD_PARAM;
-  for (auto d : pk) cudnnBackendDestroyDescriptor(d);
+  const cudnnStatus_t st = Operands(x, w, y, conv_workspace(e.ws)).execute(cudnn(), e.plan);
   if (st != CUDNN_STATUS_SUCCESS)
     throw Error(std::string("cuDNN's execution plan for the convolution ") + g.text() + " failed: " +
                 cudnnGetErrorString(st));
