@@ -347,8 +347,6 @@ void Model::reorder_flatten_reads() {
     const size_t nw = size_t(l.out) * size_t(l.in);
     run.wp = Buffer<float>(be_, nw);
     run.dwp = Buffer<float>(be_, nw);
-    run.w_arena = l.w;
-    run.dw_arena = l.dw;
     l.w = run.wp.data();
     l.dw = run.dwp.data();
   }
@@ -521,7 +519,8 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         }
         break;
       case OpKind::linear_run:
-        if (op.nhwc_c) be_.weight_to_nhwc(op.w_arena, op.wp.data(), op.run[0].out, op.nhwc_c, op.nhwc_hw);
+        if (op.nhwc_c)
+          be_.weight_to_nhwc(params_.data() + op.run[0].w_at, op.wp.data(), op.run[0].out, op.nhwc_c, op.nhwc_hw);
         be_.mlp_forward(cur, batch, op.run);
         cur = op.run.back().a;
         break;
@@ -692,7 +691,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       };
       be_.mlp_backward(in, batch, op.run, d, grad_[nxt].data(), accumulate,
                        {outside(hooks.grads_final), outside(hooks.params_released)}, dx);
-      be_.nhwc_to_nchw(op.dwp.data(), op.dw_arena, l.out, op.nhwc_c, op.nhwc_hw);
+      be_.nhwc_to_nchw(op.dwp.data(), grads_.data() + l.w_at, l.out, op.nhwc_c, op.nhwc_hw);
       if (hooks.grads_final) hooks.grads_final(w0, w1);
       if (hooks.params_released) hooks.params_released(w0, w1);
       break;

@@ -35,11 +35,9 @@ struct Model::Op {
   std::vector<Buffer<float>> zs;  // linear_run: each layer's z and (with an activation) a
   // linear_run on a flattened image it reads in NHWC order (nhwc_c channels, nhwc_hw pixels):
   // its first layer's weight reordered to match (wp), and that weight's gradient (dwp), which
-  // goes back to the arena in the checkpoint's NCHW order (w_arena, dw_arena).
+  // goes back to the arena (at the layer's w_at) in the checkpoint's NCHW order.
   int nhwc_c = 0, nhwc_hw = 0;
   Buffer<float> wp, dwp;
-  const float* w_arena = nullptr;
-  float* dw_arena = nullptr;
   Buffer<float> z, a, cols;
   Buffer<int32_t> argmax;
   const float* y = nullptr;  // output of the last forward
