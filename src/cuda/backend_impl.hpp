@@ -107,7 +107,24 @@ using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 
 // memory.cpp
 DevPtr dev_alloc(size_t bytes);
-Event make_event();
+Event make_event();  // an event for ordering (it does not time)
+
+// Milliseconds of GPU time that work() enqueues on stream s, between two timing events; waits
+// for it. Start-up choices (im2col or cuDNN, cuDNN's engines) time their candidates with it.
+class StreamTimer {
+ public:
+  StreamTimer();
+  template <class F> float time(cudaStream_t s, F&& work) {
+    start(s);
+    work();
+    return stop(s);
+  }
+
+ private:
+  void start(cudaStream_t s);
+  float stop(cudaStream_t s);
+  Event t0_, t1_;
+};
 
 // A device buffer that grows on demand. The old buffer is retired, not freed: work already queued
 // may still read it, and so may a captured step graph (evaluation runs a larger batch between
@@ -477,6 +494,7 @@ class CudaBackendImpl final : public CudaBackend {
   // step is being captured, no engine, a pointer less aligned than the plan assumes).
   bool run_conv_engine(ConvPlan& p, ConvDir dir, const ConvGeom& g, const void* x, const void* w, const void* y);
   void build_conv_engine(ConvEngine& e, ConvDir dir, const ConvGeom& g, const void* x, const void* w, const void* y);
+  bool im2col_chosen(const ConvGeom& g, bool input_grad);
   bool im2col_wins(const ConvGeom& g, bool input_grad);
   const char* conv_api_lacks(const ConvGeom& g, bool input_grad);
 
@@ -521,7 +539,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool bf16_acts_ = true;         // note_bf16_readers's hints taken (DPT_BF16_ACTS=0: ignored, to measure)
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
-  std::map<std::array<int, 9>, bool> im2col_choice_;  // conv_cols's timed choice per shape
+  std::map<std::array<int, 9>, bool> im2col_choice_;  // conv_cols's choice per shape (im2col_chosen)
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only

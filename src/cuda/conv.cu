@@ -364,7 +364,7 @@ __global__ void batched_transpose_kernel(const T* __restrict__ src, T* __restric
   const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
   const size_t per = size_t(rows) * cols;
   for (int b = blockIdx.z; b < batch; b += gridDim.z) {
-      const T* s = src + b * per;
+    const T* s = src + b * per;
     T* d = dst + b * per;
     for (int j = threadIdx.y; j < 32; j += 8) {
       const int r = r0 + j, c = c0 + threadIdx.x;
@@ -604,6 +604,16 @@ void act_backward(float* da, const float* z, const float* a, size_t n, Act act, 
   DPT_CHECK_LAUNCH("act_bwd_kernel");
 }
 
+namespace {
+// batched_transpose_kernel over the whole (rows, cols) of every sample.
+template <class T>
+void tiled_transpose(const T* src, T* dst, int batch, int rows, int cols, cudaStream_t s) {
+  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min(batch, 65535)));
+  batched_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(src, dst, batch, rows, cols);
+  DPT_CHECK_LAUNCH("batched_transpose_kernel");
+}
+}  // namespace
+
 void batched_transpose(const float* src, float* dst, int batch, int rows, int cols, cudaStream_t s) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return;
   if (rows <= kSmallRows) {
@@ -612,17 +622,12 @@ void batched_transpose(const float* src, float* dst, int batch, int rows, int co
     DPT_CHECK_LAUNCH("small_rows_transpose_kernel");
     return;
   }
-  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min(batch, 65535)));
-  batched_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(src, dst, batch, rows, cols);
-  DPT_CHECK_LAUNCH("batched_transpose_kernel");
+  tiled_transpose(src, dst, batch, rows, cols, s);
 }
 
 void batched_transpose_bf16(const void* src, void* dst, int batch, int rows, int cols, cudaStream_t s) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return;
-  const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min(batch, 65535)));
-  batched_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst),
-                                                        batch, rows, cols);
-  DPT_CHECK_LAUNCH("batched_transpose_kernel<bf16>");
+  tiled_transpose(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), batch, rows, cols, s);
 }
 
 void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl, cudaStream_t s) {

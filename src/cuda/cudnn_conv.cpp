@@ -113,20 +113,24 @@ size_t CudaBackendImpl::conv_cols(const ConvGeom& g, bool input_grad) {
   const size_t full = size_t(g.rows()) * size_t(g.cols());
   if (im2col_convs_) return full;
   if (pointwise_gemm(g) || full * sizeof(float) > kIm2colMaxBytes || capturing()) return 0;
-  if (!(bf16() && conv_graph_)) {
-    const char* none = conv_api_lacks(g, input_grad);
-    if (none) {
+  const std::array<int, 9> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad, int(input_grad)};
+  auto it = im2col_choice_.find(key);
+  if (it == im2col_choice_.end()) it = im2col_choice_.emplace(key, im2col_chosen(g, input_grad)).first;
+  return it->second ? full : 0;
+}
+
+// conv_cols's choice for a shape, made once: im2col where the convolution API (the path of fp32,
+// TF32 and DPT_CUDNN_GRAPH=0) can take no algorithm in some direction; else cuDNN under
+// heuristic tuning, and the faster of the two timed otherwise.
+bool CudaBackendImpl::im2col_chosen(const ConvGeom& g, bool input_grad) {
+  if (!(bf16() && conv_graph_))
+    if (const char* none = conv_api_lacks(g, input_grad)) {
       log::info("cuda: conv " + g.text() + ": cuDNN offers no deterministic " + none + " algorithm" +
                 (precision_ == Precision::fp32 ? " with FMA math" : "") + " within " +
                 std::to_string(conv_ws_limit_ >> 20) + " MB of workspace: im2col + GEMMs");
-      return full;
+      return true;
     }
-  }
-  if (conv_heuristic_) return 0;
-  const std::array<int, 9> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad, int(input_grad)};
-  auto it = im2col_choice_.find(key);
-  if (it == im2col_choice_.end()) it = im2col_choice_.emplace(key, im2col_wins(g, input_grad)).first;
-  return it->second ? full : 0;
+  return !conv_heuristic_ && im2col_wins(g, input_grad);
 }
 
 // The direction ("forward", "backward-filter", "backward-data") for which the convolution API's
@@ -178,25 +182,17 @@ bool CudaBackendImpl::im2col_wins(const ConvGeom& g, bool input_grad) {
   void* s16 = convert ? static_cast<void*>(buf((std::max(ny, nx) + 1) / 2)) : nullptr;
   void* d16 = convert ? static_cast<void*>(buf((ny + 1) / 2)) : nullptr;
   if (convert) cuda::to_bf16(da, d16, ny, s);
-  cudaEvent_t e0 = nullptr, e1 = nullptr;  // timing events (make_event's do not time)
-  DPT_CHECK_CUDA(cudaEventCreate(&e0));
-  Event t0(e0);
-  DPT_CHECK_CUDA(cudaEventCreate(&e1));
-  Event t1(e1);
+  StreamTimer timer;
   auto time = [&](float* c) {
-    DPT_CHECK_CUDA(cudaEventRecord(t0.get(), s));
-    conv_forward(x, w, nullptr, c, z, z, g, Act::none);
-    if (c && convert) {
-      cuda::to_bf16(z, s16, ny, s);
-      cuda::widen_bf16(d16, da, ny, false, s);
-    }
-    conv_backward(x, w, z, z, da, c, g, Act::none, dw, db, dx, false);
-    if (c && convert && dx) cuda::to_bf16(dx, s16, nx, s);
-    DPT_CHECK_CUDA(cudaEventRecord(t1.get(), s));
-    DPT_CHECK_CUDA(cudaEventSynchronize(t1.get()));
-    float ms = 0;
-    DPT_CHECK_CUDA(cudaEventElapsedTime(&ms, t0.get(), t1.get()));
-    return ms;
+    return timer.time(s, [&] {
+      conv_forward(x, w, nullptr, c, z, z, g, Act::none);
+      if (c && convert) {
+        cuda::to_bf16(z, s16, ny, s);
+        cuda::widen_bf16(d16, da, ny, false, s);
+      }
+      conv_backward(x, w, z, z, da, c, g, Act::none, dw, db, dx, false);
+      if (c && convert && dx) cuda::to_bf16(dx, s16, nx, s);
+    });
   };
   // The two paths in turn, each best of three after a warm-up of both (cuDNN's algorithms are
   // chosen in its first): timed one path after the other, cuDNN (first) took 0.40-0.55 ms for

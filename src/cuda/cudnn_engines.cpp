@@ -237,23 +237,15 @@ void CudaBackendImpl::build_conv_engine(ConvEngine& e, ConvDir dir, const ConvGe
   if (timed && cands.size() > 1) {
     // Each as it will run, on these operands: a warm-up, then the best of three.
     cudaStream_t s = stream_.get();
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    DPT_CHECK_CUDA(cudaEventCreate(&e0));
-    Event t0(e0);
-    DPT_CHECK_CUDA(cudaEventCreate(&e1));
-    Event t1(e1);
+    StreamTimer timer;
     float best_ms = 1e30f;
     for (size_t i = 0; i < cands.size(); ++i) {
       const Operands ops(x, w, y, conv_workspace(cands[i].ws));
       float ms = 1e30f;
       if (ops.execute(h, cands[i].plan) == CUDNN_STATUS_SUCCESS) {
         for (int rep = 0; rep < 3; ++rep) {
-          DPT_CHECK_CUDA(cudaEventRecord(t0.get(), s));
-          const cudnnStatus_t st = ops.execute(h, cands[i].plan);
-          DPT_CHECK_CUDA(cudaEventRecord(t1.get(), s));
-          DPT_CHECK_CUDA(cudaEventSynchronize(t1.get()));
-          float t = 0;
-          DPT_CHECK_CUDA(cudaEventElapsedTime(&t, t0.get(), t1.get()));
+          cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+          const float t = timer.time(s, [&] { st = ops.execute(h, cands[i].plan); });
           if (st == CUDNN_STATUS_SUCCESS) ms = std::min(ms, t);
         }
       }

@@ -26,6 +26,24 @@ Event make_event() {
   return Event(e);
 }
 
+StreamTimer::StreamTimer() {
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  DPT_CHECK_CUDA(cudaEventCreate(&e0));
+  t0_.reset(e0);
+  DPT_CHECK_CUDA(cudaEventCreate(&e1));
+  t1_.reset(e1);
+}
+
+void StreamTimer::start(cudaStream_t s) { DPT_CHECK_CUDA(cudaEventRecord(t0_.get(), s)); }
+
+float StreamTimer::stop(cudaStream_t s) {
+  DPT_CHECK_CUDA(cudaEventRecord(t1_.get(), s));
+  DPT_CHECK_CUDA(cudaEventSynchronize(t1_.get()));
+  float ms = 0;
+  DPT_CHECK_CUDA(cudaEventElapsedTime(&ms, t0_.get(), t1_.get()));
+  return ms;
+}
+
 void* Scratch::get(size_t bytes, cudaStream_t s) {
   (void)s;
   if (bytes > cap_) {
