@@ -45,7 +45,7 @@ def main():
         torch.cuda.synchronize()
     ev = [e for e in prof.key_averages() if e.device_time_total > 0]
     total = sum(e.device_time_total for e in ev)
-    print(f"{a.steps} steps, device time {total / 1e3 / a.steps:.3f} ms/step (kernels summed)")
+    print(f"{a.steps} steps, {total / 1e3 / a.steps:.3f} ms of GPU kernels per step (summed)")
     for e in sorted(ev, key=lambda e: -e.device_time_total)[:a.top]:
         print(f"{e.device_time_total / a.steps:10.1f} us/step {e.count / a.steps:5.1f}/step  {e.key[:150]}")
 
