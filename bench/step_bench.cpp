@@ -16,6 +16,14 @@
 // Warm-up is separated by difference: after one untimed run, a run of W steps and a run of W+S
 // steps, each in a fresh Trainer; (t(W+S) − t(W)) / S is the steady-state step time. Repeated
 // --repeat times; the median and the spread are printed, slowest rank's time taken (MPI_MAX).
+//
+// Memory: the most bytes the backend held at once over those runs (its own allocations; on a
+// GPU every cudaMalloc of dptrain's), less the resident synthetic dataset, as `peak_mib` —
+// the model, activations, gradients, optimizer state, the batch, workspaces and the backend's
+// own buffers; bench/torch_cnn.py's `peak_mib` is PyTorch's max_memory_allocated() for the same.
+//
+// --account true then prints where the step's time goes, op by op, against each op's floor
+// (step_account.hpp): --account-steps S steps timed after --account-warmup W.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -27,6 +35,7 @@
 #include "dpt/log.hpp"
 #include "dpt/nn.hpp"
 #include "dpt/train.hpp"
+#include "step_account.hpp"
 #ifdef DPT_HAVE_CUDA
 #include "dpt/cuda_backend.hpp"
 #endif
@@ -44,6 +53,8 @@ struct Args {
   std::string conv_tuning = "time";  // device.conv_tuning: heuristic skips cuDNN's timed search
   int nccl_max_ctas = 0;
   double bucket_mb = 25;
+  std::string account = "false";
+  int account_warmup = 10, account_steps = 20;
 };
 
 Args parse(int argc, char** argv) {
@@ -65,9 +76,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--nccl-max-ctas") a.nccl_max_ctas = std::stoi(v);
     else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
     else if (k == "--conv-tuning") a.conv_tuning = v;
+    else if (k == "--account") a.account = v;
+    else if (k == "--account-warmup") a.account_warmup = std::stoi(v);
+    else if (k == "--account-steps") a.account_steps = std::stoi(v);
     else throw InputError("bench-step: unknown option " + k);
-  if (a.shard != "true" && a.shard != "false") throw InputError("bench-step: --shard-optimizer " + a.shard + ": true or false");
   }
+  if (a.shard != "true" && a.shard != "false") throw InputError("bench-step: --shard-optimizer " + a.shard + ": true or false");
+  if (a.account != "true" && a.account != "false") throw InputError("bench-step: --account " + a.account + ": true or false");
+  if (a.account_warmup < 0 || a.account_steps < 1)
+    throw InputError("bench-step: --account-warmup must be >= 0 and --account-steps >= 1");
   return a;
 }
 
@@ -134,6 +151,8 @@ int main(int argc, char** argv) {
       params += double(l.weights + l.biases) * double(l.spec.kind == LayerKind::conv ? l.out.h * l.out.w : 1);
     // One untimed run first: the first Trainer of a process pays one-time costs (the dataset's
     // upload to the device, library handles, NCCL's lazy set-up) that would skew a difference.
+    rt.backend->reset_memory_peak();
+    const size_t mem0 = rt.backend->device_memory().now;
     loop_seconds(cfg, a.warmup, rt, ds);
     std::vector<double> ms;
     for (int r = 0; r < a.repeat; ++r) {
@@ -142,6 +161,12 @@ int main(int argc, char** argv) {
       ms.push_back((t1 - t0) / a.steps * 1e3);
     }
     std::sort(ms.begin(), ms.end());
+    // The resident dataset (features and labels, where the backend copied it) is not the step's.
+    const DeviceMemory mem = rt.backend->device_memory();
+    // (It stays allocated after the Trainers; a backend that streamed it holds less than that.)
+    const double data_bytes = double(ds.n) * double(ds.dim) * (ds.is_u8 ? 1 : 4) + double(ds.n) * 4;
+    const double on_device = !rt.backend->host_addressable() && double(mem.now - mem0) >= data_bytes ? data_bytes : 0.0;
+    const double peak_mib = (double(mem.peak) - on_device) / double(1 << 20);
     int fused = -1;  // hidden layers through cuBLASLt's ReLU epilogues (-1: not the cuda backend)
 #ifdef DPT_HAVE_CUDA
     if (CudaBackend* cb = as_cuda(*rt.backend)) fused = cb->fused_layers();
@@ -153,21 +178,31 @@ int main(int argc, char** argv) {
     std::snprintf(buf, sizeof buf,
                   "bench-step layers=%s batch/rank=%d ranks=%d precision=%s optimizer=%s backend=%s "
                   "transport=%s shard_optimizer=%s grad_dtype=%s nccl_max_ctas=%d bucket_mb=%g: %.4f ms/step "
-                  "(min %.4f, max %.4f over %d), %.0f samples/s, %.1f model TFLOP/s, %d hidden layers fused",
+                  "(min %.4f, max %.4f over %d), %.0f samples/s, %.1f model TFLOP/s, %d hidden layers fused, "
+                  "peak memory %.1f MiB",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
                   rt.backend->name().c_str(), rt.comm->name().c_str(), a.shard.c_str(), a.grad_dtype.c_str(),
-                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), a.repeat, samples, tflops, fused);
+                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), a.repeat, samples, tflops, fused,
+                  peak_mib);
     log::info(buf);
     std::snprintf(buf, sizeof buf,
                   "{\"bench\": \"step\", \"layers\": \"%s\", \"batch_per_rank\": %d, \"ranks\": %d, "
                   "\"precision\": \"%s\", \"optimizer\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", "
                   "\"shard_optimizer\": %s, \"grad_dtype\": \"%s\", \"nccl_max_ctas\": %d, \"bucket_mb\": %g, "
                   "\"ms_per_step\": %.5f, \"ms_min\": %.5f, \"ms_max\": %.5f, \"samples_per_s\": %.1f, "
-                  "\"model_tflops\": %.2f, \"fused_layers\": %d}",
+                  "\"model_tflops\": %.2f, \"fused_layers\": %d, \"peak_mib\": %.1f}",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
                   rt.backend->name().c_str(), rt.comm->name().c_str(), a.shard.c_str(), a.grad_dtype.c_str(),
-                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), samples, tflops, fused);
+                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), samples, tflops, fused, peak_mib);
     log::info(buf);
+    if (a.account == "true") {
+      bench::AccountArgs aa;
+      aa.warmup = a.account_warmup;
+      aa.steps = a.account_steps;
+      aa.graph_ms = med;
+      aa.label = a.layers;
+      bench::print_account(cfg, rt, ds, aa);
+    }
     return 0;
   } catch (const std::exception& e) {
     return fail_run(e, MPI_COMM_WORLD);

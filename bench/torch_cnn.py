@@ -11,12 +11,17 @@ with its autotuner (cudnn.benchmark) in every mode:
 each in PyTorch's default memory format (NCHW) and in channels_last (NHWC, which cuDNN's
 tensor-core convolutions prefer). Prints one JSON object per measurement; the best of them is
 the peer to beat. Model TFLOP/s is counted as bench-step counts it: 6 x the forward
-multiply-adds per sample.
+multiply-adds per sample. GPU memory, per measurement (each starts from an emptied cache and
+reset peak statistics): torch.cuda.max_memory_allocated() over the whole measurement (model,
+optimizer state, batch, cuDNN's autotuning, the warm-up and timed steps) as `peak_mib`, and over
+steps run after the timing, from a reset, as `steady_peak_mib`; max_memory_reserved() as
+`reserved_mib`.
 
     python3 bench/torch_cnn.py --layers "conv(32,3,pad=1) relu maxpool(2) flatten linear(10)" \\
         --input 1,28,28 --batch 256 --precision bf16 --modes eager,graph,compile-step
 """
 import argparse
+import gc
 import json
 import re
 
@@ -114,8 +119,13 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     torch.backends.cudnn.benchmark = True
+    mib = 1.0 / (1 << 20)
     for fmt in a.formats.split(","):
         for mode in a.modes.split(","):
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
             torch.manual_seed(0)
             model, classes, macs = build(a.layers, shape)
             mf = torch.channels_last if fmt == "nhwc" else torch.contiguous_format
@@ -133,6 +143,13 @@ def main():
                     if mode == "compile-step":
                         fn = torch.compile(fn)
                 ms, lo, hi = time_ms(fn, a.steps, a.repeat, 20, True)
+                peak = torch.cuda.max_memory_allocated()
+                reserved = torch.cuda.max_memory_reserved()
+                torch.cuda.reset_peak_memory_stats()
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+                steady = torch.cuda.max_memory_allocated()
             except Exception as e:  # a mode this torch cannot run is reported, not fatal
                 print(json.dumps({"bench": "torch-cnn", "mode": mode, "format": fmt, "error": str(e)[:300]}), flush=True)
                 continue
@@ -141,8 +158,14 @@ def main():
                               "input": a.input, "batch": a.batch, "precision": a.precision,
                               "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                               "ms_per_step": round(ms, 5), "ms_min": round(lo, 5), "ms_max": round(hi, 5),
-                              "samples_per_s": round(sps, 1), "model_tflops": round(6 * macs * sps / 1e12, 2)}),
+                              "samples_per_s": round(sps, 1), "model_tflops": round(6 * macs * sps / 1e12, 2),
+                              "peak_mib": round(peak * mib, 1), "steady_peak_mib": round(steady * mib, 1),
+                              "reserved_mib": round(reserved * mib, 1), "allocated_before_mib": round(before * mib, 1)}),
                   flush=True)
+            del model, opt, x, y
+            fn = None
+            if mode.startswith("compile"):
+                torch._dynamo.reset()
 
 
 if __name__ == "__main__":

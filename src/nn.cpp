@@ -446,8 +446,9 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
   trained_ = train != nullptr;
   if (train) train_ = *train;
   const float* cur = x;
-  for (auto& o : ops_) {
-    Op& op = *o;
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    Op& op = *ops_[i];
+    if (probe_) probe_(StepPoint::forward, int(i));
     const size_t n = size_t(batch) * size_t(op.out.size());
     switch (op.kind) {
       case OpKind::to_nhwc:
@@ -545,6 +546,7 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
 
 void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stats, bool need_grad, bool smooth) {
   float* d = need_grad ? grad_[0].data() : nullptr;
+  if (probe_) probe_(StepPoint::loss, -1);
   if (smooth && smoothing_ > 0) be_.softmax_xent_smoothed(logits_, labels, batch, classes(), grad_scale, d, stats, smoothing_);
   else be_.softmax_xent(logits_, labels, batch, classes(), grad_scale, d, stats);
 }
@@ -559,8 +561,10 @@ void Model::backward(const float* x, int batch, bool accumulate, const PassHooks
          ops_[lowest]->kind != OpKind::bn)
     ++lowest;
   int cur = 0;
-  for (size_t i = ops_.size(); i-- > lowest;)
+  for (size_t i = ops_.size(); i-- > lowest;) {
+    if (probe_) probe_(StepPoint::backward, int(i));
     backward_op(*ops_[i], i == 0 ? x : ops_[i - 1]->y, batch, accumulate, hooks, cur, i > lowest);
+  }
 }
 
 // One op's backward from grad_[cur]; cur moves to the buffer holding its input's gradient.

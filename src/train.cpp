@@ -328,6 +328,7 @@ void Trainer::enqueue_step(GradSync* sync) {
   const float grad_scale = 1.f / float(sync || W == 1 ? global_batch() : int64_t(b) * A);
   // Test hook (DPT_FAULT): one compare per step when unset; a rank with a fault never replays.
   const bool poison = fault::in_step(step_ + 1);
+  if (probe_) probe_(StepPoint::data, -1);
   be_.fill(stats_.data(), 2, 0.f);
   bn_apart_ = !cfg_.sync_bn;
   step_enqueued_ = true;
@@ -365,6 +366,7 @@ void Trainer::enqueue_step(GradSync* sync) {
     }
     model_->backward(x, b, a > 0, hooks);
   }
+  if (probe_) probe_(StepPoint::optimizer, -1);
   if (sync) {
     sync->finish();
   } else {
@@ -372,6 +374,12 @@ void Trainer::enqueue_step(GradSync* sync) {
     opt_->step_at(model_->params(), model_->grads(), 0, model_->num_params(), lr_.data(), ctl_.data());
   }
   be_.end_step(ctl_.data(), global_batch(), cfg_.on_nonfinite == "stop");
+  if (probe_) probe_(StepPoint::end, -1);
+}
+
+void Trainer::set_probe(StepProbe p) {
+  probe_ = p;
+  model_->set_probe(std::move(p));
 }
 
 // Reads the device's step control: stops the run (policy stop) or reports skipped steps.
@@ -520,7 +528,7 @@ TrainResult Trainer::run() {
   res.already_complete = !training;
   if (training) start_epoch();
   const bool capture = be_.can_capture(rows_->data()) && (comm_.size() == 1 || !reduce || comm_.capturable()) &&
-                       !fault::any();
+                       !fault::any() && !probe_;
   auto runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
   if (cfg_.ckpt_at_start && step_ == 0) save_checkpoint();
   t0_ = Clock::now();

@@ -504,6 +504,60 @@ TEST(ResnetModel, BackwardIsRepeatable) {
   }
 }
 
+// The step's observer (bench-step's account) sees every op forward in order, the loss, then the
+// ops backward in reverse down to the first with parameters; op_costs describes the same ops,
+// with a convolution's flops and values as its shapes give them.
+TEST(ResnetModel, ProbeVisitsEveryOpAndCostsFollowTheShapes) {
+  auto be = make_cpu_backend({});
+  const TensorShape in = TensorShape::image(2, 6, 6);
+  const int B = 4;
+  Model m(*be, plan_model(parse_layer_list("conv(4,3,pad=1,bias=false) bn relu "
+                                           "res(conv(6,3,stride=2,pad=1) | conv(6,1,stride=2,bias=false)) relu "
+                                           "avgpool(global) flatten linear(3)"), in, 3), B);
+  m.init_params(5);
+  const std::vector<OpCost> c = m.op_costs(B);
+  std::vector<std::pair<StepPoint, int>> seen;
+  m.set_probe([&](StepPoint p, int op) { seen.emplace_back(p, op); });
+  const auto x = rnd(size_t(B) * size_t(in.size()), 6);
+  const std::vector<int32_t> y = {0, 1, 2, 0};
+  TrainPass tp;
+  float stats[2] = {0, 0};
+  m.forward(x.data(), B, &tp);
+  m.loss(y.data(), B, 0.25f, stats, true);
+  m.backward(x.data(), B, false);
+  const int n = int(c.size());
+  // Two channels: the image is made NHWC first, and that op has no backward.
+  ASSERT_EQ(c[0].kind, "layout");
+  EXPECT_FALSE(c[0].has_bwd);
+  ASSERT_EQ(int(seen.size()), n + 1 + (n - 1));
+  for (int i = 0; i < n; ++i) EXPECT_EQ(seen[size_t(i)], std::make_pair(StepPoint::forward, i));
+  EXPECT_EQ(seen[size_t(n)], std::make_pair(StepPoint::loss, -1));
+  for (int i = 0; i < n - 1; ++i) EXPECT_EQ(seen[size_t(n + 1 + i)], std::make_pair(StepPoint::backward, n - 1 - i));
+  // The first conv (no input gradient: the first op with parameters) and the strided one.
+  ASSERT_EQ(c[1].kind, "conv");
+  EXPECT_EQ(c[1].name, "conv0");
+  EXPECT_DOUBLE_EQ(c[1].fwd_flops, 2.0 * B * 6 * 6 * 4 * (3 * 3 * 2));
+  EXPECT_DOUBLE_EQ(c[1].bwd_flops, c[1].fwd_flops);
+  EXPECT_DOUBLE_EQ(c[1].fwd_values, B * (2.0 * 36 + 4.0 * 36));
+  EXPECT_DOUBLE_EQ(c[1].param_values, 4.0 * 3 * 3 * 2);
+  const auto conv = std::find_if(c.begin() + 2, c.end(), [](const OpCost& o) { return o.kind == "conv"; });
+  ASSERT_NE(conv, c.end());
+  EXPECT_DOUBLE_EQ(conv->fwd_flops, 2.0 * B * 3 * 3 * 6 * (3 * 3 * 4));
+  EXPECT_DOUBLE_EQ(conv->bwd_flops, 2 * conv->fwd_flops);
+  EXPECT_DOUBLE_EQ(conv->bwd_values, B * (6.0 * 9 + 2 * 4.0 * 36));
+  EXPECT_EQ(conv->shape, "3x3/2 4->6, 3x3 out");
+  int linear = 0, bn = 0, residual = 0;
+  for (const OpCost& o : c) {
+    linear += o.kind == "linear";
+    bn += o.kind == "bn";
+    residual += o.kind == "residual";
+    if (o.kind == "linear") EXPECT_DOUBLE_EQ(o.fwd_flops, 2.0 * B * 6 * 3);
+  }
+  EXPECT_EQ(linear, 1);
+  EXPECT_EQ(bn, 1);
+  EXPECT_EQ(residual, 3);  // the block's begin, the switch to the shortcut, the sum
+}
+
 // A linear run on a flattened image reads it in NHWC order, its first weight reordered per pass,
 // where the weight is no larger than the activation (max batch >= its outputs); otherwise the
 // activation is transposed to NCHW. Both give the same logits and gradients up to summation

@@ -137,6 +137,27 @@ struct StepCtl {
   int64_t first_bad = -1; // the first step (1-based) whose gradients held NaN/Inf
 };
 
+// Points on a backend's timeline (Backend::time_marks).
+class TimeMarks {
+ public:
+  virtual ~TimeMarks() = default;
+  virtual void mark() = 0;
+  virtual std::vector<double> seconds() = 0;  // waits; each mark's time since the first
+  virtual void clear() = 0;                   // forgets the marks made
+};
+
+// The measured limits of a backend (Backend::measure_ceilings).
+struct Ceilings {
+  double gemm_flops = 0;   // per second, in the GEMM's operand type
+  double mem_bytes = 0;    // per second, read + written
+  std::string gemm_what, mem_what;  // what was timed
+};
+
+// Backend::device_memory: bytes now and at the peak; 0 where the backend does not count.
+struct DeviceMemory {
+  size_t now = 0, peak = 0;
+};
+
 // One step of work, run once per call. A backend that can records it into a graph on an early
 // call and replays it after (cuda); otherwise every call runs it.
 class StepRunner {
@@ -441,6 +462,19 @@ class Backend {
   virtual bool can_capture(const Dataset& ds) { (void)ds; return false; }
   // A runner for `step`; capture is allowed only when the caller says the step can be.
   virtual std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture);
+
+  // ---- measurement (bench-step --account) ----
+  // Points on the backend's timeline: mark() records one after everything enqueued so far;
+  // seconds() waits and gives each mark's time since the first. The base class reads the
+  // host's clock, right for a backend whose work is done when its call returns (cpu).
+  virtual std::unique_ptr<TimeMarks> time_marks();
+  // What this backend's GEMM and memory reach, measured now (a few hundred ms): a large square
+  // GEMM in the precision's operand type, and a copy of a buffer far larger than any cache.
+  virtual Ceilings measure_ceilings();
+  // Bytes this backend has allocated (alloc_bytes and its own buffers): now and at the most
+  // since the backend was made or the peak was last reset.
+  virtual DeviceMemory device_memory() const { return {}; }
+  virtual void reset_memory_peak() {}
 
  protected:
   Backend() = default;

@@ -97,6 +97,26 @@ using BnReduce = std::function<void(double* sums, size_t n)>;
 
 constexpr float kBnEps = 1e-5f, kBnMomentum = 0.1f;  // PyTorch's BatchNorm defaults
 
+// Where a training step stands, for an observer that accounts for its time (bench-step
+// --account): before the batch is loaded (data), before each op's forward and backward (op:
+// its position in Model::op_costs), before the loss, before the optimizer, and at the end.
+enum class StepPoint { data, forward, loss, backward, optimizer, end };
+using StepProbe = std::function<void(StepPoint, int op)>;
+
+// One op of the model, as an account of the step sees it at a batch: the multiply-adds × 2 of
+// its convolution or GEMMs (flops), and the values of activations, gradients and parameters it
+// reads and writes, each tensor once (the least any implementation of the op moves alone; a
+// fused one moves less). Backward: the input gradient only where the op computes one.
+struct OpCost {
+  std::string kind;    // conv, linear, bn, pool, avgpool, relu, residual, layout, dropout
+  std::string name;    // the layer's checkpoint name, or kind and list position
+  std::string shape;   // what it computes, e.g. "3x3/2 64->128, 28x28 out"
+  double fwd_flops = 0, bwd_flops = 0;
+  double fwd_values = 0, bwd_values = 0;    // activations and their gradients
+  double param_values = 0;                  // parameters (read forward; read and their gradient written backward)
+  bool has_fwd = true, has_bwd = true;      // whether the pass runs anything
+};
+
 class Model {
  public:
   // The MLP widths form: Linear layers between the widths, `act` between them. An empty layout
@@ -164,6 +184,11 @@ class Model {
   // released once its input gradient is enqueued (Backend::mlp_backward).
   void backward(const float* x, int batch, bool accumulate, const PassHooks& hooks = {});
 
+  // The step's observer (none: empty); the model calls it before each op and before the loss.
+  void set_probe(StepProbe p) { probe_ = std::move(p); }
+  // Its ops in forward order, at a batch (nn_account.cpp).
+  std::vector<OpCost> op_costs(int batch) const;
+
  private:
   struct Op;
   void build(int max_batch, ArenaLayout layout);
@@ -191,6 +216,7 @@ class Model {
   float smoothing_ = 0.f;
   TrainPass train_;        // the last forward's (dropout's backward applies the same mask)
   bool trained_ = false;   // the last forward was a training pass
+  StepProbe probe_;
 };
 
 // The model's former name, when it was an MLP only.

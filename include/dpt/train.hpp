@@ -55,6 +55,9 @@ class Trainer {
 
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *opt_; }
+  // An observer of every step's points (bench-step --account): the steps then run as they are
+  // enqueued, never replayed from a captured graph, so that it sees each one.
+  void set_probe(StepProbe p);
   // The parameters (the fp32 master) and an optimizer-state array, whole, in the arena's
   // layout: collective over the ranks when the optimizer is sharded.
   std::vector<float> params_host();
@@ -118,6 +121,7 @@ class Trainer {
   void average_parameters();
   bool bn_apart_ = false;  // training passes moved the ranks' running statistics apart
   bool step_enqueued_ = false;  // enqueue_step ran in this step (not a replay of its graph)
+  StepProbe probe_;
   void prepare_run(int64_t per_epoch);
   void start_epoch();
   void enqueue_step(class GradSync* sync);

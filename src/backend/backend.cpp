@@ -8,6 +8,7 @@
 #include "dpt/check.hpp"
 #include "dpt/comm.hpp"
 #include "dpt/data.hpp"
+#include "dpt/timing.hpp"
 
 namespace dpt {
 
@@ -274,6 +275,27 @@ class PlainRunner final : public StepRunner {
 std::unique_ptr<StepRunner> Backend::make_runner(std::function<void()> step, bool) {
   return std::make_unique<PlainRunner>(std::move(step));
 }
+
+namespace {
+// The host's clock: the backend's calls return when their work is done.
+class HostMarks final : public TimeMarks {
+ public:
+  void mark() override { t_.push_back(timing::now()); }
+  std::vector<double> seconds() override {
+    std::vector<double> s(t_.size());
+    for (size_t i = 0; i < t_.size(); ++i) s[i] = t_[i] - t_[0];
+    return s;
+  }
+  void clear() override { t_.clear(); }
+
+ private:
+  std::vector<double> t_;
+};
+}  // namespace
+
+std::unique_ptr<TimeMarks> Backend::time_marks() { return std::make_unique<HostMarks>(); }
+
+Ceilings Backend::measure_ceilings() { return {}; }
 
 #ifndef DPT_HAVE_CUDA
 bool ranks_share_a_gpu(MPI_Comm, Backend&) { return false; }

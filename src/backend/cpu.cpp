@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "cpu_dnnl.hpp"
 #include "dpt/backend.hpp"
 #include "dpt/check.hpp"
+#include "dpt/timing.hpp"
 
 #include "simd.hpp"
 
@@ -154,13 +156,46 @@ class CpuBackend final : public Backend {
   }
   bool host_addressable() const override { return true; }
 
+  // 64-byte alignment for vector loads (aligned_alloc needs a multiple of the alignment); the
+  // size rides in the 64 bytes before the block, for device_memory().
   void* alloc_bytes(size_t bytes) override {
-    // 64-byte alignment for vector loads; aligned_alloc needs a multiple of the alignment.
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    char* p = static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64));
     if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
-    return p;
+    std::memcpy(p, &bytes, sizeof bytes);
+    const size_t now = now_.fetch_add(bytes) + bytes;
+    for (size_t pk = peak_.load(); now > pk && !peak_.compare_exchange_weak(pk, now);) {
+    }
+    return p + 64;
   }
-  void free_bytes(void* p) noexcept override { std::free(p); }
+  void free_bytes(void* p) noexcept override {
+    if (!p) return;
+    char* b = static_cast<char*>(p) - 64;
+    size_t bytes = 0;
+    std::memcpy(&bytes, b, sizeof bytes);
+    now_ -= bytes;
+    std::free(b);
+  }
+  DeviceMemory device_memory() const override { return {now_.load(), peak_.load()}; }
+  void reset_memory_peak() override { peak_ = now_.load(); }
+
+  // A 2048³ sgemm and a 256 MiB memcpy, each the best of three.
+  Ceilings measure_ceilings() override {
+    const int n = 2048;
+    const size_t mem = size_t(64) << 20;  // floats
+    std::vector<float> a(size_t(n) * n, 1.f), b(size_t(n) * n, 0.5f), c(size_t(n) * n), x(mem, 1.f), y(mem);
+    Ceilings r;
+    for (int rep = 0; rep < 3; ++rep) {
+      double t = timing::now();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+      r.gemm_flops = std::max(r.gemm_flops, 2.0 * n * n * double(n) / (timing::now() - t));
+      t = timing::now();
+      std::memcpy(y.data(), x.data(), mem * sizeof(float));
+      r.mem_bytes = std::max(r.mem_bytes, 2.0 * double(mem * sizeof(float)) / (timing::now() - t));
+    }
+    r.gemm_what = "OpenBLAS sgemm 2048x2048x2048, fp32";
+    r.mem_what = "memcpy of 256 MiB (bytes read + written)";
+    return r;
+  }
   void upload(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
   void download(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
   void copy(void* d, const void* s, size_t n) override { std::memmove(d, s, n); }
@@ -379,7 +414,7 @@ class CpuBackend final : public Backend {
   std::string source_;  // what decided threads_
   bool im2col_ = false;  // DPT_CONV=im2col
   cpu::DnnlConvs dnnl_;
-
+  std::atomic<size_t> now_{0}, peak_{0};  // bytes allocated (alloc_bytes)
 };
 
 }  // namespace

@@ -30,7 +30,8 @@ struct StreamDel { void operator()(cudaStream_t s) const noexcept { cudaStreamDe
 struct EventDel { void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); } };
 struct BlasDel { void operator()(cublasHandle_t h) const noexcept { cublasDestroy(h); } };
 struct LtDel { void operator()(cublasLtHandle_t h) const noexcept { cublasLtDestroy(h); } };
-struct DevDel { void operator()(void* p) const noexcept { cudaFree(p); } };
+void dev_free(void* p) noexcept;  // memory.cpp: cudaFree, and the bytes no longer counted
+struct DevDel { void operator()(void* p) const noexcept { dev_free(p); } };
 struct PinnedDel { void operator()(void* p) const noexcept { cudaFreeHost(p); } };
 using Stream = std::unique_ptr<CUstream_st, StreamDel>;
 using Event = std::unique_ptr<CUevent_st, EventDel>;
@@ -107,6 +108,10 @@ using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 
 // memory.cpp
 DevPtr dev_alloc(size_t bytes);
+// Every cudaMalloc of the backend's (dev_alloc, alloc_bytes) counted, process-wide: bytes now
+// and the most since the last reset.
+DeviceMemory counted_memory();
+void reset_counted_peak();
 Event make_event();  // an event for ordering (it does not time)
 
 // Milliseconds of GPU time that work() enqueues on stream s, between two timing events; waits
@@ -214,6 +219,12 @@ class CudaBackendImpl final : public CudaBackend {
   void copy(void* dst, const void* src, size_t bytes) override;
   void fill(float* p, size_t n, float v) override;
   void scale(float* p, size_t n, float a) override;
+  DeviceMemory device_memory() const override { return counted_memory(); }
+  void reset_memory_peak() override { reset_counted_peak(); }
+
+  // ---- measurement (ceilings.cpp) ----
+  std::unique_ptr<TimeMarks> time_marks() override;
+  Ceilings measure_ceilings() override;
 
   // ---- the bf16 copies of fp32 data (bf16_copies.cpp) ----
   void register_parameters(float* p, size_t n) override;

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "backend_impl.hpp"
 #include "dpt/cuda_check.hpp"
@@ -14,10 +16,59 @@
 
 namespace dpt::cuda_impl {
 
-DevPtr dev_alloc(size_t bytes) {
+namespace {
+struct Counted {
+  std::mutex m;
+  std::unordered_map<void*, size_t> bytes;
+  size_t now = 0, peak = 0;
+};
+Counted& counted() {
+  static Counted* c = new Counted;  // never destroyed: buffers may outlive static destruction
+  return *c;
+}
+
+void* counted_malloc(size_t bytes) {
   void* p = nullptr;
-  if (bytes) DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
-  return DevPtr(p);
+  if (!bytes) return p;
+  DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
+  Counted& c = counted();
+  std::lock_guard<std::mutex> lock(c.m);
+  c.bytes[p] = bytes;
+  c.now += bytes;
+  c.peak = std::max(c.peak, c.now);
+  return p;
+}
+
+// cudaFree's error (it waits for the device), else cudaSuccess.
+cudaError_t counted_free(void* p) noexcept {
+  if (!p) return cudaSuccess;
+  {
+    Counted& c = counted();
+    std::lock_guard<std::mutex> lock(c.m);
+    auto it = c.bytes.find(p);
+    if (it != c.bytes.end()) {
+      c.now -= it->second;
+      c.bytes.erase(it);
+    }
+  }
+  return cudaFree(p);
+}
+}  // namespace
+
+DevPtr dev_alloc(size_t bytes) { return DevPtr(counted_malloc(bytes)); }
+
+void dev_free(void* p) noexcept { counted_free(p); }
+
+DeviceMemory counted_memory() {
+  Counted& c = counted();
+  std::lock_guard<std::mutex> lock(c.m);
+  return {c.now, c.peak};
+}
+
+void reset_counted_peak() {
+  Counted& c = counted();
+  std::lock_guard<std::mutex> lock(c.m);
+  c.peak = c.now;
 }
 
 Event make_event() {
@@ -78,8 +129,7 @@ void UploadRing::upload(void* dst, const void* src, size_t bytes, cudaStream_t s
 }
 
 void* CudaBackendImpl::alloc_bytes(size_t bytes) {
-  void* p = nullptr;
-  if (bytes) DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
+  void* p = counted_malloc(bytes);
   if (p) allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
 }
@@ -88,7 +138,7 @@ void* CudaBackendImpl::alloc_bytes(size_t bytes) {
 void CudaBackendImpl::free_bytes(void* p) noexcept {
   if (!p) return;
   forget(p);
-  const cudaError_t rc = cudaFree(p);
+  const cudaError_t rc = counted_free(p);
   if (rc != cudaSuccess) {
     cudaGetLastError();
     try { log::warn(std::string("cudaFree failed: ") + cudaGetErrorString(rc)); } catch (...) {}
