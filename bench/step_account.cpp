@@ -89,8 +89,9 @@ void print_account(const Config& cfg, Runtime& rt, const Dataset& ds, const Acco
       case StepPoint::optimizer: o_acc += dt; break;
       case StepPoint::end: g_acc += dt; break;
     }
-    // A step's account closes at the next step's data mark (the gap after `end` included).
-    const bool closes = at[k + 1].first == StepPoint::data;
+    // A step's account closes at the next step's data mark (the gap after `end` included), the
+    // last step's at its end.
+    const bool closes = at[k + 1].first == StepPoint::data || k + 2 == at.size();
     if (closes && step >= a.warmup) {
       for (size_t i = 0; i < n_ops; ++i) {
         fwd[i].push_back(f_acc[i]);
@@ -202,7 +203,7 @@ void print_account(const Config& cfg, Runtime& rt, const Dataset& ds, const Acco
             "stream where the backend has one, and their time is in the rows of the ops they overlap");
   const double eager = median(step_s);
   std::snprintf(line, sizeof line,
-                "step: %.3f ms enqueued op by op (its parts add up to %.3f ms), %.3f ms as the product runs it "
+                "step: %.3f ms enqueued op by op (the sum of its parts' medians %.3f ms), %.3f ms as the product runs it "
                 "(bench-step's median above); the sum of the floors %.3f ms: the step is %.2fx "
                 "the floor, %.1f%% of the time is above it",
                 eager * 1e3, sum_s * 1e3, a.graph_ms, sum_floor * 1e3, a.graph_ms / (sum_floor * 1e3),

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -296,4 +297,40 @@ TEST_F(BenchCli, CutShortKeepsTheFinishedSections) {
                           " and 'grid' not in t and 'buckets' in t else 1)\"";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << slurp(out / "records.json");
   EXPECT_FALSE(fs::exists(out / ".report.md.cut"));
+}
+
+// bench-step --account on the CPU: a row for every op that runs (a small residual network's
+// convolutions, batch norms, residual ops, pooling, linear, and the step's other parts), times
+// that add up to the step (one timed step: each row's median is its time), a floor below it from the ceilings measured in the run, and the peak
+// memory; a bad --account value is named.
+TEST(BenchStep, AccountOfTheStepOnTheCpu) {
+  const std::string list =
+      "conv(8,3,pad=1,bias=false) bn relu res(conv(8,3,pad=1,bias=false) bn relu conv(8,3,pad=1,bias=false) bn) relu "
+      "avgpool(global) flatten linear(10)";
+  const Outcome r = sh(mpirun(1) + DPT_BINARY_DIR + "/bench/bench-step --layers \"" + list +
+                       "\" --input 1,8,8 --batch 16 --warmup 2 --steps 3 --repeat 1 --account true "
+                       "--account-warmup 1 --account-steps 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* row : {"conv0 ", "bn1 ", "conv2 ", "block@3 add", "block@3 join", "avgpool@", "fc0 ", "data ",
+                          "loss ", "optimizer* ", "by kind", "ceilings: GEMM "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  double eager = 0, parts = 0, graph = 0, floor = 0;
+  const size_t at = r.out.find("\nstep: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at,
+                        "\nstep: %lf ms enqueued op by op (the sum of its parts' medians %lf ms), %lf ms as the product runs it "
+                        "(bench-step's median above); the sum of the floors %lf ms",
+                        &eager, &parts, &graph, &floor),
+            4)
+      << r.out.substr(at, 400);
+  EXPECT_NEAR(parts, eager, 2e-3 + 1e-3 * eager);  // rounded to 1 us per row
+  EXPECT_GT(floor, 0);
+  EXPECT_LT(floor, eager);
+  EXPECT_GT(graph, 0);
+  const size_t mem = r.out.find("\"peak_mib\": ");
+  ASSERT_NE(mem, std::string::npos) << r.out;
+  EXPECT_GT(std::stod(r.out.substr(mem + 12)), 0);
+  const Outcome bad = sh(mpirun(1) + DPT_BINARY_DIR + "/bench/bench-step --layers 16,4 --account maybe");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--account maybe: true or false"), std::string::npos) << bad.out;
 }
