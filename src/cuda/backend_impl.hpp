@@ -278,6 +278,12 @@ class CudaBackendImpl final : public CudaBackend {
   void cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a, const ConvGeom& g,
                           Act act);
   bool pointwise_gemm(const ConvGeom& g) const;  // a 1x1 stride-1 conv taken as a Linear layer
+  // bf16: a convolution whose input channels are not a multiple of 8 (a network's first: 1 or 3)
+  // runs on copies of its input and weight padded with zero channels (padded_geom), which
+  // cuDNN's tensor-core kernels take; its filter and input gradients drop the padding.
+  bool pads_channels(const ConvGeom& g) const { return bf16() && g.c % 8 != 0; }
+  ConvGeom padded_geom(const ConvGeom& g) const;
+  const void* padded_operand(const float* p, size_t rows, const ConvGeom& g, bool weight);
   bool pointwise_gemm_bf16(const float* x, const float* w, float* z, const ConvGeom& g);
   void pointwise_backward_bf16(const float* x, const float* w, const void* dz16, const ConvGeom& g, float* dw,
                                float* dx, bool keep_dx16, bool accumulate);
@@ -552,6 +558,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
   std::map<std::array<int, 9>, bool> im2col_choice_;  // conv_cols's choice per shape (im2col_chosen)
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
+  Scratch pad_x_, pad_w_;  // pads_channels: the padded input and weight
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers

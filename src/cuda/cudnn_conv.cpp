@@ -326,6 +326,25 @@ bool CudaBackendImpl::pointwise_gemm(const ConvGeom& g) const {
   return g.k == 1 && g.stride == 1 && g.pad == 0 && gemm_1x1_;
 }
 
+ConvGeom CudaBackendImpl::padded_geom(const ConvGeom& g) const {
+  ConvGeom p = g;
+  if (pads_channels(g)) p.c = (g.c + 7) / 8 * 8;
+  return p;
+}
+
+// p's rows of g.c channels with zero channels up to padded_geom's, in bf16 (pad_w_ or pad_x_): from a
+// weight's bf16 shadow (as_bf16), an input's current bf16 copy, else the input's floats. ResNet-50's 3-channel stem took 1.83 ms
+// forward and 1.13 ms for its filter gradient on cuDNN's best engines at batch 256 on the H200
+// (2026-12-02), 40 TFLOP/s: no tensor-core kernel takes 3 channels.
+const void* CudaBackendImpl::padded_operand(const float* p, size_t rows, const ConvGeom& g, bool weight) {
+  const int cp = padded_geom(g).c;
+  const size_t n = rows * size_t(g.c);
+  const void* p16 = weight ? as_bf16(p, n, bf16_a_) : valid_twin(p, n);
+  void* out = (weight ? pad_w_ : pad_x_).get(std::max<size_t>(1, rows * size_t(cp)) * 2, stream_.get());
+  cuda::pad_channels_bf16(p16 ? p16 : p, p16 != nullptr, out, rows, g.c, cp, stream_.get());
+  return out;
+}
+
 void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const float* b, float* z, float* a,
                                          const ConvGeom& g, Act act) {
   // bf16, no bias or activation, and only batch norm reads z (note_bn_input): the bf16 output
@@ -338,10 +357,15 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
     return;
   }
   cudaStream_t s = stream_.get();
-  ConvPlan& p = conv_plan(g);
-  const size_t nx = size_t(g.batch) * g.h * g.w * g.c, nw = size_t(g.out) * g.cols();
-  const void* xin = bf16() ? as_bf16(x, nx, bf16_b_) : static_cast<const void*>(x);
-  const void* win = bf16() ? as_bf16(w, nw, bf16_a_) : static_cast<const void*>(w);
+  const ConvGeom gc = padded_geom(g);  // the geometry cuDNN runs
+  ConvPlan& p = conv_plan(gc);
+  const size_t pixels = size_t(g.batch) * g.h * g.w, nx = pixels * g.c, nw = size_t(g.out) * g.cols();
+  const void* xin = pads_channels(g) ? padded_operand(x, pixels, g, false)
+                    : bf16()         ? as_bf16(x, nx, bf16_b_)
+                                     : static_cast<const void*>(x);
+  const void* win = pads_channels(g) ? padded_operand(w, size_t(g.out) * g.k * g.k, g, true)
+                    : bf16()         ? as_bf16(w, nw, bf16_a_)
+                                     : static_cast<const void*>(w);
   note_write(z, ny * sizeof(float));
   if (a != z) note_write(a, ny * sizeof(float));
   void* only = keep16 ? only_twin(z, ny) : nullptr;
@@ -349,8 +373,8 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   // twin as it is, before bias and ReLU, which the pooling applies as it reads it.
   void* pre = bf16() && !only && act == Act::relu && relu_pool_input(a) ? twin_slot(a, ny) : nullptr;
   void* y = only ? only : pre ? pre : bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
-  if (!run_conv_engine(p, ConvDir::fwd, g, xin, win, y)) {
-    if (!p.fwd.made) choose_fwd(p, g, xin, win, y);
+  if (!run_conv_engine(p, ConvDir::fwd, gc, xin, win, y)) {
+    if (!p.fwd.made) choose_fwd(p, gc, xin, win, y);
     const float one = 1.f, zero = 0.f;
     DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
                                             conv_workspace(p.fwd.ws), p.fwd.ws, &zero, p.y, y));
@@ -413,10 +437,19 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
     return;
   }
   cudaStream_t s = stream_.get();
-  ConvPlan& p = conv_plan(g);
-  // The operands' bf16 copies are looked up before the outputs' notes drop any copy they hit.
-  const void* xin = bf16() ? as_bf16(x, nx, bf16_b_) : static_cast<const void*>(x);
-  const void* win = bf16() && dx ? as_bf16(w, nw, bf16_a_) : static_cast<const void*>(w);
+  const bool pad = pads_channels(g);
+  const ConvGeom gc = padded_geom(g);  // the geometry cuDNN runs
+  ConvPlan& p = conv_plan(gc);
+  // The operands' bf16 copies are looked up before the outputs' notes drop any copy they hit
+  // (padded again from x and w where the channels are padded: the forward's copies may have
+  // been overwritten by another convolution's since).
+  const size_t pixels = size_t(g.batch) * g.h * g.w, kk_out = size_t(g.out) * g.k * g.k;
+  const void* xin = pad ? padded_operand(x, pixels, g, false)
+                    : bf16() ? as_bf16(x, nx, bf16_b_)
+                             : static_cast<const void*>(x);
+  const void* win = pad && dx      ? padded_operand(w, kk_out, g, true)
+                    : bf16() && dx ? as_bf16(w, nw, bf16_a_)
+                                   : static_cast<const void*>(w);
   note_write(dw, nw * sizeof(float));
   if (dx) note_write(dx, nx * sizeof(float));
   const void* dy = dzin.p;
@@ -454,14 +487,15 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   }
   const float one = 1.f, zero = 0.f;
   if (bf16()) {
-    void* dw16 = conv_dw16_.get(nw * 2, s);
-    if (!run_conv_engine(p, ConvDir::filter, g, xin, dw16, dy)) {
-      if (!p.filter.made) choose_filter(p, g, xin, dy);
+    void* dw16 = conv_dw16_.get(size_t(g.out) * size_t(gc.cols()) * 2, s);
+    if (!run_conv_engine(p, ConvDir::filter, gc, xin, dw16, dy)) {
+      if (!p.filter.made) choose_filter(p, gc, xin, dy);
       DPT_CHECK_CUDNN(cudnnConvolutionBackwardFilter(cudnn(), &one, p.x, xin, p.y, dy, p.filter_desc,
                                                      p.filter.algo, conv_workspace(p.filter.ws), p.filter.ws, &zero,
                                                      p.w, dw16));
     }
-    cuda::widen_bf16(dw16, dw, nw, accumulate, s);
+    if (pad) cuda::unpad_widen_bf16(dw16, dw, kk_out, g.c, gc.c, accumulate, s);
+    else cuda::widen_bf16(dw16, dw, nw, accumulate, s);
   } else {
     if (!p.filter.made) choose_filter(p, g, xin, dy);
     const float beta = accumulate ? 1.f : 0.f;
@@ -470,17 +504,19 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
                                                    p.w, dw));
   }
   if (dx) {
-    void* keep = keep_dx16 ? twin_slot(dx, nx) : nullptr;
-    void* out = keep ? keep : bf16() ? conv_dx16_.get(nx * 2, s) : static_cast<void*>(dx);
-    if (!run_conv_engine(p, ConvDir::data, g, out, win, dy)) {
-      if (!p.data.made) choose_data(p, g, win, dy, out);
+    // A padded input's gradient comes out padded: widened into dx's floats without the padding.
+    void* keep = keep_dx16 && !pad ? twin_slot(dx, nx) : nullptr;
+    void* out = keep ? keep : bf16() ? conv_dx16_.get(pixels * size_t(gc.c) * 2, s) : static_cast<void*>(dx);
+    if (!run_conv_engine(p, ConvDir::data, gc, out, win, dy)) {
+      if (!p.data.made) choose_data(p, gc, win, dy, out);
       DPT_CHECK_CUDNN(cudnnConvolutionBackwardData(cudnn(), &one, p.w, win, p.y, dy, p.data_desc, p.data.algo,
                                                    conv_workspace(p.data.ws), p.data.ws, &zero, p.x, out));
     }
     if (keep) made_only_twin(dx, nx);
+    else if (pad) cuda::unpad_widen_bf16(out, dx, pixels, g.c, gc.c, false, s);
     else if (bf16()) cuda::widen_bf16(out, dx, nx, false, s);
   }
-  say_conv_plan(p, g);
+  say_conv_plan(p, gc);
 }
 
 // A 1x1 stride-1 convolution's backward pass from batch norm's bf16 dz (dz16, the bias-free case

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "act.cuh"
 #include "device_util.cuh"
@@ -110,6 +111,58 @@ void widen_bf16(const void* src, float* dst, size_t n, bool accumulate, cudaStre
     widen_bf16_kernel<<<grid_for(n - done), 256, 0, s>>>(p + done, dst + done, n - done, accumulate);
     DPT_CHECK_LAUNCH("widen_bf16");
   }
+}
+
+namespace {
+
+// dst (rows, cp) bf16: src's (rows, c) values (bf16, or floats rounded to nearest even) in the
+// first c columns, zeros in the rest. One thread per output value.
+template <class T>
+__global__ void pad_channels_kernel(const T* src, __nv_bfloat16* dst, size_t rows, int c, int cp) {
+  const size_t n = rows * size_t(cp);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t r = i / size_t(cp);
+    const int j = int(i - r * size_t(cp));
+    __nv_bfloat16 v = __float2bfloat16_rn(0.f);
+    if (j < c) {
+      if constexpr (std::is_same_v<T, float>) v = __float2bfloat16_rn(src[r * size_t(c) + size_t(j)]);
+      else v = src[r * size_t(c) + size_t(j)];
+    }
+    dst[i] = v;
+  }
+}
+
+// dst (rows, c) fp32 = (accumulate ? dst : 0) + the first c columns of src (rows, cp) bf16.
+__global__ void unpad_widen_kernel(const __nv_bfloat16* src, float* dst, size_t rows, int c, int cp,
+                                   bool accumulate) {
+  const size_t n = rows * size_t(c);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t r = i / size_t(c);
+    const int j = int(i - r * size_t(c));
+    const float v = __bfloat162float(src[r * size_t(cp) + size_t(j)]);
+    dst[i] = accumulate ? dst[i] + v : v;
+  }
+}
+
+}  // namespace
+
+void pad_channels_bf16(const void* src, bool src_bf16, void* dst, size_t rows, int c, int cp, cudaStream_t s) {
+  const size_t n = rows * size_t(cp);
+  if (n == 0) return;
+  auto* d = static_cast<__nv_bfloat16*>(dst);
+  if (src_bf16)
+    pad_channels_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(src), d, rows, c, cp);
+  else
+    pad_channels_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<const float*>(src), d, rows, c, cp);
+  DPT_CHECK_LAUNCH("pad_channels");
+}
+
+void unpad_widen_bf16(const void* src, float* dst, size_t rows, int c, int cp, bool accumulate, cudaStream_t s) {
+  const size_t n = rows * size_t(c);
+  if (n == 0) return;
+  unpad_widen_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, rows, c, cp,
+                                                 accumulate);
+  DPT_CHECK_LAUNCH("unpad_widen");
 }
 
 }  // namespace dpt::cuda
