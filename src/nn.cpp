@@ -661,6 +661,7 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
       break;
     }
     case OpKind::res_begin: {
+      if (op.grad_use) be_.note_grad_use(d, *op.grad_use);
       be_.add(op.end == op.mid + 1 ? ops_[size_t(op.end)]->a.data() : ops_[size_t(op.mid)]->a.data(), d, n);
       break;
     }

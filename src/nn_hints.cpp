@@ -58,6 +58,9 @@ void Model::give_hints() {
     if (op.kind == OpKind::conv) {
       if (below.kind == OpKind::bn) op.grad_use = GradUse::bn;
       else if (below.kind == OpKind::res_begin) op.grad_use = GradUse::sum;  // the body's first op
+      // A projection shortcut's first op: the switch to the body copies its input gradient aside
+      // (a bf16-only one as it is) for the block's add.
+      else if (below.kind == OpKind::res_shortcut) op.grad_use = GradUse::sum;
       else if (below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data())
         op.grad_use = GradUse::act;
       else if (unpadded_pool(below))
@@ -66,6 +69,8 @@ void Model::give_hints() {
       op.grad_use = GradUse::act;
     } else if (op.kind == OpKind::res_end && below.kind == OpKind::bn) {
       op.grad_use = GradUse::bn;
+    } else if (op.kind == OpKind::res_begin && below.kind == OpKind::res_end && below.act == Act::relu) {
+      op.grad_use = GradUse::res;  // the block's input gradient, read by the previous block's add
     } else if (bn_input(below, op) && !slices_[size_t(below.param)].has_bias) {
       op.grad_use = GradUse::conv;
     }

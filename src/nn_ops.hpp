@@ -53,9 +53,10 @@ struct Model::Op {
   // Backward, the one op that reads this op's input gradient, where it is one the backend can
   // hand a bf16 operand (note_grad_use): bn — the convolution below, one without bias or
   // activation (GradUse::conv); conv — the batch norm below (GradUse::bn), a residual block's add
-  // (GradUse::sum), a convolution with a fused ReLU (GradUse::act), a pooling without padding
-  // (GradUse::pool); pool (without padding) — a convolution with a fused ReLU (GradUse::act);
-  // res_end — the batch norm below, the last op of the shortcut or the body (GradUse::bn).
+  // or a projection shortcut's switch to the body (GradUse::sum), a convolution with a fused ReLU
+  // (GradUse::act), a pooling without padding (GradUse::pool); pool (without padding) — a convolution with a fused ReLU (GradUse::act);
+  // res_end — the batch norm below, the last op of the shortcut or the body (GradUse::bn);
+  // res_begin — the previous block's add with a ReLU (GradUse::res).
   std::optional<Backend::GradUse> grad_use;
 };
 

@@ -96,6 +96,20 @@ void expect_sums_near(const std::vector<double>& got, const std::vector<double>&
   EXPECT_EQ(got[2 * n], want[2 * n]) << "count, " << label;
 }
 
+// Each value rounded to bf16 (nearest even), kept in a float.
+std::vector<float> rounded16(std::vector<float> v) {
+  for (float& x : v) x = bf16_value(bf16_bits(x));
+  return v;
+}
+
+// A tensor's values as the backend's add reads them (a bf16-only tensor's from its bf16 copy),
+// added to zeros: the values, widened to floats.
+std::vector<float> widened(Backend& g, const Buffer<float>& t) {
+  auto zeros = put(g, std::vector<float>(t.size(), 0.f));
+  g.add(t.data(), zeros.data(), t.size());
+  return get(g, zeros);
+}
+
 template <class T> bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
@@ -526,7 +540,10 @@ TEST(CudaResnet, ResidualBackwardKeepsBatchNormsGradientInBf16) {
     auto gd = put(*g, d.dy), keep = poisoned(*g, n);
     g->note_grad_use(gd.data(), Backend::GradUse::bn);
     g->residual_backward(gd.data(), gy.data(), keep.data(), n, true);
-    EXPECT_EQ(get(*g, keep), want_keep) << "kept gradient " << label;
+    // keep is bf16 only (its readers, the block's add and a projection's copy, take that): its
+    // floats are never written, and added to zeros it widens to the rounded gradient.
+    EXPECT_TRUE(std::isnan(get(*g, keep)[0])) << "keep's floats written " << label;
+    EXPECT_EQ(widened(*g, keep), rounded16(want_keep)) << "kept gradient " << label;
     EXPECT_EQ(get(*g, gd), d.dy) << "d's floats written " << label;
     std::vector<float> rounded = want_d;
     for (float& v : rounded) v = bf16_value(bf16_bits(v));
@@ -547,6 +564,54 @@ TEST(CudaResnet, ResidualBackwardKeepsBatchNormsGradientInBf16) {
     EXPECT_TRUE(same_bits(sums[0], sums[1])) << "sums " << label;
     EXPECT_TRUE(same_bits(dx[0], dx[1])) << "dx " << label;
   }
+}
+
+// The residual gradient stream in bf16, as PyTorch's autocast keeps it: a block's add backward
+// keeps the shortcut's gradient in bf16 only; the join (add) of the body's gradient and that
+// one, hinted GradUse::res, writes its sum in bf16 only; the previous block's add backward reads
+// that bf16 sum; a copy of a bf16-only tensor stays bf16 only. Against the CPU with the same
+// roundings, bit for bit (one rounding per bf16 write), with a tail beyond the eight-wide pass.
+TEST(CudaResnet, ResidualGradientStreamInBf16) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu_with_hints(Precision::bf16);
+  const size_t n = 3136 * 16 + 5;
+  const auto body = uniform(n, 801), shortcut = uniform(n, 802), dy = uniform(n, 803), dbody = uniform(n, 804);
+  const auto body2 = uniform(n, 805), shortcut2 = uniform(n, 806);
+  // A block's output (its ReLU's mask) and the backward through its add.
+  std::vector<float> y(n), d = dy, keep(n);
+  cpu->residual_sum(body.data(), shortcut.data(), y.data(), n, true);
+  cpu->residual_backward(d.data(), y.data(), keep.data(), n, true);
+  auto gbody = put(*g, body), gshort = put(*g, shortcut), gy = poisoned(*g, n);
+  g->residual_sum(gbody.data(), gshort.data(), gy.data(), n, true);
+  auto gd = put(*g, dy), gkeep = poisoned(*g, n);
+  g->residual_backward(gd.data(), gy.data(), gkeep.data(), n, true);
+  EXPECT_EQ(get(*g, gd), d) << "d masked, in floats (no batch norm below)";
+  EXPECT_TRUE(std::isnan(get(*g, gkeep)[0])) << "keep's floats written";
+  EXPECT_EQ(widened(*g, gkeep), rounded16(keep)) << "keep";
+  // The join: the body's gradient (floats) plus keep, the sum in bf16 only.
+  auto gsum = put(*g, dbody);
+  g->note_grad_use(gsum.data(), Backend::GradUse::res);
+  g->add(gkeep.data(), gsum.data(), n);
+  EXPECT_EQ(get(*g, gsum), dbody) << "the sum's floats written";
+  std::vector<float> sum = rounded16(keep);
+  for (size_t i = 0; i < n; ++i) sum[i] += dbody[i];
+  sum = rounded16(sum);
+  EXPECT_EQ(widened(*g, gsum), sum) << "the join's sum";
+  // The previous block's add backward from that bf16 sum: d in floats, keep in bf16.
+  std::vector<float> y2(n), d2 = sum, keep2(n);
+  cpu->residual_sum(body2.data(), shortcut2.data(), y2.data(), n, true);
+  cpu->residual_backward(d2.data(), y2.data(), keep2.data(), n, true);
+  auto gbody2 = put(*g, body2), gshort2 = put(*g, shortcut2), gy2 = poisoned(*g, n), gkeep2 = poisoned(*g, n);
+  g->residual_sum(gbody2.data(), gshort2.data(), gy2.data(), n, true);
+  g->residual_backward(gsum.data(), gy2.data(), gkeep2.data(), n, true);
+  EXPECT_EQ(get(*g, gsum), d2) << "d from a bf16 sum";
+  EXPECT_EQ(widened(*g, gkeep2), keep2) << "keep from a bf16 sum (already bf16 values)";
+  // A copy of a bf16-only tensor (a projection block's switch to its body) stays bf16 only.
+  auto gcopy = poisoned(*g, n);
+  g->copy(gcopy.data(), gkeep2.data(), n * sizeof(float));
+  EXPECT_TRUE(std::isnan(get(*g, gcopy)[0])) << "the copy's floats written";
+  EXPECT_EQ(widened(*g, gcopy), keep2) << "the copy";
 }
 
 TEST(CudaResnet, GlobalAvgPool) {

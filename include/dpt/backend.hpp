@@ -350,13 +350,15 @@ class Backend {
   // conv_backward's dx, or residual_backward's d, is read only by the batch norm below
   // (bn_backward_sums, bn_backward);
   // GradUse::sum — conv_backward's dx is a residual block's body's input gradient, read only by
-  // the block's add (the shortcut's gradient added to it); GradUse::act — conv_backward's or
+  // the block's add (the shortcut's gradient added to it), or a projection shortcut's, copied
+  // aside (copy keeps a bf16-only tensor so) for that add; GradUse::act — conv_backward's or
   // pool_backward's dx is read only by the backward pass of the convolution below, one with a
   // fused ReLU; GradUse::pool — conv_backward's dx is read only by the pooling below (one
-  // without padding).
+  // without padding); GradUse::res — add's sum (a residual block's input gradient) is read only
+  // by residual_backward (the previous block's add with a ReLU).
   // The CUDA backend under bf16 then writes dx in bf16 only (the operand the reader takes, or
   // what add widens as it sums), and never dx's floats. Other backends ignore it.
-  enum class GradUse { conv, bn, sum, act, pool };
+  enum class GradUse { conv, bn, sum, act, pool, res };
   virtual void note_grad_use(const float* dx, GradUse use) { (void)dx; (void)use; }
   // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);

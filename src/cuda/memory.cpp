@@ -158,9 +158,24 @@ void CudaBackendImpl::download(void* dst, const void* src, size_t bytes) {
   DPT_CHECK_CUDA(cudaStreamSynchronize(stream_.get()));
 }
 
+// A source kept in bf16 only (a gradient of the residual stream) is copied as it is, into dst's
+// twin, and dst is bf16 only too; floats are written from it where dst has no twin.
 void CudaBackendImpl::copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
-  if (bytes % sizeof(float) == 0) floats_of(static_cast<const float*>(src), bytes / sizeof(float));  // bf16-only
+  if (bytes % sizeof(float) == 0) {
+    const size_t n = bytes / sizeof(float);
+    const auto* s = static_cast<const float*>(src);
+    auto* d = static_cast<float*>(dst);
+    if (const void* s16 = only_copy(s, n)) {
+      note_write(dst, bytes);
+      if (void* d16 = twin_slot(d, n)) {
+        DPT_CHECK_CUDA(cudaMemcpyAsync(d16, s16, n * 2, cudaMemcpyDeviceToDevice, stream_.get()));
+        made_only_twin(d, n);
+        return;
+      }
+    }
+    floats_of(s, n);
+  }
   note_write(dst, bytes);
   DPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
 }

@@ -331,9 +331,91 @@ __global__ void xent_smoothed_rows(const float* __restrict__ logits, const int32
   }
 }
 
+// ---- the residual gradient stream with bf16 operands (sum_io, residual_backward_io) ----
+// Eight values per thread where every pointer is 16-byte aligned (ld8 / st8), one at a time in
+// the tail; each operand bf16 or float as its type says.
+
+// out = a + b.
+template <class TA, class TB, class TO>
+__global__ void sum_io_kernel(const TA* a, const TB* b, TO* out, size_t n, bool by8) {
+  const size_t step = size_t(gridDim.x) * blockDim.x;
+  if (by8) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n / 8; i += step) {
+      float x[8], y[8];
+      ld8(a, i * 8, x);
+      ld8(b, i * 8, y);
+      for (int k = 0; k < 8; ++k) x[k] = x[k] + y[k];
+      st8(out, i * 8, x);
+    }
+  }
+  for (size_t i = (by8 ? n / 8 * 8 : 0) + blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += step)
+    st(out, i, ld(a, i) + ld(b, i));
+}
+
+// v = mask > 0 ? d : 0, written to out and keep. out may be d and keep the mask (same type):
+// each element is read before it is written, by the same thread.
+template <class TD, class TM, class TO, class TK>
+__global__ void residual_bwd_io_kernel(const TD* d, const TM* mask, TO* out, TK* keep, size_t n, bool by8) {
+  const size_t step = size_t(gridDim.x) * blockDim.x;
+  if (by8) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n / 8; i += step) {
+      float v[8], m[8];
+      ld8(d, i * 8, v);
+      ld8(mask, i * 8, m);
+      for (int k = 0; k < 8; ++k) v[k] = m[k] > 0.f ? v[k] : 0.f;
+      st8(out, i * 8, v);
+      st8(keep, i * 8, v);
+    }
+  }
+  for (size_t i = (by8 ? n / 8 * 8 : 0) + blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += step) {
+    const float v = ld(mask, i) > 0.f ? ld(d, i) : 0.f;
+    st(out, i, v);
+    st(keep, i, v);
+  }
+}
+
+// f called with p as a pointer to its type: bf16 or float.
+template <class F> void as_typed(const void* p, bool b16, F&& f) {
+  if (b16) f(static_cast<const __nv_bfloat16*>(p));
+  else f(static_cast<const float*>(p));
+}
+template <class F> void as_typed_out(void* p, bool b16, F&& f) {
+  if (b16) f(static_cast<__nv_bfloat16*>(p));
+  else f(static_cast<float*>(p));
+}
+
 // ============================== launchers ==============================
 
 }  // namespace
+
+void sum_io(Operand a, Operand b, void* out, bool out_bf16, size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  const bool by8 = aligned16(a.p) && aligned16(b.p) && aligned16(out);
+  as_typed(a.p, a.bf16, [&](auto* pa) {
+    as_typed(b.p, b.bf16, [&](auto* pb) {
+      as_typed_out(out, out_bf16, [&](auto* po) {
+        sum_io_kernel<<<grid_for(by8 ? n / 8 + 1 : n), kThreads, 0, s>>>(pa, pb, po, n, by8);
+        DPT_CHECK_LAUNCH("sum_io_kernel");
+      });
+    });
+  });
+}
+
+void residual_backward_io(Operand d, Operand mask, void* out, bool out_bf16, void* keep, bool keep_bf16, size_t n,
+                          cudaStream_t s) {
+  if (n == 0) return;
+  const bool by8 = aligned16(d.p) && aligned16(mask.p) && aligned16(out) && aligned16(keep);
+  as_typed(d.p, d.bf16, [&](auto* pd) {
+    as_typed(mask.p, mask.bf16, [&](auto* pm) {
+      as_typed_out(out, out_bf16, [&](auto* po) {
+        as_typed_out(keep, keep_bf16, [&](auto* pk) {
+          residual_bwd_io_kernel<<<grid_for(by8 ? n / 8 + 1 : n), kThreads, 0, s>>>(pd, pm, po, pk, n, by8);
+          DPT_CHECK_LAUNCH("residual_bwd_io_kernel");
+        });
+      });
+    });
+  });
+}
 
 void add(const float* x, float* y, size_t n, cudaStream_t s) {
   size_t done = 0;

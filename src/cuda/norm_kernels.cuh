@@ -73,6 +73,12 @@ void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n,
 // d (n) = d where mask > 0, else 0 (mask: float, or bf16 with mask_bf16), and keep = d; keep may be
 // the mask. With d16, the masked d goes there in bf16 and d's floats are left as they are.
 void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, void* d16, size_t n, cudaStream_t s);
+// The residual gradient stream with bf16 operands: out (n, bf16 or float) = a + b; and
+// v = mask > 0 ? d : 0 written to out and keep (each bf16 or float). out may alias an operand
+// of its type (in place), keep the mask.
+void sum_io(Operand a, Operand b, void* out, bool out_bf16, size_t n, cudaStream_t s);
+void residual_backward_io(Operand d, Operand mask, void* out, bool out_bf16, void* keep, bool keep_bf16, size_t n,
+                          cudaStream_t s);
 void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c, cudaStream_t s);
 void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c, cudaStream_t s);
 // Pooling with g.pad >= 0: windows clipped to the input (the CPU backend's padded_pool_*). The

@@ -163,14 +163,18 @@ void CudaBackendImpl::bn_backward_with(const float* dy, const float* x, float* d
 }
 
 // A residual block's input gradient: y, the body's (a convolution's input gradient kept in bf16
-// only: note_grad_use's GradUse::sum), plus x, the shortcut's, in one pass.
+// only: note_grad_use's GradUse::sum), plus x, the shortcut's (the block's kept output gradient,
+// bf16 only since residual_backward keeps it so, or a projection's input gradient), in one pass.
+// Where the op below is the previous block's add (GradUse::res), the sum is written in bf16
+// only: the residual gradient stream stays bf16 between blocks, as under PyTorch's autocast.
 void CudaBackendImpl::add(const float* x, float* y, size_t n) {
-  const void* y16 = only_copy(y, n);
-  const void* x16 = y16 ? nullptr : only_copy(x, n);
+  const bool to_res = take_grad_use(y, {GradUse::res}) && bf16();
+  const cuda::Operand xin = bn_in(x, n), yin = bn_in(y, n);
   note_write(y, n * sizeof(float));
-  if (y16) cuda::sum_bf16(y16, x, y, n, stream_.get());
-  else if (x16) cuda::sum_bf16(x16, y, y, n, stream_.get());
-  else cuda::add(x, y, n, stream_.get());
+  void* y16 = to_res ? twin_slot(y, n) : nullptr;
+  if (!xin.bf16 && !yin.bf16 && !y16) cuda::add(x, y, n, stream_.get());
+  else cuda::sum_io(xin, yin, y16 ? y16 : static_cast<void*>(y), y16 != nullptr, n, stream_.get());
+  if (y16) made_only_twin(y, n);
 }
 
 // Terms kept in bf16 only (note_bf16_readers: a batch norm's output) are read as they are; y is
@@ -185,21 +189,32 @@ void CudaBackendImpl::residual_sum(const float* body, const float* shortcut, flo
 }
 
 // The ReLU's mask from the output's bf16 twin where residual_sum wrote one (2 bytes instead of 4),
-// looked up before keep's note drops it (keep may be y). Where only the batch norm below reads d
-// (note_grad_use: GradUse::bn), the masked d is written in bf16 only, the operand it takes.
+// looked up before keep's note drops it (keep may be y). d, the block's output gradient, is
+// read as it is (bf16 only where the block above's add wrote it so: GradUse::res). Where only
+// the batch norm below reads d (note_grad_use: GradUse::bn), the masked d is written in bf16
+// only, the operand it takes. Under bf16 keep is written in bf16 only: its readers (the block's
+// add, or the projection shortcut's copy) take that.
 void CudaBackendImpl::residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) {
   const bool to_bn = take_grad_use(d, {GradUse::bn}) && bf16();
-  floats_of(d, n);
   if (!relu) {
-    copy(keep, d, n * sizeof(float));
+    copy(keep, d, n * sizeof(float));  // a bf16-only d stays bf16 (copy)
     return;
   }
+  const cuda::Operand din = bn_in(d, n);
   const void* mask16 = valid_twin(y, n);
+  if (!mask16) floats_of(y, n);
   note_write(d, n * sizeof(float));
   note_write(keep, n * sizeof(float));
   void* d16 = to_bn ? twin_slot(d, n) : nullptr;
-  cuda::residual_backward(d, mask16 ? mask16 : y, mask16 != nullptr, keep, d16, n, stream_.get());
+  void* k16 = bf16() ? twin_slot(keep, n) : nullptr;
+  if (!din.bf16 && !k16) {
+    cuda::residual_backward(d, mask16 ? mask16 : y, mask16 != nullptr, keep, d16, n, stream_.get());
+  } else {
+    cuda::residual_backward_io(din, {mask16 ? mask16 : y, mask16 != nullptr}, d16 ? d16 : static_cast<void*>(d),
+                               d16 != nullptr, k16 ? k16 : static_cast<void*>(keep), k16 != nullptr, n, stream_.get());
+  }
   if (d16) made_only_twin(d, n);
+  if (k16) made_only_twin(keep, n);
 }
 
 void CudaBackendImpl::global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
