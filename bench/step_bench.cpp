@@ -17,10 +17,14 @@
 // steps, each in a fresh Trainer; (t(W+S) − t(W)) / S is the steady-state step time. Repeated
 // --repeat times; the median and the spread are printed, slowest rank's time taken (MPI_MAX).
 //
-// Memory: the most bytes the backend held at once over those runs (its own allocations; on a
-// GPU every cudaMalloc of dptrain's), less the resident synthetic dataset, as `peak_mib` —
-// the model, activations, gradients, optimizer state, the batch, workspaces and the backend's
-// own buffers; bench/torch_cnn.py's `peak_mib` is PyTorch's max_memory_allocated() for the same.
+// Memory, less the resident synthetic dataset: on a GPU `peak_mib` is the device memory in use
+// (the driver's count, cudaMemGetInfo) at the end of each run's steps, its most over the runs,
+// less what was in use before the first (the CUDA context, library handles): the model,
+// activations and their bf16 copies, gradients, optimizer state, the batch, workspaces, the
+// libraries' own memory. `allocated_mib` is the most bytes dptrain had allocated at once, of
+// which lazy memory (Backend::alloc_lazy: activations' floats, backed only where written) may
+// hold less. Where the backend has no driver count (cpu) `peak_mib` is the allocated peak.
+// bench/torch_cnn.py's `peak_mib` is PyTorch's max_memory_allocated() for its step.
 //
 // --account true then prints where the step's time goes, op by op, against each op's floor
 // (step_account.hpp): --account-steps S steps timed after --account-warmup W.
@@ -119,10 +123,14 @@ Config make_config(const Args& a) {
   return c;
 }
 
-double loop_seconds(Config c, int64_t steps, Runtime& rt, const Dataset& ds) {
+// The loop's seconds (the slowest rank's); most: the device memory in use at the end of a run's
+// steps (DeviceMemory::in_use) and the lazy bytes then, at the run with the most in use so far.
+double loop_seconds(Config c, int64_t steps, Runtime& rt, const Dataset& ds, DeviceMemory& most) {
   c.steps = steps;
   Trainer t(c, *rt.backend, *rt.comm, &ds, nullptr);
   double s = t.run().seconds;
+  const DeviceMemory m = rt.backend->device_memory();
+  if (m.in_use >= most.in_use) most = m;
   DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, rt.comm->mpi()));
   return s;
 }
@@ -152,12 +160,13 @@ int main(int argc, char** argv) {
     // One untimed run first: the first Trainer of a process pays one-time costs (the dataset's
     // upload to the device, library handles, NCCL's lazy set-up) that would skew a difference.
     rt.backend->reset_memory_peak();
-    const size_t mem0 = rt.backend->device_memory().now;
-    loop_seconds(cfg, a.warmup, rt, ds);
+    const DeviceMemory mem0 = rt.backend->device_memory();
+    DeviceMemory most;
+    loop_seconds(cfg, a.warmup, rt, ds, most);
     std::vector<double> ms;
     for (int r = 0; r < a.repeat; ++r) {
-      const double t0 = loop_seconds(cfg, a.warmup, rt, ds);
-      const double t1 = loop_seconds(cfg, a.warmup + a.steps, rt, ds);
+      const double t0 = loop_seconds(cfg, a.warmup, rt, ds, most);
+      const double t1 = loop_seconds(cfg, a.warmup + a.steps, rt, ds, most);
       ms.push_back((t1 - t0) / a.steps * 1e3);
     }
     std::sort(ms.begin(), ms.end());
@@ -165,8 +174,11 @@ int main(int argc, char** argv) {
     const DeviceMemory mem = rt.backend->device_memory();
     // (It stays allocated after the Trainers; a backend that streamed it holds less than that.)
     const double data_bytes = double(ds.n) * double(ds.dim) * (ds.is_u8 ? 1 : 4) + double(ds.n) * 4;
-    const double on_device = !rt.backend->host_addressable() && double(mem.now - mem0) >= data_bytes ? data_bytes : 0.0;
-    const double peak_mib = (double(mem.peak) - on_device) / double(1 << 20);
+    const double on_device =
+        !rt.backend->host_addressable() && double(mem.now - mem0.now) >= data_bytes ? data_bytes : 0.0;
+    const double allocated_mib = (double(mem.peak) - on_device) / double(1 << 20);
+    const double peak_mib =
+        most.in_use ? (double(most.in_use) - double(mem0.in_use) - on_device) / double(1 << 20) : allocated_mib;
     int fused = -1;  // hidden layers through cuBLASLt's ReLU epilogues (-1: not the cuda backend)
 #ifdef DPT_HAVE_CUDA
     if (CudaBackend* cb = as_cuda(*rt.backend)) fused = cb->fused_layers();
@@ -179,21 +191,22 @@ int main(int argc, char** argv) {
                   "bench-step layers=%s batch/rank=%d ranks=%d precision=%s optimizer=%s backend=%s "
                   "transport=%s shard_optimizer=%s grad_dtype=%s nccl_max_ctas=%d bucket_mb=%g: %.4f ms/step "
                   "(min %.4f, max %.4f over %d), %.0f samples/s, %.1f model TFLOP/s, %d hidden layers fused, "
-                  "peak memory %.1f MiB",
+                  "peak memory %.1f MiB (allocated %.1f MiB, %.1f MiB of it lazy)",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
                   rt.backend->name().c_str(), rt.comm->name().c_str(), a.shard.c_str(), a.grad_dtype.c_str(),
                   a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), a.repeat, samples, tflops, fused,
-                  peak_mib);
+                  peak_mib, allocated_mib, double(most.lazy) / double(1 << 20));
     log::info(buf);
     std::snprintf(buf, sizeof buf,
                   "{\"bench\": \"step\", \"layers\": \"%s\", \"batch_per_rank\": %d, \"ranks\": %d, "
                   "\"precision\": \"%s\", \"optimizer\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", "
                   "\"shard_optimizer\": %s, \"grad_dtype\": \"%s\", \"nccl_max_ctas\": %d, \"bucket_mb\": %g, "
                   "\"ms_per_step\": %.5f, \"ms_min\": %.5f, \"ms_max\": %.5f, \"samples_per_s\": %.1f, "
-                  "\"model_tflops\": %.2f, \"fused_layers\": %d, \"peak_mib\": %.1f}",
+                  "\"model_tflops\": %.2f, \"fused_layers\": %d, \"peak_mib\": %.1f, \"allocated_mib\": %.1f}",
                   a.layers.c_str(), a.batch, mpi.size(), a.precision.c_str(), a.optimizer.c_str(),
                   rt.backend->name().c_str(), rt.comm->name().c_str(), a.shard.c_str(), a.grad_dtype.c_str(),
-                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), samples, tflops, fused, peak_mib);
+                  a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), samples, tflops, fused, peak_mib,
+                  allocated_mib);
     log::info(buf);
     if (a.account == "true") {
       bench::AccountArgs aa;

@@ -167,12 +167,14 @@ void Model::build(int max_batch, ArenaLayout layout) {
   // Gradients between ops: the largest tensor any op reads or writes (Linear widths included).
   int64_t widest = plan_.input.size();
   for (const PlannedLayer& p : plan_.layers) widest = std::max({widest, p.in.size(), p.out.size()});
-  for (auto& g : grad_) g = Buffer<float>(be_, size_t(max_batch) * size_t(widest));
+  // Activations and the gradients between ops may be kept in bf16 only (the CUDA backend's
+  // hints): their floats are lazy memory, backed only where written.
+  for (auto& g : grad_) g = Buffer<float>(be_, size_t(max_batch) * size_t(widest), Buffer<float>::Lazy{});
 }
 
 void Model::build_ops() {
   const size_t B = size_t(max_batch_);
-  auto buf = [&](const TensorShape& t) { return Buffer<float>(be_, B * size_t(t.size())); };
+  auto buf = [&](const TensorShape& t) { return Buffer<float>(be_, B * size_t(t.size()), Buffer<float>::Lazy{}); };
   const std::vector<PlannedLayer>& L = plan_.layers;
   const bool starts_flat = L.front().spec.kind == LayerKind::flatten || L.front().spec.kind == LayerKind::linear;
   if (!plan_.input.flat && plan_.input.c > 1 && !starts_flat) {

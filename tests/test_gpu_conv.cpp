@@ -62,7 +62,7 @@ const ConvGeom kConvs[] = {
     geom(2, 3, 64, 64, 128, 3, 1, 1),  geom(2, 128, 32, 32, 256, 3, 1, 1),
     geom(3, 5, 9, 11, 7, 3, 2, 0),     geom(2, 4, 8, 8, 6, 1, 1, 0),
     geom(2, 6, 10, 9, 8, 5, 2, 2),     geom(96, 1, 28, 28, 8, 3, 1, 1),
-    geom(2, 3, 32, 32, 16, 7, 2, 3),  // ResNet's stem: under bf16 its 3 channels padded to 8 for cuDNN
+    geom(2, 3, 32, 32, 16, 7, 2, 3),  // ResNet's stem (7x7 stride 2 on 3 channels)
 };
 
 std::string what(const ConvGeom& g) {

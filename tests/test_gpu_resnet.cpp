@@ -459,7 +459,7 @@ TEST(CudaResnet, ResidualSum) {
 // in bf16 only, then a residual sum of such terms (the body, the shortcut, or both) and its own
 // output kept in bf16 only; add into a gradient kept in bf16 only. Each is exactly the CPU's sum
 // of the bf16-rounded terms; the floats of a kept tensor are never written (still the poison),
-// and a reader of floats (copy) gets them widened from the bf16 copy.
+// a copy of it is kept alike, and a reader of floats (add) gets them widened from the bf16 copy.
 TEST(CudaResnet, Bf16OnlyTermsOfTheResidualSum) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});
@@ -498,13 +498,15 @@ TEST(CudaResnet, Bf16OnlyTermsOfTheResidualSum) {
       EXPECT_EQ(get(*g, y1), want) << "body kept " << label << relu;
       EXPECT_EQ(get(*g, y2), want) << "shortcut kept " << label << relu;
       EXPECT_EQ(get(*g, y3), want_both) << "both kept " << label << relu;
-      // The sum kept in bf16 only: its floats never written; widened for a reader of floats.
+      // The sum kept in bf16 only: its floats never written; a copy of it stays bf16 only (the
+      // residual gradient stream's copies), widened for a reader of floats (add).
       auto ky = poisoned(*g, n), wide = poisoned(*g, n);
       g->note_bf16_readers(ky.data());
       g->residual_sum(kept.data(), gother.data(), ky.data(), n, relu);
       EXPECT_TRUE(std::isnan(get(*g, ky)[0])) << "kept sum's floats written " << label << relu;
       g->copy(wide.data(), ky.data(), n * sizeof(float));
-      EXPECT_EQ(get(*g, wide), round16(want)) << "kept sum widened " << label << relu;
+      EXPECT_TRUE(std::isnan(get(*g, wide)[0])) << "the copy's floats written " << label << relu;
+      EXPECT_EQ(widened(*g, wide), round16(want)) << "kept sum widened " << label << relu;
     }
     // add(x, y) with y kept in bf16 only (a convolution's input gradient for the block's add):
     // y = bf16(y) + x, in floats; and with x kept: y += bf16(x).
@@ -612,6 +614,29 @@ TEST(CudaResnet, ResidualGradientStreamInBf16) {
   g->copy(gcopy.data(), gkeep2.data(), n * sizeof(float));
   EXPECT_TRUE(std::isnan(get(*g, gcopy)[0])) << "the copy's floats written";
   EXPECT_EQ(widened(*g, gcopy), keep2) << "the copy";
+}
+
+// Lazy memory (activations' floats): allocating 1 GiB takes (almost) no device memory; writing
+// half of it takes that half; the values read back are the ones written.
+TEST(CudaResnet, LazyMemoryHoldsOnlyWhatIsWritten) {
+  SKIP_WITHOUT_GPU();
+  auto g = gpu(Precision::bf16);
+  const size_t n = size_t(1) << 28, mib = size_t(1) << 20;  // 1 GiB of floats
+  g->synchronize();
+  const DeviceMemory m0 = g->device_memory();
+  Buffer<float> b(*g, n, Buffer<float>::Lazy{});
+  g->synchronize();
+  const DeviceMemory m1 = g->device_memory();
+  if (m1.lazy - m0.lazy != n * sizeof(float)) GTEST_SKIP() << "this GPU takes device memory for lazy buffers";
+  EXPECT_LT(m1.in_use, m0.in_use + 64 * mib) << "allocating";
+  g->fill(b.data(), n / 2, 2.5f);
+  g->synchronize();
+  const DeviceMemory m2 = g->device_memory();
+  EXPECT_GE(m2.in_use, m1.in_use + n / 2 * sizeof(float) - 64 * mib) << "half written";
+  EXPECT_LT(m2.in_use, m1.in_use + n / 2 * sizeof(float) + 64 * mib) << "half written";
+  std::vector<float> tail(1024);
+  g->download(tail.data(), b.data() + n / 2 - 1024, tail.size() * sizeof(float));
+  EXPECT_EQ(tail, std::vector<float>(1024, 2.5f));
 }
 
 TEST(CudaResnet, GlobalAvgPool) {

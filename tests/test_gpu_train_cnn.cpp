@@ -55,6 +55,10 @@ const char* kList =
 
 // A small residual network: batch norm after every conv, an identity block, a projection block
 // with stride 2, the ResNet stem's padded max pool, global average pooling.
+// "Within 3 points" of test accuracy, the boundary included: on the 300-sample test set 3 points
+// are 9 samples, and 0.8333 - 0.8033 is 0.030000000000000027 in doubles.
+constexpr double kThreePoints = 0.03 + 1e-9;
+
 const char* kResList =
     "conv(8,3,pad=1,bias=false) bn relu res(conv(8,3,pad=1,bias=false) bn relu conv(8,3,pad=1,bias=false) bn) relu "
     "res(conv(16,3,stride=2,pad=1,bias=false) bn relu conv(16,3,pad=1,bias=false) bn | conv(16,1,stride=2,bias=false) bn) "
@@ -179,7 +183,7 @@ TEST(CnnGpuTraining, Tf32AndBf16FollowTheCpuCurve) {
     EXPECT_NEAR(g.losses[0], cpu.losses[0], first * cpu.losses[0]) << p;
     for (size_t s = 0; s < cpu.losses.size(); ++s)
       EXPECT_NEAR(g.losses[s], cpu.losses[s], 0.1 * cpu.losses[s]) << p << " step " << s + 1;
-    EXPECT_NEAR(g.eval.accuracy, cpu.eval.accuracy, 0.03) << p;
+    EXPECT_NEAR(g.eval.accuracy, cpu.eval.accuracy, kThreePoints) << p;
     std::printf("%s: step 1 loss %.6f (cpu %.6f), last %.6f (cpu %.6f), accuracy %.4f (cpu %.4f), fused %d\n", p,
                 g.losses[0], cpu.losses[0], g.losses.back(), cpu.losses.back(), g.eval.accuracy, cpu.eval.accuracy,
                 g.fused);
@@ -232,7 +236,7 @@ TEST(ResnetGpuTraining, Tf32AndBf16FollowTheCpuCurve) {
     EXPECT_NEAR(g.losses[0], cpu.losses[0], first * cpu.losses[0]) << p;
     for (size_t s = 0; s < cpu.losses.size(); ++s) ASSERT_TRUE(std::isfinite(g.losses[s])) << p << " step " << s + 1;
     EXPECT_NEAR(tail_mean(g.losses), tail_mean(cpu.losses), 0.2 * tail_mean(cpu.losses)) << p;
-    EXPECT_NEAR(g.eval.accuracy, cpu.eval.accuracy, 0.03) << p;
+    EXPECT_NEAR(g.eval.accuracy, cpu.eval.accuracy, kThreePoints) << p;
     std::printf("resnet %s: step 1 loss %.6f (cpu %.6f), last %.6f (cpu %.6f), accuracy %.4f (cpu %.4f)\n", p,
                 g.losses[0], cpu.losses[0], g.losses.back(), cpu.losses.back(), g.eval.accuracy, cpu.eval.accuracy);
   }

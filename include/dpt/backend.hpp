@@ -153,9 +153,12 @@ struct Ceilings {
   std::string gemm_what, mem_what;  // what was timed
 };
 
-// Backend::device_memory: bytes now and at the peak; 0 where the backend does not count.
+// Backend::device_memory: bytes allocated now and at the peak (0 where the backend does not
+// count); of them (lazy) the bytes of alloc_lazy's allocations, which hold memory only where
+// touched; and (in_use) the device's memory in use by every process as its driver reports it
+// (0 where there is none).
 struct DeviceMemory {
-  size_t now = 0, peak = 0;
+  size_t now = 0, peak = 0, lazy = 0, in_use = 0;
 };
 
 // One step of work, run once per call. A backend that can records it into a graph on an early
@@ -176,6 +179,10 @@ class Backend {
 
   // ---- memory ----
   virtual void* alloc_bytes(size_t bytes) = 0;
+  // Memory that holds pages only where it is first written or read (the cuda backend's: managed
+  // memory kept on the device), for tensors the backend may never write in floats (activations
+  // and gradients kept in bf16 only); else alloc_bytes. Freed by free_bytes.
+  virtual void* alloc_lazy(size_t bytes) { return alloc_bytes(bytes); }
   virtual void free_bytes(void* p) noexcept = 0;
   // host -> backend; the host buffer may be reused as soon as the call returns.
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
@@ -503,9 +510,13 @@ float bf16_value(uint16_t b);
 // Backend memory, RAII. T is float, int32_t, etc.
 template <class T> class Buffer {
  public:
+  struct Lazy {};  // Backend::alloc_lazy
   Buffer() = default;
   Buffer(Backend& be, size_t n) : be_(&be), n_(n) {
     p_ = n ? static_cast<T*>(be.alloc_bytes(n * sizeof(T))) : nullptr;
+  }
+  Buffer(Backend& be, size_t n, Lazy) : be_(&be), n_(n) {
+    p_ = n ? static_cast<T*>(be.alloc_lazy(n * sizeof(T))) : nullptr;
   }
   ~Buffer() { reset(); }
   Buffer(Buffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }

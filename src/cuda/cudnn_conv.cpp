@@ -332,10 +332,8 @@ ConvGeom CudaBackendImpl::padded_geom(const ConvGeom& g) const {
   return p;
 }
 
-// p's rows of g.c channels with zero channels up to padded_geom's, in bf16 (pad_w_ or pad_x_): from a
-// weight's bf16 shadow (as_bf16), an input's current bf16 copy, else the input's floats. ResNet-50's 3-channel stem took 1.83 ms
-// forward and 1.13 ms for its filter gradient on cuDNN's best engines at batch 256 on the H200
-// (2026-12-02), 40 TFLOP/s: no tensor-core kernel takes 3 channels.
+// p's rows of g.c channels with zero channels up to padded_geom's, in bf16 (pad_w_ or pad_x_):
+// from a weight's bf16 shadow (as_bf16), an input's current bf16 copy, else the input's floats.
 const void* CudaBackendImpl::padded_operand(const float* p, size_t rows, const ConvGeom& g, bool weight) {
   const int cp = padded_geom(g).c;
   const size_t n = rows * size_t(g.c);

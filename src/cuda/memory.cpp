@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -19,8 +20,8 @@ namespace dpt::cuda_impl {
 namespace {
 struct Counted {
   std::mutex m;
-  std::unordered_map<void*, size_t> bytes;
-  size_t now = 0, peak = 0;
+  std::unordered_map<void*, size_t> bytes, lazy_bytes;
+  size_t now = 0, peak = 0, lazy = 0;
 };
 Counted& counted() {
   static Counted* c = new Counted;  // never destroyed: buffers may outlive static destruction
@@ -50,6 +51,11 @@ cudaError_t counted_free(void* p) noexcept {
       c.now -= it->second;
       c.bytes.erase(it);
     }
+    auto lz = c.lazy_bytes.find(p);
+    if (lz != c.lazy_bytes.end()) {
+      c.lazy -= lz->second;
+      c.lazy_bytes.erase(lz);
+    }
   }
   return cudaFree(p);
 }
@@ -60,9 +66,18 @@ DevPtr dev_alloc(size_t bytes) { return DevPtr(counted_malloc(bytes)); }
 void dev_free(void* p) noexcept { counted_free(p); }
 
 DeviceMemory counted_memory() {
-  Counted& c = counted();
-  std::lock_guard<std::mutex> lock(c.m);
-  return {c.now, c.peak};
+  DeviceMemory m;
+  {
+    Counted& c = counted();
+    std::lock_guard<std::mutex> lock(c.m);
+    m.now = c.now;
+    m.peak = c.peak;
+    m.lazy = c.lazy;
+  }
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) m.in_use = total_b - free_b;
+  else cudaGetLastError();
+  return m;
 }
 
 void reset_counted_peak() {
@@ -131,6 +146,38 @@ void UploadRing::upload(void* dst, const void* src, size_t bytes, cudaStream_t s
 void* CudaBackendImpl::alloc_bytes(size_t bytes) {
   void* p = counted_malloc(bytes);
   if (p) allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  return p;
+}
+
+// Managed memory that prefers the device (where its pages are made when first touched) and is
+// mapped there: a float tensor kept in bf16 only (the hints) holds no memory. Counted in
+// DeviceMemory::lazy (and now / peak), the device's use in in_use. Plain device memory where the
+// device cannot take managed memory concurrently with the host, or with DPT_LAZY_ACTS=0.
+void* CudaBackendImpl::alloc_lazy(size_t bytes) {
+  if (lazy_ < 0) {
+    int concurrent = 0;
+    cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev_);
+    const char* e = std::getenv("DPT_LAZY_ACTS");
+    lazy_ = concurrent && !(e && std::string(e) == "0") ? 1 : 0;
+  }
+  if (!lazy_ || !bytes) return alloc_bytes(bytes);
+  void* p = nullptr;
+  DPT_CHECK_CUDA(cudaMallocManaged(&p, bytes, cudaMemAttachGlobal));
+  cudaMemLocation here{};
+  here.type = cudaMemLocationTypeDevice;
+  here.id = dev_;
+  DPT_CHECK_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, here));
+  DPT_CHECK_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, here));
+  {
+    Counted& c = counted();
+    std::lock_guard<std::mutex> lock(c.m);
+    c.bytes[p] = bytes;
+    c.lazy_bytes[p] = bytes;
+    c.now += bytes;
+    c.lazy += bytes;
+    c.peak = std::max(c.peak, c.now);
+  }
+  allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
 }
 
