@@ -285,7 +285,7 @@ class CudaBackendImpl final : public CudaBackend {
   // resnet18(stem=small)'s 1-channel 3x3 convolution took 0.062 ms forward and 0.074 ms for its
   // filter gradient padded against 0.086 and 0.101; ResNet-50's 3-channel 7x7 stem took 2.06
   // and 1.25 ms padded, the padding passes included, against 1.83 and 1.13: it is not padded.
-  bool pads_channels(const ConvGeom& g) const { return bf16() && g.c == 1; }
+  bool pads_channels(const ConvGeom& g) const { return bf16() && g.c == 1 && pad_channels_; }
   ConvGeom padded_geom(const ConvGeom& g) const;
   const void* padded_operand(const float* p, size_t rows, const ConvGeom& g, bool weight);
   bool pointwise_gemm_bf16(const float* x, const float* w, float* z, const ConvGeom& g);
@@ -557,6 +557,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool gemm_1x1_ = true;          // DPT_CONV1X1=cudnn: 1x1 stride-1 convs on cuDNN too
   bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
   bool conv_graph_ = true;        // DPT_CUDNN_GRAPH (default 1): bf16 convolutions through cuDNN's graph API
+  bool pad_channels_ = true;      // DPT_PAD_CHANNELS (default 1): pads_channels, for measurement
   bool bf16_grads_ = true;        // note_grad_use's hints taken (DPT_BF16_GRADS=0: ignored, to measure)
   bool bf16_acts_ = true;         // note_bf16_readers's hints taken (DPT_BF16_ACTS=0: ignored, to measure)
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb

@@ -161,6 +161,7 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   bf16_acts_ = env_int("DPT_BF16_ACTS", 1) != 0;
   conv_heuristic_ = opt.conv_heuristic;
   conv_graph_ = env_int("DPT_CUDNN_GRAPH", 1) != 0;
+  pad_channels_ = env_int("DPT_PAD_CHANNELS", 1) != 0;
   conv_ws_limit_ = opt.conv_workspace_bytes;
   describe_ = make_description();
 }
