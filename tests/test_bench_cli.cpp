@@ -191,6 +191,28 @@ TEST_F(BenchCli, ThePyTorchPeerBuildsLayerLists) {
   EXPECT_NE(c.out.find("peer 4 4"), std::string::npos) << c.out << r.out;
 }
 
+// The DDP peer for a preset: torchvision's resnet18 (the small stem) under DDP on 1 and 2
+// processes, each row timed and set beside dptrain's.
+TEST_F(BenchCli, ThePyTorchPeerRunsPresets) {
+  if (std::system("/usr/bin/python3 -c 'import torch, torch.distributed, torchvision' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "/usr/bin/python3 has no torch or torchvision";
+  const fs::path out = dir / "peer-preset";
+  Outcome r = sweep("--out " + out.string() + " --report.sections scaling --report.plots false --scaling.models "
+                    "'rn@1,8,8:resnet18(stem=small,classes=4)' --ddp.run always --ddp.python /usr/bin/python3 "
+                    "--ddp.script " + DPT_SOURCE_DIR + "/bench/torch_ddp.py --ddp.torchrun_args '--standalone "
+                    "--redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 "
+                    "--ddp.compile none");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("torch_cnn.build cannot build"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(out / "ddp-peer" / "rn-n2-b8.log").find("--layers 'resnet18(stem=small,classes=4)' --input 1,8,8 "),
+            std::string::npos);
+  const Outcome c = sh("/usr/bin/python3 -c \"import json,sys; p=json.load(open(sys.argv[1]))['tables']['ddp_peer']['rows']; "
+                       "print('peer', len(p), sum(1 for r in p if (r['peer_step_ms'] or 0) > 0 and (r['ratio'] or 0) > 0))\" " +
+                       (out / "records.json").string());
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("peer 4 4"), std::string::npos) << c.out << r.out;
+}
+
 // A model's own batches (/W,S in scaling.models): its weak rows at W per rank, its strong rows
 // splitting S; the other model keeps the [scaling] batches (8 per rank, 16 global).
 TEST_F(BenchCli, AModelsOwnBatches) {
