@@ -238,8 +238,7 @@ void Model::build_ops() {
         g.c = int(p.in.c); g.h = int(p.in.h); g.w = int(p.in.w);
         g.out = l.out; g.k = l.k; g.stride = l.stride; g.pad = l.pad;
         g.batch = max_batch_;
-        // The first computes no dx. Lazy: under bf16 the columns go to their bf16 copy alone.
-        op->cols = Buffer<float>(be_, be_.conv_cols(g, op->param > 0), Buffer<float>::Lazy{});
+        op->cols = Buffer<float>(be_, be_.conv_cols(g, op->param > 0));  // the first computes no dx
         op->z = buf(p.out);
         // relu, tanh and sigmoid differentiate from a alone (relu: a > 0 exactly where z > 0),
         // so a overwrites z in place: one pass over the output less. gelu needs z.

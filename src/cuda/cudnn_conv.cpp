@@ -103,8 +103,8 @@ cudnnHandle_t CudaBackendImpl::cudnn() {
 
 // im2col + GEMMs (conv_path.cpp) or cuDNN, per shape: with conv_tuning = time, both are timed on
 // scratch buffers (forward, then backward with the input gradient, 3 times after a warm-up) and
-// the faster kept; the columns then take rows·k²·c values per layer (bf16 under bf16), so only
-// shapes whose columns fit in kIm2colMaxBytes are candidates. heuristic: cuDNN (no timing). 1x1 stride-1
+// the faster kept; the columns then take rows·k²·c floats per layer, so only shapes whose
+// columns fit in kIm2colMaxBytes are candidates. heuristic: cuDNN (no timing). 1x1 stride-1
 // convolutions are GEMMs without columns either way. DPT_CONV=im2col: im2col everywhere. A shape
 // for which the convolution API (fp32, TF32) offers no usable algorithm in some direction takes
 // im2col whatever the tuning: in fp32 resnet50's 256x56x56 -> 512 1x1 stride-2 convolution at
@@ -112,9 +112,7 @@ cudnnHandle_t CudaBackendImpl::cudnn() {
 size_t CudaBackendImpl::conv_cols(const ConvGeom& g, bool input_grad) {
   const size_t full = size_t(g.rows()) * size_t(g.cols());
   if (im2col_convs_) return full;
-  // Under bf16 the columns are written to their bf16 copy alone (conv_forward; the model's float
-  // buffer for them is lazy memory): 2 bytes a value.
-  if (pointwise_gemm(g) || full * (bf16() ? 2 : sizeof(float)) > kIm2colMaxBytes || capturing()) return 0;
+  if (pointwise_gemm(g) || full * sizeof(float) > kIm2colMaxBytes || capturing()) return 0;
   const std::array<int, 9> key{g.batch, g.c, g.h, g.w, g.out, g.k, g.stride, g.pad, int(input_grad)};
   auto it = im2col_choice_.find(key);
   if (it == im2col_choice_.end()) it = im2col_choice_.emplace(key, im2col_chosen(g, input_grad)).first;
