@@ -34,7 +34,7 @@ struct Row {
   std::string name, kind, shape;
   double fwd_s = 0, bwd_s = 0;  // medians over the timed steps
   double flops = 0, bytes = 0;  // forward and backward together
-  bool fwd = false, bwd = false;
+  bool bwd = false;  // the op has a backward pass
 };
 
 std::string str(const char* f, double a) {
@@ -117,7 +117,6 @@ void print_account(const Config& cfg, Runtime& rt, const Dataset& ds, const Acco
     r.name = oc.name;
     r.kind = oc.kind;
     r.shape = oc.shape;
-    r.fwd = oc.has_fwd;
     r.bwd = oc.has_bwd;
     r.fwd_s = median(fwd[i]);
     r.bwd_s = oc.has_bwd ? median(bwd[i]) : 0;
@@ -136,7 +135,6 @@ void print_account(const Config& cfg, Runtime& rt, const Dataset& ds, const Acco
     Row r;
     r.name = name;
     r.kind = name;
-    r.fwd = true;
     r.fwd_s = median(s);
     r.bytes = bytes;
     rows.push_back(r);

@@ -554,19 +554,24 @@ void Model::loss(const int32_t* labels, int batch, float grad_scale, float* stat
 }
 
 void Model::backward(const float* x, int batch, bool accumulate, const PassHooks& hooks) {
-  // grad_[cur] holds dLoss/d(the op's output): the logits' gradient from loss() first.
-  // Below the first op with parameters there are only the data and what was done to it
-  // (layout, dropout, ...): nothing needs a gradient there, so that op computes no input
-  // gradient and the ones below it are skipped.
-  size_t lowest = 0;
-  while (lowest < ops_.size() && ops_[lowest]->kind != OpKind::conv && ops_[lowest]->kind != OpKind::linear_run &&
-         ops_[lowest]->kind != OpKind::bn)
-    ++lowest;
+  // grad_[cur] holds dLoss/d(the op's output): the logits' gradient from loss() first. The
+  // lowest op computes no input gradient, and the ones below it are skipped (lowest_backward_op).
+  const size_t lowest = lowest_backward_op();
   int cur = 0;
   for (size_t i = ops_.size(); i-- > lowest;) {
     if (probe_) probe_(StepPoint::backward, int(i));
     backward_op(*ops_[i], i == 0 ? x : ops_[i - 1]->y, batch, accumulate, hooks, cur, i > lowest);
   }
+}
+
+// Below the first op with parameters there are only the data and what was done to it (layout,
+// dropout, ...): nothing needs a gradient there.
+size_t Model::lowest_backward_op() const {
+  size_t i = 0;
+  while (i < ops_.size() && ops_[i]->kind != OpKind::conv && ops_[i]->kind != OpKind::linear_run &&
+         ops_[i]->kind != OpKind::bn)
+    ++i;
+  return i;
 }
 
 // One op's backward from grad_[cur]; cur moves to the buffer holding its input's gradient.

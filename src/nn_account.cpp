@@ -48,12 +48,8 @@ std::vector<OpCost> Model::op_costs(int batch) const {
     }
     return "block@" + std::to_string(ops_[size_t(begin)]->layer);
   };
-  // The backward pass starts at the first op with parameters, which computes no input gradient
-  // (Model::backward).
-  size_t lowest = 0;
-  while (lowest < ops_.size() && ops_[lowest]->kind != OpKind::conv && ops_[lowest]->kind != OpKind::linear_run &&
-         ops_[lowest]->kind != OpKind::bn)
-    ++lowest;
+  // The backward pass ends at the first op with parameters, which computes no input gradient.
+  const size_t lowest = lowest_backward_op();
   std::vector<OpCost> out;
   const double B = batch;
   for (size_t i = 0; i < ops_.size(); ++i) {

@@ -143,7 +143,6 @@ class TimeMarks {
   virtual ~TimeMarks() = default;
   virtual void mark() = 0;
   virtual std::vector<double> seconds() = 0;  // waits; each mark's time since the first
-  virtual void clear() = 0;                   // forgets the marks made
 };
 
 // The measured limits of a backend (Backend::measure_ceilings).

@@ -196,6 +196,7 @@ class Model {
   void link_blocks();
   void reorder_flatten_reads();
   void give_hints();
+  size_t lowest_backward_op() const;  // the first op with parameters: backward stops there
   void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur,
                    bool want_dx);
 

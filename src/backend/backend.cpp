@@ -286,7 +286,6 @@ class HostMarks final : public TimeMarks {
     for (size_t i = 0; i < t_.size(); ++i) s[i] = t_[i] - t_[0];
     return s;
   }
-  void clear() override { t_.clear(); }
 
  private:
   std::vector<double> t_;

@@ -550,7 +550,7 @@ class CudaBackendImpl final : public CudaBackend {
   static constexpr int kMaxTransposeRows = 65535 * 32;  // the transpose kernel's grid
   std::map<const Dataset*, Resident> resident_;
   std::map<uintptr_t, size_t> allocs_;  // alloc_bytes, alloc_lazy: address -> bytes
-  int lazy_ = -1;  // alloc_lazy takes managed memory (1) or device memory (0); -1: not decided yet
+  bool lazy_acts_ = true;  // alloc_lazy takes managed memory (else device memory): DPT_LAZY_ACTS, the device
   // cuDNN (cudnn_conv.cpp): its handle, made on the first convolution; plans per shape.
   Cudnn cudnn_;
   bool im2col_convs_ = false;     // DPT_CONV=im2col: convolutions as im2col + cuBLASLt GEMMs

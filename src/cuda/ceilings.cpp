@@ -12,7 +12,7 @@
 namespace dpt::cuda_impl {
 namespace {
 
-// Timing events recorded on one stream; made as marks need them and kept for the next round.
+// Timing events recorded on one stream, made as marks need them.
 class EventMarks final : public TimeMarks {
  public:
   explicit EventMarks(cudaStream_t s) : s_(s) {}
@@ -38,7 +38,6 @@ class EventMarks final : public TimeMarks {
     }
     return s;
   }
-  void clear() override { used_ = 0; }
 
  private:
   cudaStream_t s_;
@@ -62,6 +61,12 @@ Ceilings CudaBackendImpl::measure_ceilings() {
   Ceilings r;
   StreamTimer timer;
   cudaStream_t s = stream_.get();
+  auto best_ms = [&](auto&& work) {  // the best of ten after one untimed
+    work();
+    float best = 1e30f;
+    for (int i = 0; i < 10; ++i) best = std::min(best, timer.time(s, work));
+    return double(best);
+  };
   {
     DevPtr a = dev_alloc(mat), b = dev_alloc(mat), c = dev_alloc(mat);
     // 0x3c bytes: about 0.0115 as bf16 and as fp32; finite products, no denormals.
@@ -72,20 +77,14 @@ Ceilings CudaBackendImpl::measure_ceilings() {
       DPT_CHECK_CUBLAS(cublasGemmEx(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.get(), type, n,
                                     b.get(), type, n, &beta, c.get(), type, n, compute, CUBLAS_GEMM_DEFAULT));
     };
-    gemm();
-    float best = 1e30f;
-    for (int i = 0; i < 10; ++i) best = std::min(best, timer.time(s, gemm));
-    r.gemm_flops = 2.0 * double(n) * n * n / (double(best) * 1e-3);
+    r.gemm_flops = 2.0 * double(n) * n * n / (best_ms(gemm) * 1e-3);
   }
   {
     const size_t bytes = size_t(1) << 30;
     DevPtr x = dev_alloc(bytes), y = dev_alloc(bytes);
     DPT_CHECK_CUDA(cudaMemsetAsync(x.get(), 0, bytes, s));
     auto copy = [&] { DPT_CHECK_CUDA(cudaMemcpyAsync(y.get(), x.get(), bytes, cudaMemcpyDeviceToDevice, s)); };
-    copy();
-    float best = 1e30f;
-    for (int i = 0; i < 10; ++i) best = std::min(best, timer.time(s, copy));
-    r.mem_bytes = 2.0 * double(bytes) / (double(best) * 1e-3);
+    r.mem_bytes = 2.0 * double(bytes) / (best_ms(copy) * 1e-3);
   }
   r.gemm_what = std::string("cublasGemmEx 8192x8192x8192, ") +
                 (bf16() ? "bf16 in and out, fp32 accumulate" : precision_ == Precision::tf32 ? "TF32" : "fp32");

@@ -162,6 +162,10 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   conv_heuristic_ = opt.conv_heuristic;
   conv_graph_ = env_int("DPT_CUDNN_GRAPH", 1) != 0;
   pad_channels_ = env_int("DPT_PAD_CHANNELS", 1) != 0;
+  // alloc_lazy: managed memory where the device takes it concurrently with the host.
+  int concurrent = 0;
+  DPT_CHECK_CUDA(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev_));
+  lazy_acts_ = concurrent && env_int("DPT_LAZY_ACTS", 1) != 0;
   conv_ws_limit_ = opt.conv_workspace_bytes;
   describe_ = make_description();
 }

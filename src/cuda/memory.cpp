@@ -4,11 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "backend_impl.hpp"
 #include "dpt/cuda_check.hpp"
@@ -18,9 +18,10 @@
 namespace dpt::cuda_impl {
 
 namespace {
+// Every allocation counted: address -> its bytes and whether it is lazy (alloc_lazy).
 struct Counted {
   std::mutex m;
-  std::unordered_map<void*, size_t> bytes, lazy_bytes;
+  std::unordered_map<void*, std::pair<size_t, bool>> at;
   size_t now = 0, peak = 0, lazy = 0;
 };
 Counted& counted() {
@@ -28,15 +29,20 @@ Counted& counted() {
   return *c;
 }
 
+void count(void* p, size_t bytes, bool lazy) {
+  Counted& c = counted();
+  std::lock_guard<std::mutex> lock(c.m);
+  c.at[p] = {bytes, lazy};
+  c.now += bytes;
+  if (lazy) c.lazy += bytes;
+  c.peak = std::max(c.peak, c.now);
+}
+
 void* counted_malloc(size_t bytes) {
   void* p = nullptr;
   if (!bytes) return p;
   DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
-  Counted& c = counted();
-  std::lock_guard<std::mutex> lock(c.m);
-  c.bytes[p] = bytes;
-  c.now += bytes;
-  c.peak = std::max(c.peak, c.now);
+  count(p, bytes, false);
   return p;
 }
 
@@ -46,15 +52,11 @@ cudaError_t counted_free(void* p) noexcept {
   {
     Counted& c = counted();
     std::lock_guard<std::mutex> lock(c.m);
-    auto it = c.bytes.find(p);
-    if (it != c.bytes.end()) {
-      c.now -= it->second;
-      c.bytes.erase(it);
-    }
-    auto lz = c.lazy_bytes.find(p);
-    if (lz != c.lazy_bytes.end()) {
-      c.lazy -= lz->second;
-      c.lazy_bytes.erase(lz);
+    auto it = c.at.find(p);
+    if (it != c.at.end()) {
+      c.now -= it->second.first;
+      if (it->second.second) c.lazy -= it->second.first;
+      c.at.erase(it);
     }
   }
   return cudaFree(p);
@@ -154,13 +156,7 @@ void* CudaBackendImpl::alloc_bytes(size_t bytes) {
 // DeviceMemory::lazy (and now / peak), the device's use in in_use. Plain device memory where the
 // device cannot take managed memory concurrently with the host, or with DPT_LAZY_ACTS=0.
 void* CudaBackendImpl::alloc_lazy(size_t bytes) {
-  if (lazy_ < 0) {
-    int concurrent = 0;
-    cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev_);
-    const char* e = std::getenv("DPT_LAZY_ACTS");
-    lazy_ = concurrent && !(e && std::string(e) == "0") ? 1 : 0;
-  }
-  if (!lazy_ || !bytes) return alloc_bytes(bytes);
+  if (!lazy_acts_ || !bytes) return alloc_bytes(bytes);
   void* p = nullptr;
   DPT_CHECK_CUDA(cudaMallocManaged(&p, bytes, cudaMemAttachGlobal));
   cudaMemLocation here{};
@@ -168,15 +164,7 @@ void* CudaBackendImpl::alloc_lazy(size_t bytes) {
   here.id = dev_;
   DPT_CHECK_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, here));
   DPT_CHECK_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, here));
-  {
-    Counted& c = counted();
-    std::lock_guard<std::mutex> lock(c.m);
-    c.bytes[p] = bytes;
-    c.lazy_bytes[p] = bytes;
-    c.now += bytes;
-    c.lazy += bytes;
-    c.peak = std::max(c.peak, c.now);
-  }
+  count(p, bytes, true);
   allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
 }

@@ -45,20 +45,6 @@ __global__ void add4_kernel(const float4* x, float4* y, size_t n4) {
   }
 }
 
-// out = a16 + b with a16 (n) in bf16: a residual block's input gradient, the body's kept in bf16
-// plus the shortcut's (out may be b).
-__global__ void sum_bf16_kernel(const __nv_bfloat16* a16, const float* b, float* out, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    out[i] = __bfloat162float(a16[i]) + b[i];
-}
-
-__global__ void sum_bf16x4_kernel(const __nv_bfloat16* a16, const float4* b, float4* out, size_t n4) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
-    const float4 p = ld4(a16, i), q = b[i];
-    out[i] = {p.x + q.x, p.y + q.y, p.z + q.z, p.w + q.w};
-  }
-}
-
 // y = body + shortcut, max(y, 0) with relu: y unless nullptr, and its bf16 copy into y16 unless
 // nullptr. body and shortcut each float or bf16 (a copy that is the tensor's only one).
 __device__ __forceinline__ float sum_act(float a, float b, bool relu) {
@@ -458,21 +444,6 @@ void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n,
   else if (body.bf16 && !shortcut.bf16) run(b16(body.p), f32(shortcut.p));
   else if (!body.bf16) run(f32(body.p), b16(shortcut.p));
   else run(b16(body.p), b16(shortcut.p));
-}
-
-void sum_bf16(const void* a16, const float* b, float* out, size_t n, cudaStream_t s) {
-  const auto* a = static_cast<const __nv_bfloat16*>(a16);
-  size_t done = 0;
-  if (reinterpret_cast<uintptr_t>(a) % 8 == 0 && aligned16(b) && aligned16(out) && n >= 4) {
-    sum_bf16x4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(a, reinterpret_cast<const float4*>(b),
-                                                            reinterpret_cast<float4*>(out), n / 4);
-    DPT_CHECK_LAUNCH("sum_bf16x4_kernel");
-    done = n / 4 * 4;
-  }
-  if (done < n) {
-    sum_bf16_kernel<<<grid_for(n - done), kThreads, 0, s>>>(a + done, b + done, out + done, n - done);
-    DPT_CHECK_LAUNCH("sum_bf16_kernel");
-  }
 }
 
 // As add: four at a time where every pointer allows (the bf16 mask's 8 bytes per four), the rest

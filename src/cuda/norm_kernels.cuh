@@ -65,8 +65,6 @@ void bn_train_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16
                        float* dw, float* db, bool accumulate, float* coef, cudaStream_t s);
 // y (n) += x (n).
 void add(const float* x, float* y, size_t n, cudaStream_t s);
-// out (n) = a16 (n, bf16) + b (n); out may be b.
-void sum_bf16(const void* a16, const float* b, float* out, size_t n, cudaStream_t s);
 // y (n) = body + shortcut (each float, or bf16 with .bf16), max(y, 0) with relu; y unless
 // nullptr, and its bf16 copy into y16 unless nullptr.
 void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s);
