@@ -380,6 +380,15 @@ void Model::link_blocks() {
       open.pop_back();
     }
   }
+  // A block's add backward feeds its kept gradient straight to the branches' batch norms: the
+  // shortcut's last op (a projection's) and the body's last op (the only one, with an identity).
+  auto is_bn = [&](int j) { return j >= 0 && ops_[size_t(j)]->kind == OpKind::bn; };
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    Op& op = *ops_[i];
+    if (op.kind == OpKind::res_end) op.keep_feeds = op.end == op.mid + 1 ? is_bn(op.mid - 1) : is_bn(int(i) - 1);
+    if (op.kind == OpKind::bn && i + 1 < ops_.size() && op.act == Act::none)
+      op.defer = ops_[i + 1]->kind == OpKind::res_shortcut || ops_[i + 1]->kind == OpKind::res_end;
+  }
 }
 
 std::vector<BnState> Model::bn_states() {
@@ -487,9 +496,13 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
         if (!train) {
           be_.bn_infer(cur, op.a.data(), rows, c, op.rmean.data(), op.rvar.data(), w, b, kBnEps, op.act == Act::relu);
         } else if (!bn_reduce_) {
-          be_.bn_train_forward(cur, op.a.data(), rows, c, op.sums.data(), w, b, kBnEps, kBnMomentum,
-                               op.mean.data(), op.invstd.data(), op.rmean.data(), op.rvar.data(),
-                               op.act == Act::relu);
+          // A block's last batch norm may leave its output to the block's sum (op.defer).
+          if (!(op.defer && be_.bn_train_deferred(cur, op.a.data(), rows, c, op.sums.data(), w, b, kBnEps,
+                                                  kBnMomentum, op.mean.data(), op.invstd.data(), op.rmean.data(),
+                                                  op.rvar.data())))
+            be_.bn_train_forward(cur, op.a.data(), rows, c, op.sums.data(), w, b, kBnEps, kBnMomentum,
+                                 op.mean.data(), op.invstd.data(), op.rmean.data(), op.rvar.data(),
+                                 op.act == Act::relu);
           ++op.tracked;
         } else {  // sync_bn: the sums over every rank's micro-batch
           be_.bn_sums(cur, rows, c, op.sums.data());
@@ -558,6 +571,7 @@ void Model::backward(const float* x, int batch, bool accumulate, const PassHooks
   // lowest op computes no input gradient, and the ones below it are skipped (lowest_backward_op).
   const size_t lowest = lowest_backward_op();
   int cur = 0;
+  dy_from_ = nullptr;
   for (size_t i = ops_.size(); i-- > lowest;) {
     if (probe_) probe_(StepPoint::backward, int(i));
     backward_op(*ops_[i], i == 0 ? x : ops_[i - 1]->y, batch, accumulate, hooks, cur, i > lowest);
@@ -631,17 +645,20 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
         hooks.grads_final(s.b_off, s.b_off + size_t(s.out));
         hooks.grads_final(s.w_off, s.w_off + s.weights());
       };
+      // dy: the current buffer, or a residual block's kept output gradient (dy_from_); dx to d.
+      const float* dy = dy_from_ ? dy_from_ : d;
+      dy_from_ = nullptr;
       if (!first && op.grad_use) be_.note_grad_use(d, *op.grad_use);
       if (first || !bn_reduce_ || !trained_) {
-        be_.bn_train_backward(d, in, first ? nullptr : d, rows, c, op.sums.data(), op.mean.data(),
+        be_.bn_train_backward(dy, in, first ? nullptr : d, rows, c, op.sums.data(), op.mean.data(),
                               op.invstd.data(), w, relu_out, dw, db, accumulate);
         grads_final();
       } else {  // sync_bn: the input gradient from the sums over every rank's micro-batch
-        be_.bn_backward_sums(d, in, rows, c, op.mean.data(), op.sums.data(), relu_out);
+        be_.bn_backward_sums(dy, in, rows, c, op.mean.data(), op.sums.data(), relu_out);
         be_.bn_param_grads(op.sums.data(), op.invstd.data(), c, dw, db, accumulate);
         grads_final();
         bn_reduce_(op.sums.data(), 2 * size_t(c) + 1);
-        be_.bn_backward(d, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(), w, relu_out);
+        be_.bn_backward(dy, in, d, rows, c, op.sums.data(), op.mean.data(), op.invstd.data(), w, relu_out);
       }
       if (hooks.params_released) {
         hooks.params_released(s.w_off, s.w_off + s.weights());
@@ -652,18 +669,25 @@ void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, con
     case OpKind::res_end:
       // The fused ReLU's backward from its output (> 0 exactly where its input is), and the
       // output's gradient down both branches: kept (in the output's buffer, whose values are no
-      // longer needed) for the body, which runs second.
+      // longer needed) for the body, which runs second. Where both branches start with a batch
+      // norm, they read the kept gradient (dy_from_) and d is not written (keep_feeds).
+      op.kept_only = op.keep_feeds && be_.residual_backward_keep(d, op.a.data(), op.a.data(), n, op.act == Act::relu);
+      if (op.kept_only) {
+        dy_from_ = op.a.data();
+        break;
+      }
       if (op.grad_use) be_.note_grad_use(d, *op.grad_use);
       be_.residual_backward(d, op.a.data(), op.a.data(), n, op.act == Act::relu);
       break;
     case OpKind::res_shortcut: {
       // d: the shortcut's input gradient (the block's input), kept; the body's turn. With an
       // identity shortcut d still is the output's gradient, the body's too: nothing to move
-      // (res_begin adds the kept copy).
-      const Op& e = *ops_[size_t(op.end)];
+      // (res_begin adds the kept copy; dy_from_ still points the body's batch norm at it).
+      Op& e = *ops_[size_t(op.end)];
       if (op.end != op.mid + 1) {  // a projection shortcut's ops between
         be_.copy(op.a.data(), d, size_t(batch) * size_t(op.out.size()) * sizeof(float));
-        be_.copy(d, e.a.data(), size_t(batch) * size_t(e.out.size()) * sizeof(float));
+        if (e.kept_only && ops_[size_t(op.mid) - 1]->kind == OpKind::bn) dy_from_ = e.a.data();
+        else be_.copy(d, e.a.data(), size_t(batch) * size_t(e.out.size()) * sizeof(float));
       }
       break;
     }

@@ -50,6 +50,15 @@ struct Model::Op {
   // gradient (a) for the body.
   int begin = -1, mid = -1, end = -1;
   const float* body_y = nullptr;
+  // res_end: the first op of each branch's backward is a batch norm, so both can read the kept
+  // output gradient (a) themselves (Model::dy_from_): the add's backward then writes that one
+  // tensor, not the current gradient buffer too (Backend::residual_backward_keep). kept_only:
+  // the last backward did so (the backend may decline).
+  bool keep_feeds = false, kept_only = false;
+  // bn: a residual block's last (of the body or a projection shortcut, without ReLU), whose
+  // output only the block's sum reads: its training pass may leave the affine pass to that sum
+  // (Backend::bn_train_deferred).
+  bool defer = false;
   // Backward, the one op that reads this op's input gradient, where it is one the backend can
   // hand a bf16 operand (note_grad_use): bn — the convolution below, one without bias or
   // activation (GradUse::conv); conv — the batch norm below (GradUse::bn), a residual block's add

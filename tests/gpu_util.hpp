@@ -78,21 +78,23 @@ inline std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
   return make_cuda_backend(o);
 }
 
-// A GPU backend that takes the model's bf16 hints (note_grad_use, note_bf16_readers) whatever
-// the environment says (DPT_BF16_GRADS=0 or DPT_BF16_ACTS=0 there would turn them off): for the
-// tests of the hints themselves. The environment is as it was afterwards.
+// A GPU backend that takes the model's bf16 hints (note_grad_use, note_bf16_readers) and defers
+// batch norm's affine pass into the residual sum (bn_train_deferred) whatever the environment
+// says (DPT_BF16_GRADS=0, DPT_BF16_ACTS=0 or DPT_DEFER_BN=0 there would turn them off): for the
+// tests of those paths themselves. The environment is as it was afterwards.
 inline std::unique_ptr<Backend> gpu_with_hints(Precision p) {
-  const char* names[] = {"DPT_BF16_GRADS", "DPT_BF16_ACTS"};
-  std::string saved[2];
-  bool had[2];
-  for (int i = 0; i < 2; ++i) {
+  constexpr int kNames = 3;
+  const char* names[kNames] = {"DPT_BF16_GRADS", "DPT_BF16_ACTS", "DPT_DEFER_BN"};
+  std::string saved[kNames];
+  bool had[kNames];
+  for (int i = 0; i < kNames; ++i) {
     const char* v = std::getenv(names[i]);
     had[i] = v != nullptr;
     if (v) saved[i] = v;
     setenv(names[i], "1", 1);
   }
   auto g = gpu(p);
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kNames; ++i) {
     if (had[i]) setenv(names[i], saved[i].c_str(), 1);
     else unsetenv(names[i]);
   }

@@ -29,6 +29,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dpt/backend.hpp"
@@ -614,6 +615,129 @@ TEST(CudaResnet, ResidualGradientStreamInBf16) {
   g->copy(gcopy.data(), gkeep2.data(), n * sizeof(float));
   EXPECT_TRUE(std::isnan(get(*g, gcopy)[0])) << "the copy's floats written";
   EXPECT_EQ(widened(*g, gcopy), keep2) << "the copy";
+}
+
+// The add's backward writing only the kept gradient (residual_backward_keep), which both
+// branches' batch norms then read: keep holds the CPU's masked gradient exactly (in bf16 only
+// under bf16, from a gradient that is bf16 values already: the join's bf16-only sum); under bf16
+// a gradient in floats is declined (false, keep untouched), as the last block's is; in fp32
+// keep is written in floats; without a ReLU keep is d.
+TEST(CudaResnet, ResidualBackwardWritesOnlyTheKeptGradient) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  const size_t n = 3136 * 16 + 5;
+  const auto body = uniform(n, 811), shortcut = uniform(n, 812), dy = uniform(n, 813), dbody = uniform(n, 814);
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    const std::string label = p == Precision::bf16 ? "bf16" : "fp32";
+    auto g = gpu_with_hints(p);
+    std::vector<float> y(n);
+    cpu->residual_sum(body.data(), shortcut.data(), y.data(), n, true);
+    auto gbody = put(*g, body), gshort = put(*g, shortcut), gy = poisoned(*g, n);
+    g->residual_sum(gbody.data(), gshort.data(), gy.data(), n, true);
+    // d: the join's sum, bf16 only under bf16 (GradUse::res), as a block's output gradient is.
+    auto gd = put(*g, dbody);
+    auto gk0 = put(*g, dy);
+    g->note_grad_use(gd.data(), Backend::GradUse::res);
+    g->add(gk0.data(), gd.data(), n);
+    std::vector<float> d = dbody;
+    for (size_t i = 0; i < n; ++i) d[i] += dy[i];
+    if (p == Precision::bf16) d = rounded16(d);
+    for (bool relu : {true, false}) {
+      std::vector<float> want_d = d, want_keep(n);
+      cpu->residual_backward(want_d.data(), y.data(), want_keep.data(), n, relu);
+      auto keep = poisoned(*g, n);
+      ASSERT_TRUE(g->residual_backward_keep(gd.data(), gy.data(), keep.data(), n, relu)) << label << relu;
+      if (p == Precision::bf16 && relu) EXPECT_TRUE(std::isnan(get(*g, keep)[0])) << "keep's floats written";
+      EXPECT_EQ(widened(*g, keep), want_keep) << "keep " << label << relu;
+    }
+    if (p == Precision::bf16) {
+      auto gf = put(*g, dy), keep = poisoned(*g, n);
+      EXPECT_FALSE(g->residual_backward_keep(gf.data(), gy.data(), keep.data(), n, true)) << "a float gradient";
+      EXPECT_TRUE(std::isnan(get(*g, keep)[0])) << "keep written where declined";
+      EXPECT_EQ(get(*g, gf), dy) << "d changed where declined";
+    }
+  }
+}
+
+// A residual block's last batch norm with its affine pass deferred into the block's sum
+// (bn_train_deferred): its statistics and the sum are the bits bn_train_forward then
+// residual_sum give, with the body's, the shortcut's or both terms deferred, in fp32 and in bf16
+// (the batch norm's output a bf16 reader's: kept in bf16 only), with and without the sum's ReLU,
+// for channel counts of the vector kernel (64) and of the scalar one (33, 5); the deferred
+// output's floats are never written; once that output is written (a fill) the sum reads it.
+TEST(CudaResnet, DeferredBatchNormGivesTheSumsBits) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  const float eps = 1e-5f, momentum = 0.1f;
+  for (Precision p : {Precision::fp32, Precision::bf16}) {
+    auto g = gpu_with_hints(p);
+    for (const BnShape& s : {BnShape{4999, 33}, BnShape{3136, 64}, BnShape{3, 5}}) {
+      const BnData d(s, 900 + uint64_t(s.c)), e(s, 950 + uint64_t(s.c));
+      const size_t n = d.x.size(), c = size_t(s.c);
+      const std::string label = what(s) + (p == Precision::bf16 ? " bf16" : " fp32");
+      auto gx = put(*g, d.x), gx2 = put(*g, e.x), gw = put(*g, d.w), gb = put(*g, d.b);
+      auto other = put(*g, uniform(n, 961)), other2 = put(*g, uniform(n, 962));
+      struct Stats {
+        std::vector<double> sums;
+        std::vector<float> mean, invstd, rmean, rvar;
+      };
+      // One batch norm's training forward into y (a bf16 reader's), plain or deferred.
+      auto bn = [&](const Buffer<float>& x, Buffer<float>& y, bool defer, Stats& st) {
+        auto sums = poisoned_sums(*g, s.c);
+        auto mean = poisoned(*g, c), inv = poisoned(*g, c);
+        auto rm = put(*g, d.rmean), rv = put(*g, d.rvar);
+        g->note_bf16_readers(y.data());
+        if (defer) {
+          EXPECT_TRUE(g->bn_train_deferred(x.data(), y.data(), s.rows, s.c, sums.data(), gw.data(), gb.data(), eps,
+                                           momentum, mean.data(), inv.data(), rm.data(), rv.data()))
+              << "not deferred " << label;
+        } else {
+          g->bn_train_forward(x.data(), y.data(), s.rows, s.c, sums.data(), gw.data(), gb.data(), eps, momentum,
+                              mean.data(), inv.data(), rm.data(), rv.data(), false);
+        }
+        st = {get(*g, sums), get(*g, mean), get(*g, inv), get(*g, rm), get(*g, rv)};
+      };
+      for (bool relu : {false, true})
+        for (int which : {1, 2, 3}) {  // deferred: the body (1), the shortcut (2), both
+          const std::string l2 = label + (relu ? " relu" : "") + " terms " + std::to_string(which);
+          std::vector<float> out[2];
+          Stats plain_b, plain_s;
+          for (bool defer : {false, true}) {
+            auto yb = poisoned(*g, n), ys = poisoned(*g, n), y = poisoned(*g, n);
+            Stats sb, ss;
+            if (which & 1) bn(gx, yb, defer, sb);
+            if (which & 2) bn(gx2, ys, defer, ss);
+            g->residual_sum((which & 1) ? yb.data() : other.data(), (which & 2) ? ys.data() : other2.data(),
+                            y.data(), n, relu);
+            out[defer] = get(*g, y);
+            if (!defer) {
+              plain_b = sb;
+              plain_s = ss;
+              continue;
+            }
+            for (auto [st, want, name] : {std::tuple{&sb, &plain_b, "body"}, std::tuple{&ss, &plain_s, "shortcut"}}) {
+              EXPECT_TRUE(same_bits(st->sums, want->sums)) << name << " sums " << l2;
+              EXPECT_TRUE(same_bits(st->mean, want->mean)) << name << " mean " << l2;
+              EXPECT_TRUE(same_bits(st->invstd, want->invstd)) << name << " invstd " << l2;
+              EXPECT_TRUE(same_bits(st->rmean, want->rmean)) << name << " running mean " << l2;
+              EXPECT_TRUE(same_bits(st->rvar, want->rvar)) << name << " running var " << l2;
+            }
+            if (which & 1) EXPECT_TRUE(std::isnan(get(*g, yb)[0])) << "deferred output's floats written " << l2;
+            // Written after (here filled), the output is read as written.
+            if (which == 1) {
+              g->fill(yb.data(), n, 0.5f);
+              std::vector<float> half(n, 0.5f), o2 = get(*g, other2), want(n);
+              cpu->residual_sum(half.data(), o2.data(), want.data(), n, relu);
+              auto y2 = poisoned(*g, n);
+              g->residual_sum(yb.data(), other2.data(), y2.data(), n, relu);
+              EXPECT_EQ(get(*g, y2), want) << "a deferred output written after " << l2;
+            }
+          }
+          EXPECT_TRUE(same_bits(out[1], out[0])) << "the sum " << l2;
+          EXPECT_FALSE(std::isnan(out[0][0]) || std::isnan(out[0][n - 1])) << "the sum not written " << l2;
+        }
+    }
+  }
 }
 
 // Lazy memory (activations' floats): allocating 1 GiB takes (almost) no device memory; writing

@@ -325,6 +325,15 @@ class Backend {
   virtual void bn_train_forward(const float* x, float* y, int64_t rows, int c, double* sums, const float* w,
                                 const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                                 float* running_mean, float* running_var, bool relu);
+  // bn_train_forward without relu for an output y that only residual_sum reads (a residual
+  // block's last batch norm, of the body or of a projection shortcut): the statistics saved and
+  // moved, but y's values may be left unwritten, to be made by residual_sum as it reads x (the
+  // affine pass deferred into the sum: a write and a read of y saved). Returns false, having
+  // done nothing, where the backend does not defer (the caller then runs bn_train_forward).
+  // Until residual_sum, y must have no other reader. Default: false.
+  virtual bool bn_train_deferred(const float* x, float* y, int64_t rows, int c, double* sums, const float* w,
+                                 const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
+                                 float* running_mean, float* running_var);
   // bn_backward_sums, bn_param_grads and, unless dx is nullptr, bn_backward, where nothing comes
   // between them: one call, as bn_train_forward.
   virtual void bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, double* sums,
@@ -369,11 +378,19 @@ class Backend {
   // y (n) += x (n): the sum of a residual block's gradients.
   virtual void add(const float* x, float* y, size_t n);
   // y (n) = body + shortcut, then max(y, 0) with relu: a residual block's output. y may be
-  // neither input.
+  // neither input. A term that bn_train_deferred left unwritten is made here from its batch
+  // norm's input, with the bits bn_train_forward would have written.
   virtual void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu);
   // Its backward: d (n) = d where y > 0 with relu (y: residual_sum's output), and keep = d, the
   // output's gradient kept for the second branch. keep may be y. Defaults to act_backward + copy.
   virtual void residual_backward(float* d, const float* y, float* keep, size_t n, bool relu);
+  // The same backward where both branches' first readers take their gradient from keep (a batch
+  // norm's dy: the model's dy_from_), so d is not read after: keep = d where y > 0 with relu,
+  // and d's values are left undefined (the CUDA backend does not write them). Returns false,
+  // having done nothing, where keep cannot hold those values exactly (the CUDA backend under
+  // bf16 keeps keep in bf16 only: it declines a d that is not bf16 values already); the caller
+  // then runs residual_backward. Defaults to residual_backward.
+  virtual bool residual_backward_keep(float* d, const float* y, float* keep, size_t n, bool relu);
   // y (batch, c) = the mean of each channel of x (batch, hw, c); backward: dx = dy / hw.
   virtual void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c);
   virtual void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c);

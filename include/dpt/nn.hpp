@@ -211,6 +211,9 @@ class Model {
   Buffer<float> params_, grads_;
   std::vector<std::unique_ptr<Op>> ops_;
   Buffer<float> grad_[3];  // backward: gradients between ops (batch, largest tensor)
+  // Backward: where the next batch norm takes its dy from instead of the current gradient buffer
+  // (a residual block's kept output gradient, Op::keep_feeds); it writes its dx to that buffer.
+  const float* dy_from_ = nullptr;
   const float* logits_ = nullptr;
   Buffer<float> nobias_db_;  // the bias gradient of convs without bias: computed, never used
   BnReduce bn_reduce_;

@@ -40,6 +40,10 @@ void Backend::bn_train_forward(const float* x, float* y, int64_t rows, int c, do
   bn_sums(x, rows, c, sums);
   bn_forward(x, y, rows, c, sums, w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var, relu);
 }
+bool Backend::bn_train_deferred(const float*, float*, int64_t, int, double*, const float*, const float*, float, float,
+                                float*, float*, float*, float*) {
+  return false;
+}
 void Backend::bn_train_backward(const float* dy, const float* x, float* dx, int64_t rows, int c, double* sums,
                                 const float* mean, const float* invstd, const float* w, const float* relu_out,
                                 float* dw, float* db, bool accumulate) {
@@ -52,6 +56,10 @@ void Backend::residual_sum(const float*, const float*, float*, size_t, bool) { n
 void Backend::residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) {
   if (relu) act_backward(d, y, y, n, Act::relu);
   copy(keep, d, n * sizeof(float));
+}
+bool Backend::residual_backward_keep(float* d, const float* y, float* keep, size_t n, bool relu) {
+  residual_backward(d, y, keep, n, relu);
+  return true;
 }
 void Backend::weight_to_nhwc(const float* w, float* wp, int rows, int c, int hw) {
   nchw_to_nhwc(w, wp, rows, c, hw);

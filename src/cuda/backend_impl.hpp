@@ -340,8 +340,12 @@ class CudaBackendImpl final : public CudaBackend {
   void note_grad_use(const float* dx, GradUse use) override {
     if (bf16_grads_) grad_uses_[dx] = use;
   }
+  bool bn_train_deferred(const float* x, float* y, int64_t rows, int c, double* sums, const float* w, const float* b,
+                         float eps, float momentum, float* save_mean, float* save_invstd, float* running_mean,
+                         float* running_var) override;
   void residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) override;
   void residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) override;
+  bool residual_backward_keep(float* d, const float* y, float* keep, size_t n, bool relu) override;
   void global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) override;
   void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int c) override;
   void softmax_xent_smoothed(const float* logits, const int32_t* labels, int batch, int classes,
@@ -399,6 +403,17 @@ class CudaBackendImpl final : public CudaBackend {
     const float* pre_bias = nullptr;
   };
 
+  // bn_train_deferred's output y, not written: residual_sum makes its values from x (the batch
+  // norm's input operand) and coef ([scale, shift], c channels). live until y is written.
+  struct Deferred {
+    cuda::Operand x{nullptr, false};
+    DevPtr coef;
+    int c = 0;
+    size_t n = 0;
+    bool round16 = false;
+    bool live = false;
+  };
+
   bool bf16() const { return precision_ == Precision::bf16; }
   // Where the lane-aware ops enqueue (Backend::set_side).
   cudaStream_t lane() const { return side_ ? comm_.get() : stream_.get(); }
@@ -413,6 +428,7 @@ class CudaBackendImpl final : public CudaBackend {
   void* note_update(float* p, float* s1, float* s2, size_t n);
   void forget(void* p) noexcept;
   void* twin_slot(const float* p, size_t n);
+  bool twin_possible(const float* p, size_t n) const;
   const void* valid_twin(const float* p, size_t n) const;
   void* only_twin(const float* z, size_t n);
   void made_only_twin(const float* z, size_t n);
@@ -572,6 +588,8 @@ class CudaBackendImpl final : public CudaBackend {
   const float* premasked_ = nullptr;     // pool_backward's input gradient with the ReLU's mask applied
   std::set<const float*> bf16_readers_;   // note_bf16_readers's buffers
   std::map<const float*, GradUse> grad_uses_;  // note_grad_use's hints not yet taken
+  std::map<const float*, Deferred> deferred_;  // bn_train_deferred's outputs
+  bool defer_bn_ = true;  // DPT_DEFER_BN (default 1): bn_train_deferred defers (0: never, to measure)
 };
 
 }  // namespace dpt::cuda_impl

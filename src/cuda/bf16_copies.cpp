@@ -51,6 +51,8 @@ void CudaBackendImpl::note_write(const void* p, size_t bytes) {
       t.second.only = false;
       t.second.pre_act = false;
     }
+  for (auto& d : deferred_)
+    if (d.second.live && overlaps(d.first, d.second.n * sizeof(float), p, bytes)) d.second.live = false;
 }
 
 // The optimizer writes p, s1, s2. When [p, p + n) lies in a registered arena it also writes the
@@ -82,6 +84,8 @@ void CudaBackendImpl::forget(void* p) noexcept {
   allocs_.erase(it);
   for (auto t = twins_.begin(); t != twins_.end();)
     t = overlaps(t->first, 1, p, bytes) ? twins_.erase(t) : std::next(t);
+  for (auto d = deferred_.begin(); d != deferred_.end();)
+    d = overlaps(d->first, 1, p, bytes) ? deferred_.erase(d) : std::next(d);
   for (auto sh = shadows_.begin(); sh != shadows_.end();)
     sh = overlaps(sh->p, 1, p, bytes) ? shadows_.erase(sh) : sh + 1;
   for (auto f = fusions_.begin(); f != fusions_.end();)
@@ -150,6 +154,18 @@ const void* CudaBackendImpl::pre_act_twin(const float* a, size_t n, const float*
 
 // bf16: where the model said z is read by batch norm only (note_bn_input), the twin slot that
 // a convolution writes its bf16 output into instead of z's floats; nullptr otherwise. Call after
+// Whether twin_slot(p, n) would give a twin, without making one.
+bool CudaBackendImpl::twin_possible(const float* p, size_t n) const {
+  if (n == 0) return false;
+  auto it = twins_.find(p);
+  if (it != twins_.end()) return it->second.cap >= n;
+  const auto key = reinterpret_cast<uintptr_t>(p);
+  auto al = allocs_.upper_bound(key);
+  if (al == allocs_.begin()) return false;
+  --al;
+  return key < al->first + al->second && !capturing() && (al->first + al->second - key) / sizeof(float) >= n;
+}
+
 // z's note_write, then made_only_twin once the output is enqueued.
 void* CudaBackendImpl::only_twin(const float* z, size_t n) {
   return bf16() && bn_inputs_.count(z) ? twin_slot(z, n) : nullptr;

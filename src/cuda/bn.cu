@@ -463,7 +463,7 @@ void bn_train(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, doubl
     reduce<Finish::train, false, Mask::none>(static_cast<const float*>(nullptr), xp, nullptr, nullptr, rows, c, sums,
                                              partial, t, BackwardArgs{}, s);
   });
-  if (c > 0) train_pass(x, y, y16, relu, rows, c, coef, s);
+  if (c > 0 && (y || y16)) train_pass(x, y, y16, relu, rows, c, coef, s);
 }
 
 void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,

@@ -162,6 +162,7 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   conv_heuristic_ = opt.conv_heuristic;
   conv_graph_ = env_int("DPT_CUDNN_GRAPH", 1) != 0;
   pad_channels_ = env_int("DPT_PAD_CHANNELS", 1) != 0;
+  defer_bn_ = env_int("DPT_DEFER_BN", 1) != 0;
   // alloc_lazy: managed memory where the device takes it concurrently with the host.
   int concurrent = 0;
   DPT_CHECK_CUDA(cudaDeviceGetAttribute(&concurrent, cudaDevAttrConcurrentManagedAccess, dev_));

@@ -45,7 +45,9 @@ void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, con
                 const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
                 float* running_mean, float* running_var, float* coef, cudaStream_t s);
 // bn_sums then bn_forward where nothing comes between them (Backend::bn_train_forward): the
-// statistics and coefficients come from the kernel that totals the sums, one launch fewer.
+// statistics and coefficients come from the kernel that totals the sums, one launch fewer. With
+// neither y nor y16 the affine pass is left out: coef (2c, [scale, shift]) is what it would
+// apply (Backend::bn_train_deferred; residual_sum_bn applies it).
 void bn_train(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, double* sums, double* partial,
               const float* w, const float* b, float eps, float momentum, float* save_mean, float* save_invstd,
               float* running_mean, float* running_var, float* coef, cudaStream_t s);
@@ -68,12 +70,22 @@ void add(const float* x, float* y, size_t n, cudaStream_t s);
 // y (n) = body + shortcut (each float, or bf16 with .bf16), max(y, 0) with relu; y unless
 // nullptr, and its bf16 copy into y16 unless nullptr.
 void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n, bool relu, cudaStream_t s);
+// A residual sum's term: its values (coef nullptr), or a batch norm's output deferred into the
+// sum (bn_train's coef of c channels: x·scale + shift of channel i mod c, rounded to bf16 with
+// round16, the bits the affine pass would have written to its bf16-only output).
+struct BnTerm {
+  const float* coef = nullptr;
+  bool round16 = false;
+};
+// residual_sum with either term a deferred batch norm's (c: the channels, innermost).
+void residual_sum_bn(Operand body, BnTerm tb, Operand shortcut, BnTerm ts, float* y, void* y16, size_t n, int c,
+                     bool relu, cudaStream_t s);
 // d (n) = d where mask > 0, else 0 (mask: float, or bf16 with mask_bf16), and keep = d; keep may be
 // the mask. With d16, the masked d goes there in bf16 and d's floats are left as they are.
 void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, void* d16, size_t n, cudaStream_t s);
 // The residual gradient stream with bf16 operands: out (n, bf16 or float) = a + b; and
-// v = mask > 0 ? d : 0 written to out and keep (each bf16 or float). out may alias an operand
-// of its type (in place), keep the mask.
+// v = mask > 0 ? d : 0 written to out (unless nullptr) and keep (each bf16 or float). out may
+// alias an operand of its type (in place), keep the mask.
 void sum_io(Operand a, Operand b, void* out, bool out_bf16, size_t n, cudaStream_t s);
 void residual_backward_io(Operand d, Operand mask, void* out, bool out_bf16, void* keep, bool keep_bf16, size_t n,
                           cudaStream_t s);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backend_impl.hpp"
+#include "dpt/check.hpp"
 #include "norm_kernels.cuh"
 
 namespace dpt::cuda_impl {
@@ -74,6 +75,43 @@ void CudaBackendImpl::bn_train_forward(const float* x, float* y, int64_t rows, i
                     cuda::bn_train(xin, yf, y16, relu, rows, c, sums, partial, w, b, eps, momentum, save_mean,
                                    save_invstd, running_mean, running_var, bn_coef(c), stream_.get());
                   });
+}
+
+// The affine pass deferred into the block's sum (Backend::bn_train_deferred): the statistics and
+// coef only, into y's own coefficient buffer (the sum comes after the other branch's batch norm,
+// which takes the shared scratch). y's twins are dropped as for a write; its values then come
+// from residual_sum, rounded as the pass would have written them (bf16 only where a bf16
+// reader's hint and a twin would have made it so: out_twin's condition).
+bool CudaBackendImpl::bn_train_deferred(const float* x, float* y, int64_t rows, int c, double* sums, const float* w,
+                                        const float* b, float eps, float momentum, float* save_mean,
+                                        float* save_invstd, float* running_mean, float* running_var) {
+  if (!defer_bn_ || c <= 0 || rows <= 0) return false;
+  const size_t n = size_t(rows) * size_t(c);
+  const bool round16 = bf16() && !im2col_convs_ && bf16_readers_.count(y) > 0;
+  if (round16 && !twin_possible(y, n)) return false;  // out_twin would have written floats
+  auto it = deferred_.find(y);
+  if (it == deferred_.end() || it->second.c != c) {
+    if (capturing()) return false;
+    Deferred d;
+    d.coef = dev_alloc(2 * size_t(c) * sizeof(float));
+    d.c = c;
+    it = deferred_.insert_or_assign(y, std::move(d)).first;
+  }
+  double* partial = bn_partial(rows, c);
+  note_write(y, n * sizeof(float));
+  note_write(sums, (2 * size_t(c) + 1) * sizeof(double));
+  note_write(save_mean, size_t(c) * sizeof(float));
+  note_write(save_invstd, size_t(c) * sizeof(float));
+  note_write(running_mean, size_t(c) * sizeof(float));
+  note_write(running_var, size_t(c) * sizeof(float));
+  Deferred& d = it->second;
+  d.x = bn_in(x, n);
+  d.n = n;
+  d.round16 = round16;
+  cuda::bn_train(d.x, nullptr, nullptr, false, rows, c, sums, partial, w, b, eps, momentum, save_mean, save_invstd,
+                 running_mean, running_var, static_cast<float*>(d.coef.get()), stream_.get());
+  d.live = true;
+  return true;
 }
 
 // The frame of both training forward calls: the writes noted, x's operand, y's bf16 twin
@@ -179,12 +217,29 @@ void CudaBackendImpl::add(const float* x, float* y, size_t n) {
 
 // Terms kept in bf16 only (note_bf16_readers: a batch norm's output) are read as they are; y is
 // written in bf16 only where only bf16 readers take it.
+// A term bn_train_deferred left unwritten is made from its batch norm's input as it is read.
 void CudaBackendImpl::residual_sum(const float* body, const float* shortcut, float* y, size_t n, bool relu) {
-  const cuda::Operand b = bn_in(body, n), sc = bn_in(shortcut, n);
+  auto deferred = [&](const float* p) -> const Deferred* {
+    auto it = deferred_.find(p);
+    if (it == deferred_.end() || !it->second.live) return nullptr;
+    if (it->second.n != n) throw Error("residual_sum: a deferred batch norm's output of another size");
+    return &it->second;
+  };
+  const Deferred* db = deferred(body);
+  const Deferred* ds = deferred(shortcut);
+  const cuda::Operand b = db ? db->x : bn_in(body, n), sc = ds ? ds->x : bn_in(shortcut, n);
   bool only = false;
   void* y16 = out_twin(y, n, relu, only);
   note_write(y, n * sizeof(float));
-  cuda::residual_sum(b, sc, only ? nullptr : y, y16, n, relu, stream_.get());
+  if (db || ds) {
+    auto term = [](const Deferred* d) {
+      return d ? cuda::BnTerm{static_cast<const float*>(d->coef.get()), d->round16} : cuda::BnTerm{};
+    };
+    cuda::residual_sum_bn(b, term(db), sc, term(ds), only ? nullptr : y, y16, n, db ? db->c : ds->c, relu,
+                          stream_.get());
+  } else {
+    cuda::residual_sum(b, sc, only ? nullptr : y, y16, n, relu, stream_.get());
+  }
   wrote_twin(y, n, y16, only);
 }
 
@@ -215,6 +270,27 @@ void CudaBackendImpl::residual_backward(float* d, const float* y, float* keep, s
   }
   if (d16) made_only_twin(d, n);
   if (k16) made_only_twin(keep, n);
+}
+
+// Only keep written: both branches' first readers take it (Model's dy_from_), so d's pass out
+// is saved (a quarter of the add's backward traffic in bf16). Under bf16 keep is bf16 only, so
+// a d of other values (the last block's, from the average pooling's float gradient) is declined:
+// its batch norm then reads those floats, as before.
+bool CudaBackendImpl::residual_backward_keep(float* d, const float* y, float* keep, size_t n, bool relu) {
+  const cuda::Operand din = bn_in(d, n);
+  if (bf16() && !din.bf16) return false;
+  if (!relu) {
+    copy(keep, d, n * sizeof(float));  // a bf16-only d stays bf16 (copy)
+    return true;
+  }
+  const void* mask16 = valid_twin(y, n);
+  if (!mask16) floats_of(y, n);
+  note_write(keep, n * sizeof(float));
+  void* k16 = bf16() ? twin_slot(keep, n) : nullptr;
+  cuda::residual_backward_io(din, {mask16 ? mask16 : y, mask16 != nullptr}, nullptr, false,
+                             k16 ? k16 : static_cast<void*>(keep), k16 != nullptr, n, stream_.get());
+  if (k16) made_only_twin(keep, n);
+  return true;
 }
 
 void CudaBackendImpl::global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
