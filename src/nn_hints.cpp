@@ -27,23 +27,30 @@ void Model::give_hints() {
     const Op& r = *ops_[k];
     return (r.kind == OpKind::conv && !r.cols.data()) || r.kind == OpKind::bn || unpadded_pool(r);
   };
+  // A block's input (ops_[k] its res_begin): its readers are the body's first op, and the
+  // projection's first op or (identity) the block's sum.
+  auto block_reads_bf16 = [&](size_t k) {
+    const Op& nb = *ops_[k];
+    const size_t mid = size_t(nb.mid), end = size_t(nb.end);
+    return k + 1 < mid && bf16_reader(k + 1) && (end == mid + 1 || bf16_reader(mid + 1));
+  };
   for (size_t i = 0; i + 1 < ops_.size(); ++i) {
     const Op& op = *ops_[i];
     const OpKind next = ops_[i + 1]->kind;
     bool hint = false;
-    if (op.kind == OpKind::bn)
-      hint = (op.act == Act::relu && bf16_reader(i + 1) && next == OpKind::conv) || next == OpKind::res_shortcut ||
-             next == OpKind::res_end;
+    if (op.kind == OpKind::bn)  // a padded pooling reads bf16 too (ResNet's stem)
+      hint = (op.act == Act::relu && bf16_reader(i + 1) && next == OpKind::conv) || next == OpKind::pool ||
+             next == OpKind::res_shortcut || next == OpKind::res_end;
     else if (op.kind == OpKind::conv)
       hint = op.act == Act::relu && !op.cols.data() && bf16_reader(i + 1) &&
              (next == OpKind::conv || unpadded_pool(*ops_[i + 1]));
     else if (unpadded_pool(op))
-      hint = (next == OpKind::conv && bf16_reader(i + 1)) || ops_[i + 1]->reordered;
-    else if (op.kind == OpKind::res_end && next == OpKind::res_begin) {
-      const Op& nb = *ops_[i + 1];
-      const size_t mid = size_t(nb.mid), end = size_t(nb.end);
-      hint = i + 2 < mid && bf16_reader(i + 2) && (end == mid + 1 || bf16_reader(mid + 1));
-    }
+      hint = (next == OpKind::conv && bf16_reader(i + 1)) || ops_[i + 1]->reordered ||
+             (next == OpKind::res_begin && block_reads_bf16(i + 1));
+    else if (op.kind == OpKind::pool)  // padded: ResNet's stem pool, read by the first block
+      hint = (next == OpKind::conv && bf16_reader(i + 1)) || (next == OpKind::res_begin && block_reads_bf16(i + 1));
+    else if (op.kind == OpKind::res_end && next == OpKind::res_begin)
+      hint = block_reads_bf16(i + 1);
     const float* y = op.a.data() ? op.a.data() : op.z.data();  // a conv's ReLU overwrites z
     if (hint) be_.note_bf16_readers(y);
     // That output when a max pooling without padding is its only reader (note_relu_pool).
@@ -63,10 +70,14 @@ void Model::give_hints() {
       else if (below.kind == OpKind::res_shortcut) op.grad_use = GradUse::sum;
       else if (below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data())
         op.grad_use = GradUse::act;
-      else if (unpadded_pool(below))
+      else if (below.kind == OpKind::pool)  // padded or not: both read a bf16 dy
         op.grad_use = GradUse::pool;
     } else if (unpadded_pool(op) && below.kind == OpKind::conv && below.act == Act::relu && !below.cols.data()) {
       op.grad_use = GradUse::act;
+    } else if (op.kind == OpKind::pool && below.kind == OpKind::bn) {
+      op.grad_use = GradUse::bn;  // ResNet's stem pool: its input gradient to bn1's backward
+    } else if (op.kind == OpKind::res_begin && below.kind == OpKind::pool) {
+      op.grad_use = GradUse::pool;  // the first block's input gradient, read by the stem's pool
     } else if (op.kind == OpKind::res_end && below.kind == OpKind::bn) {
       op.grad_use = GradUse::bn;
     } else if (op.kind == OpKind::res_begin && below.kind == OpKind::res_end && below.act == Act::relu) {

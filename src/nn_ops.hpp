@@ -63,9 +63,11 @@ struct Model::Op {
   // hand a bf16 operand (note_grad_use): bn — the convolution below, one without bias or
   // activation (GradUse::conv); conv — the batch norm below (GradUse::bn), a residual block's add
   // or a projection shortcut's switch to the body (GradUse::sum), a convolution with a fused ReLU
-  // (GradUse::act), a pooling without padding (GradUse::pool); pool (without padding) — a convolution with a fused ReLU (GradUse::act);
+  // (GradUse::act), a pooling (GradUse::pool); pool — a convolution with a fused ReLU (without
+  // padding: GradUse::act), a batch norm (GradUse::bn);
   // res_end — the batch norm below, the last op of the shortcut or the body (GradUse::bn);
-  // res_begin — the previous block's add with a ReLU (GradUse::res).
+  // res_begin — the previous block's add with a ReLU (GradUse::res), a pooling (the stem's:
+  // GradUse::pool).
   std::optional<Backend::GradUse> grad_use;
 };
 

@@ -795,6 +795,49 @@ TEST(CudaResnet, PaddedPool) {
 
 // Max pooling's selection rules: ties (values on a coarse grid) go to the first tap in row-major
 // order; a NaN wins; negative inputs show that the padding is not a zero.
+// bf16, ResNet's stem: the pooling reads a batch norm's ReLU output kept in bf16 only, writes
+// its output in bf16 only (the first block's convolutions read it), reads its output gradient
+// kept in bf16 only (the first block's join) and writes its input gradient in bf16 only for the
+// batch norm below (GradUse::bn). Each is the CPU's result on the bf16 values, rounded to bf16
+// (max: the selected value itself; avg: the quotient; backward: the same sums), argmax the CPU's.
+TEST(CudaResnet, PaddedPoolOnBf16OnlyTensors) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu_with_hints(Precision::bf16);
+  // A bf16-only copy of v: a residual sum with zeros into an output only bf16 readers take.
+  auto kept = [&](const std::vector<float>& v) {
+    auto a = put(*g, v), z = put(*g, std::vector<float>(v.size(), 0.f));
+    auto k = poisoned(*g, v.size());
+    g->note_bf16_readers(k.data());
+    g->residual_sum(a.data(), z.data(), k.data(), v.size(), false);
+    return k;
+  };
+  for (const PoolGeom& p : kPools)
+    for (bool max : {true, false}) {
+      const std::string label = what(p, max);
+      const size_t ni = in_size(p), no = out_size(p);
+      const std::vector<float> x = rounded16(uniform(ni, 71)), dy = rounded16(uniform(no, 72));
+      std::vector<float> y(no), dx(ni);
+      std::vector<int32_t> arg(max ? no : 0);
+      cpu->pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, p, max);
+      cpu->pool_backward(dy.data(), max ? arg.data() : nullptr, dx.data(), p, max);
+      auto gx = kept(x);
+      auto gy = poisoned(*g, no);
+      auto garg = put(*g, std::vector<int32_t>(max ? no : 0, -7));
+      g->note_bf16_readers(gy.data());
+      g->pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, p, max);
+      EXPECT_TRUE(std::isnan(get(*g, gy)[0])) << "y's floats written " << label;
+      EXPECT_EQ(widened(*g, gy), rounded16(y)) << "y " << label;
+      if (max) EXPECT_EQ(get(*g, garg), arg) << "argmax " << label;
+      auto gdy = kept(dy);
+      auto gdx = poisoned(*g, ni);
+      g->note_grad_use(gdx.data(), Backend::GradUse::bn);
+      g->pool_backward(gdy.data(), max ? garg.data() : nullptr, gdx.data(), p, max);
+      EXPECT_TRUE(std::isnan(get(*g, gdx)[0])) << "dx's floats written " << label;
+      EXPECT_EQ(widened(*g, gdx), rounded16(dx)) << "dx " << label;
+    }
+}
+
 TEST(CudaResnet, PaddedMaxPoolTiesNaNAndNegatives) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});

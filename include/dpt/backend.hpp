@@ -347,8 +347,8 @@ class Backend {
   // A hint from the model, once: every reader of the activation buffer y (a batch norm's output,
   // a residual block's sum, a convolution's output after its fused ReLU, a pooling's output) can
   // take it as a bf16 operand: a convolution (its input, forward and backward), a batch norm, a
-  // residual block's sum, a pooling without padding (max pooling then selects among the bf16
-  // values, the first of equal ones winning), and the fused ReLU's backward (its mask). The CUDA backend under bf16 then writes y's bf16 copy only, never y's floats; a
+  // residual block's sum, a pooling (max pooling then selects among the bf16 values, the first
+  // of equal ones winning), and the fused ReLU's backward (its mask). The CUDA backend under bf16 then writes y's bf16 copy only, never y's floats; a
   // residual sum's terms are then bf16 values (as PyTorch's autocast keeps its activations).
   // Other backends ignore it.
   virtual void note_bf16_readers(const float* y) { (void)y; }
@@ -362,15 +362,16 @@ class Backend {
   // A hint from the model just before the op that writes the input gradient dx, for that write
   // only: GradUse::conv — bn_backward's dx is read only by the backward pass of the convolution
   // below, one without bias or activation (its output was note_bn_input's z); GradUse::bn —
-  // conv_backward's dx, or residual_backward's d, is read only by the batch norm below
-  // (bn_backward_sums, bn_backward);
+  // conv_backward's or pool_backward's dx, or residual_backward's d, is read only by the batch
+  // norm below (bn_backward_sums, bn_backward);
   // GradUse::sum — conv_backward's dx is a residual block's body's input gradient, read only by
   // the block's add (the shortcut's gradient added to it), or a projection shortcut's, copied
   // aside (copy keeps a bf16-only tensor so) for that add; GradUse::act — conv_backward's or
   // pool_backward's dx is read only by the backward pass of the convolution below, one with a
-  // fused ReLU; GradUse::pool — conv_backward's dx is read only by the pooling below (one
-  // without padding); GradUse::res — add's sum (a residual block's input gradient) is read only
-  // by residual_backward (the previous block's add with a ReLU).
+  // fused ReLU; GradUse::pool — conv_backward's dx, or add's sum (the first residual block's
+  // input gradient), is read only by the pooling below; GradUse::res — add's sum (a residual
+  // block's input gradient) is read only by residual_backward (the previous block's add with a
+  // ReLU).
   // The CUDA backend under bf16 then writes dx in bf16 only (the operand the reader takes, or
   // what add widens as it sums), and never dx's floats. Other backends ignore it.
   enum class GradUse { conv, bn, sum, act, pool, res };

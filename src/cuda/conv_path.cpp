@@ -42,43 +42,48 @@ void CudaBackendImpl::col2im(const float* dcols, const ConvGeom& g, float* dx) {
   cuda::col2im(dcols, g, dx, stream_.get());
 }
 
-// bf16: x may be a convolution's ReLU output kept in bf16 only (note_bf16_readers), read as it
-// is; y is written in bf16 only where only bf16 readers take it (a convolution above). The
-// padded pools (norm.cu) take floats.
+// bf16: x may be a convolution's or a batch norm's ReLU output kept in bf16 only
+// (note_bf16_readers), read as it is; y is written in bf16 only where only bf16 readers take it
+// (a convolution above, or a residual block's first ops).
 void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
   const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
   const float* bias = nullptr;
   const void* pre = max && !g.pad ? pre_act_twin(x, ni, &bias) : nullptr;  // note_relu_pool
-  if (g.pad) floats_of(x, ni);
   const void* x16 = pre ? nullptr : only_copy(x, ni);
   note_write(y, n * sizeof(float));
   if (max) note_write(argmax, n * sizeof(int32_t));
-  if (g.pad) {
-    cuda::padded_pool_forward(x, y, argmax, g, max, stream_.get());  // norm.cu
-    return;
-  }
   bool only = false;
   void* y16 = out_twin(y, n, false, only);
   void* out = only ? y16 : static_cast<void*>(y);
-  if (pre)
+  if (g.pad)  // norm.cu; x and y each as it is kept (ResNet's stem: bf16 only both)
+    cuda::padded_pool_forward({x16 ? x16 : x, x16 != nullptr}, out, only, argmax, g, max, stream_.get());
+  else if (pre)
     cuda::pool_forward_relu(pre, bias, out, only, argmax, g, stream_.get());
   else
     cuda::pool_forward(x16 ? x16 : x, x16 != nullptr, out, only, argmax, g, max, stream_.get());
   wrote_twin(y, n, y16, only);
 }
 
-// bf16: dy may be the convolution above's input gradient kept in bf16 (GradUse::pool); dx is
-// written in bf16 only where only the ReLU backward of the convolution below reads it
-// (GradUse::act).
+// bf16: dy may be kept in bf16 only (the convolution above's input gradient, or a residual
+// block's input gradient: GradUse::pool); dx is written in bf16 only where only the ReLU
+// backward of the convolution below (GradUse::act, unpadded pools) or the batch norm below
+// (GradUse::bn) reads it.
 void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
                                     bool max) {
   const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
-  const bool to_act = take_grad_use(dx, {GradUse::act}) && bf16() && !g.pad;
-  if (g.pad) floats_of(dy, n);
+  bool to_act = false, to_bn = false;
+  if (auto it = grad_uses_.find(dx); it != grad_uses_.end()) {
+    to_act = it->second == GradUse::act && bf16() && !g.pad;
+    to_bn = it->second == GradUse::bn && bf16();
+    grad_uses_.erase(it);
+  }
   const void* dy16 = only_copy(dy, n);
   note_write(dx, ni * sizeof(float));
-  if (g.pad) {
-    cuda::padded_pool_backward(dy, argmax, dx, g, max, stream_.get());
+  if (g.pad) {  // norm.cu; dx in bf16 only where only the batch norm below reads it
+    void* dx16 = to_bn ? twin_slot(dx, ni) : nullptr;
+    cuda::padded_pool_backward({dy16 ? dy16 : dy, dy16 != nullptr}, argmax, dx16 ? dx16 : static_cast<void*>(dx),
+                               dx16 != nullptr, g, max, stream_.get());
+    if (dx16) made_only_twin(dx, ni);
     return;
   }
   // note_relu_pool: the convolution's ReLU backward here too, from its pre-activation (the
@@ -86,7 +91,7 @@ void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, floa
   auto rp = max ? relu_pools_.find(argmax) : relu_pools_.end();
   const float* bias = nullptr;
   const void* pre = rp != relu_pools_.end() ? pre_act_twin(rp->second, ni, &bias) : nullptr;
-  void* dx16 = to_act || pre ? twin_slot(dx, ni) : nullptr;
+  void* dx16 = to_act || to_bn || pre ? twin_slot(dx, ni) : nullptr;
   if (pre && dx16) {
     cuda::pool_backward_relu(dy16 ? dy16 : dy, dy16 != nullptr, argmax, pre, bias, dx16, g, stream_.get());
     premasked_ = dx;

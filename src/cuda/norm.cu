@@ -213,8 +213,31 @@ template <int V, class T> __device__ __forceinline__ void stv(T* p, size_t i, co
   }
 }
 
-template <bool MAX, int V>
-__global__ void padded_pool_fwd_kernel(const float* __restrict__ x, float* __restrict__ y,
+// V consecutive values from element i (a multiple of V), widened to float on load (one, or four
+// in one 16-byte float or 8-byte bf16 access) and rounded to the type on store.
+template <int V, class T> __device__ __forceinline__ void ldf(const T* p, size_t i, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 f = ld4(p, i / 4);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    v[0] = ld(p, i);
+  }
+}
+template <int V, class T> __device__ __forceinline__ void stf(T* p, size_t i, const float (&v)[V]) {
+  if constexpr (V == 4 && std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+  } else if constexpr (V == 4) {
+    uint2 u;
+    *reinterpret_cast<__nv_bfloat162*>(&u.x) = __floats2bfloat162_rn(v[0], v[1]);
+    *reinterpret_cast<__nv_bfloat162*>(&u.y) = __floats2bfloat162_rn(v[2], v[3]);
+    *reinterpret_cast<uint2*>(p + i) = u;
+  } else {
+    st(p, i, v[0]);
+  }
+}
+
+template <bool MAX, int V, class TX, class TY>
+__global__ void padded_pool_fwd_kernel(const TX* __restrict__ x, TY* __restrict__ y,
                                        int32_t* __restrict__ argmax, PoolGeom g, Div plane, Div ow_n,
                                        int pixels) {
   const int j = channel() * V;
@@ -235,7 +258,7 @@ __global__ void padded_pool_fwd_kernel(const float* __restrict__ x, float* __res
         const int iw = w0 + kw;
         if (iw < 0 || iw >= g.w) continue;
         float v[V];
-        ldv<V>(x, ((size_t(n) * size_t(g.h) + size_t(ih)) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j), v);
+        ldf<V>(x, ((size_t(n) * size_t(g.h) + size_t(ih)) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j), v);
         const int tap = kh * g.k + kw;
         for (int k = 0; k < V; ++k) {
           if (idx[k] < 0) {
@@ -259,16 +282,16 @@ __global__ void padded_pool_fwd_kernel(const float* __restrict__ x, float* __res
     } else {
       for (int k = 0; k < V; ++k) best[k] = __fdiv_rn(best[k], area);
     }
-    stv<V>(y, o, best);
+    stf<V>(y, o, best);
   }
 }
 
 // Backward: one input pixel (n, ih, iw), the sum over the windows holding it, oh then ow
 // ascending (the CPU's scatter order, so the same sums bit for bit). Max: dy where the window's
 // argmax is this element's tap; avg: dy / k².
-template <bool MAX, int V>
-__global__ void padded_pool_bwd_kernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
-                                       float* __restrict__ dx, PoolGeom g, Div plane, Div w_n, Div st,
+template <bool MAX, int V, class TD, class TO>
+__global__ void padded_pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __restrict__ argmax,
+                                       TO* __restrict__ dx, PoolGeom g, Div plane, Div w_n, Div st,
                                        int oh_n, int ow_n, int pixels) {
   const int j = channel() * V;
   if (j >= g.c) return;
@@ -286,7 +309,7 @@ __global__ void padded_pool_bwd_kernel(const float* __restrict__ dy, const int32
       for (int ow = ow0; ow <= ow1; ++ow) {
         const size_t o = ((size_t(n) * size_t(oh_n) + size_t(oh)) * size_t(ow_n) + size_t(ow)) * size_t(g.c) + size_t(j);
         float d[V];
-        ldv<V>(dy, o, d);
+        ldf<V>(dy, o, d);
         if (MAX) {
           int32_t am[V];
           ldv<V>(argmax, o, am);
@@ -297,7 +320,7 @@ __global__ void padded_pool_bwd_kernel(const float* __restrict__ dy, const int32
           for (int k = 0; k < V; ++k) s[k] += __fdiv_rn(d[k], area);
         }
       }
-    stv<V>(dx, size_t(p) * size_t(g.c) + size_t(j), s);
+    stf<V>(dx, size_t(p) * size_t(g.c) + size_t(j), s);
   }
 }
 
@@ -550,37 +573,46 @@ template <class F> void pool_variant(bool max, bool v4, F&& f) {
 }
 
 // Four channels per thread where c and every pointer allow (the ResNet stem's 64 channels).
-void padded_pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max,
+void padded_pool_forward(Operand x, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
                          cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.oh() <= 0 || g.ow() <= 0) return;
-  const bool v4 = g.c % 4 == 0 && aligned16(x) && aligned16(y) && (!max || aligned16(argmax));
+  const bool v4 = g.c % 4 == 0 && aligned16(x.p) && aligned16(y) && (!max || aligned16(argmax));
   const Tiles t = tiles_for(v4 ? g.c / 4 : g.c, "padded_pool_forward");
   const int64_t pixels = int64_t(g.batch) * g.oh() * g.ow();
   if (pixels >= kMaxPoolPixels) throw Error("padded_pool_forward: " + std::to_string(pixels) + " output pixels exceed 2^31");
   const dim3 grid = pass_grid(t, pixels), block = block_of(t);
   const Div plane(g.oh() * g.ow()), ow_n(g.ow());
-  pool_variant(max, v4, [&](auto mx, auto vv) {
-    constexpr bool MAX = decltype(mx)::value;
-    constexpr int V = decltype(vv)::value;
-    padded_pool_fwd_kernel<MAX, V><<<grid, block, 0, s>>>(x, y, MAX ? argmax : nullptr, g, plane, ow_n, int(pixels));
+  as_typed(x.p, x.bf16, [&](auto* px) {
+    as_typed_out(y, y_bf16, [&](auto* py) {
+      pool_variant(max, v4, [&](auto mx, auto vv) {
+        constexpr bool MAX = decltype(mx)::value;
+        constexpr int V = decltype(vv)::value;
+        padded_pool_fwd_kernel<MAX, V><<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n,
+                                                              int(pixels));
+      });
+    });
   });
   DPT_CHECK_LAUNCH("padded_pool_fwd_kernel");
 }
 
-void padded_pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max,
+void padded_pool_backward(Operand dy, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g, bool max,
                           cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.h <= 0 || g.w <= 0) return;
-  const bool v4 = g.c % 4 == 0 && aligned16(dy) && aligned16(dx) && (!max || aligned16(argmax));
+  const bool v4 = g.c % 4 == 0 && aligned16(dy.p) && aligned16(dx) && (!max || aligned16(argmax));
   const Tiles t = tiles_for(v4 ? g.c / 4 : g.c, "padded_pool_backward");
   const int64_t pixels = int64_t(g.batch) * g.h * g.w;
   if (pixels >= kMaxPoolPixels) throw Error("padded_pool_backward: " + std::to_string(pixels) + " input pixels exceed 2^31");
   const dim3 grid = pass_grid(t, pixels), block = block_of(t);
   const Div plane(g.h * g.w), w_n(g.w), st(g.stride);
-  pool_variant(max, v4, [&](auto mx, auto vv) {
-    constexpr bool MAX = decltype(mx)::value;
-    constexpr int V = decltype(vv)::value;
-    padded_pool_bwd_kernel<MAX, V><<<grid, block, 0, s>>>(dy, MAX ? argmax : nullptr, dx, g, plane, w_n, st, g.oh(),
-                                                          g.ow(), int(pixels));
+  as_typed(dy.p, dy.bf16, [&](auto* pd) {
+    as_typed_out(dx, dx_bf16, [&](auto* po) {
+      pool_variant(max, v4, [&](auto mx, auto vv) {
+        constexpr bool MAX = decltype(mx)::value;
+        constexpr int V = decltype(vv)::value;
+        padded_pool_bwd_kernel<MAX, V><<<grid, block, 0, s>>>(pd, MAX ? argmax : nullptr, po, g, plane, w_n, st,
+                                                              g.oh(), g.ow(), int(pixels));
+      });
+    });
   });
   DPT_CHECK_LAUNCH("padded_pool_bwd_kernel");
 }

@@ -203,10 +203,11 @@ void CudaBackendImpl::bn_backward_with(const float* dy, const float* x, float* d
 // A residual block's input gradient: y, the body's (a convolution's input gradient kept in bf16
 // only: note_grad_use's GradUse::sum), plus x, the shortcut's (the block's kept output gradient,
 // bf16 only since residual_backward keeps it so, or a projection's input gradient), in one pass.
-// Where the op below is the previous block's add (GradUse::res), the sum is written in bf16
-// only: the residual gradient stream stays bf16 between blocks, as under PyTorch's autocast.
+// Where the op below is the previous block's add (GradUse::res) or a pooling (GradUse::pool: the
+// stem's), the sum is written in bf16 only: the residual gradient stream stays bf16 between
+// blocks, as under PyTorch's autocast.
 void CudaBackendImpl::add(const float* x, float* y, size_t n) {
-  const bool to_res = take_grad_use(y, {GradUse::res}) && bf16();
+  const bool to_res = take_grad_use(y, {GradUse::res, GradUse::pool}) && bf16();
   const cuda::Operand xin = bn_in(x, n), yin = bn_in(y, n);
   note_write(y, n * sizeof(float));
   void* y16 = to_res ? twin_slot(y, n) : nullptr;
