@@ -428,7 +428,6 @@ class CudaBackendImpl final : public CudaBackend {
   void* note_update(float* p, float* s1, float* s2, size_t n);
   void forget(void* p) noexcept;
   void* twin_slot(const float* p, size_t n);
-  bool twin_possible(const float* p, size_t n) const;
   const void* valid_twin(const float* p, size_t n) const;
   void* only_twin(const float* z, size_t n);
   void made_only_twin(const float* z, size_t n);

@@ -154,18 +154,6 @@ const void* CudaBackendImpl::pre_act_twin(const float* a, size_t n, const float*
 
 // bf16: where the model said z is read by batch norm only (note_bn_input), the twin slot that
 // a convolution writes its bf16 output into instead of z's floats; nullptr otherwise. Call after
-// Whether twin_slot(p, n) would give a twin, without making one.
-bool CudaBackendImpl::twin_possible(const float* p, size_t n) const {
-  if (n == 0) return false;
-  auto it = twins_.find(p);
-  if (it != twins_.end()) return it->second.cap >= n;
-  const auto key = reinterpret_cast<uintptr_t>(p);
-  auto al = allocs_.upper_bound(key);
-  if (al == allocs_.begin()) return false;
-  --al;
-  return key < al->first + al->second && !capturing() && (al->first + al->second - key) / sizeof(float) >= n;
-}
-
 // z's note_write, then made_only_twin once the output is enqueued.
 void* CudaBackendImpl::only_twin(const float* z, size_t n) {
   return bf16() && bn_inputs_.count(z) ? twin_slot(z, n) : nullptr;

@@ -277,6 +277,44 @@ __global__ void bn_train_pass(const TX* x, float* y, __nv_bfloat16* y16, bool re
   }
 }
 
+// residual_sum with a batch norm's affine pass deferred into it (BnTerm): a term with coef is
+// affine() of its x without ReLU, rounded to bf16 where its output would have been kept so; then
+// the sum and the block's ReLU as residual_sum's kernel (norm.cu) computes them. Channel tiles as
+// the affine pass, so each thread keeps its channels' coefficients in registers.
+template <int W, class TA, class TB>
+__global__ void residual_sum_bn_pass(const TA* a, BnTerm ta, const TB* b, BnTerm tb, float* y, __nv_bfloat16* y16,
+                                     int64_t rows, int c, bool relu) {
+  const int j0 = channel() * W;
+  if (j0 >= c) return;
+  float sa[W] = {}, ha[W] = {}, sb[W] = {}, hb[W] = {};
+  if (ta.coef) {
+    ldw<W>(ta.coef, size_t(j0), sa);
+    ldw<W>(ta.coef, size_t(c) + size_t(j0), ha);
+  }
+  if (tb.coef) {
+    ldw<W>(tb.coef, size_t(j0), sb);
+    ldw<W>(tb.coef, size_t(c) + size_t(j0), hb);
+  }
+  auto term = [](float x, float scale, float shift, bool round16) {
+    const float v = affine(x, scale, shift, false);
+    return round16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+  };
+  for (int64_t r = first_row(); r < rows; r += row_step()) {
+    const size_t i = size_t(r) * size_t(c) + size_t(j0);
+    float p[W], q[W];
+    ldw<W>(a, i, p);
+    ldw<W>(b, i, q);
+    for (int k = 0; k < W; ++k) {
+      if (ta.coef) p[k] = term(p[k], sa[k], ha[k], ta.round16);
+      if (tb.coef) q[k] = term(q[k], sb[k], hb[k], tb.round16);
+      const float v = p[k] + q[k];
+      p[k] = relu ? (v > 0.f ? v : 0.f) : v;
+    }
+    if (y) stw<W>(y, i, p);
+    if (y16) stw<W>(y16, i, p);
+  }
+}
+
 template <class TX>
 __global__ void bn_infer_kernel(const TX* x, float* y, bool relu, int64_t rows, int c,
                                 const float* __restrict__ running_mean, const float* __restrict__ running_var,
@@ -464,6 +502,25 @@ void bn_train(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, doubl
                                              partial, t, BackwardArgs{}, s);
   });
   if (c > 0 && (y || y16)) train_pass(x, y, y16, relu, rows, c, coef, s);
+}
+
+void residual_sum_bn(Operand body, BnTerm tb, Operand shortcut, BnTerm ts, float* y, void* y16, size_t n, int c,
+                     bool relu, cudaStream_t s) {
+  if (n == 0) return;
+  if (c <= 0 || n % size_t(c) != 0) throw Error("residual_sum_bn: " + std::to_string(n) + " values of " +
+                                                std::to_string(c) + " channels");
+  const int64_t rows = int64_t(n / size_t(c));
+  auto* o16 = static_cast<__nv_bfloat16*>(y16);
+  const bool vec = vec8(c, {body.p, shortcut.p, y, y16, tb.coef, ts.coef});
+  const Tiles t = bn_tiles(c, vec, "residual_sum_bn");
+  const dim3 grid = pass_grid(t, rows), block = block_of(t);
+  typed(body, [&](auto pa) {
+    typed(shortcut, [&](auto pb) {
+      if (vec) residual_sum_bn_pass<kVec><<<grid, block, 0, s>>>(pa, tb, pb, ts, y, o16, rows, c, relu);
+      else residual_sum_bn_pass<1><<<grid, block, 0, s>>>(pa, tb, pb, ts, y, o16, rows, c, relu);
+    });
+  });
+  DPT_CHECK_LAUNCH("residual_sum_bn_pass");
 }
 
 void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,

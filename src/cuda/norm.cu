@@ -77,46 +77,6 @@ __global__ void residual_sum4_kernel(const TA* __restrict__ a, const TB* __restr
   }
 }
 
-// A deferred batch norm's output value (BnTerm): bn.cu's affine() without ReLU, then the bf16
-// rounding of its bf16-only output where it would have had one.
-__device__ __forceinline__ float bn_term(float x, const float* __restrict coef, int c, int j, bool round16) {
-  const float v = __fadd_rn(__fmul_rn(x, coef[j]), coef[c + j]);
-  return round16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
-}
-
-// residual_sum with deferred batch-norm terms: a term with coef is bn_term of its x. Eight values
-// per thread where c is a multiple of 8 and every pointer 16-byte aligned (by8), one at a time in
-// the tail.
-template <class TA, class TB>
-__global__ void residual_sum_bn_kernel(const TA* __restrict__ a, BnTerm ta, const TB* __restrict__ b, BnTerm tb,
-                                       float* __restrict__ y, __nv_bfloat16* __restrict__ y16, size_t n, int c,
-                                       bool relu, bool by8) {
-  const size_t step = size_t(gridDim.x) * blockDim.x;
-  if (by8) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n / 8; i += step) {
-      const int j0 = int((i * 8) % size_t(c));
-      float x[8], z[8];
-      ld8(a, i * 8, x);
-      ld8(b, i * 8, z);
-      for (int k = 0; k < 8; ++k) {
-        const float p = ta.coef ? bn_term(x[k], ta.coef, c, j0 + k, ta.round16) : x[k];
-        const float q = tb.coef ? bn_term(z[k], tb.coef, c, j0 + k, tb.round16) : z[k];
-        x[k] = sum_act(p, q, relu);
-      }
-      if (y) st8(y, i * 8, x);
-      if (y16) st8(y16, i * 8, x);
-    }
-  }
-  for (size_t i = (by8 ? n / 8 * 8 : 0) + blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += step) {
-    const int j = int(i % size_t(c));
-    const float p = ta.coef ? bn_term(ld(a, i), ta.coef, c, j, ta.round16) : ld(a, i);
-    const float q = tb.coef ? bn_term(ld(b, i), tb.coef, c, j, tb.round16) : ld(b, i);
-    const float v = sum_act(p, q, relu);
-    if (y) y[i] = v;
-    if (y16) y16[i] = __float2bfloat16_rn(v);
-  }
-}
-
 // residual_backward: d = d where the mask (float, or bf16 with M16) > 0, else 0; keep = d. keep
 // may be the float mask: each element is read before it is written, by the same thread.
 template <bool M16> __device__ __forceinline__ float mask_at(const void* mask, size_t i) {
@@ -507,21 +467,6 @@ void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n,
   else if (body.bf16 && !shortcut.bf16) run(b16(body.p), f32(shortcut.p));
   else if (!body.bf16) run(f32(body.p), b16(shortcut.p));
   else run(b16(body.p), b16(shortcut.p));
-}
-
-void residual_sum_bn(Operand body, BnTerm tb, Operand shortcut, BnTerm ts, float* y, void* y16, size_t n, int c,
-                     bool relu, cudaStream_t s) {
-  if (n == 0) return;
-  if (c <= 0) throw Error("residual_sum_bn: no channels");
-  const bool by8 = c % 8 == 0 && aligned16(body.p) && aligned16(shortcut.p) && aligned16(y) && aligned16(y16);
-  auto* o16 = static_cast<__nv_bfloat16*>(y16);
-  as_typed(body.p, body.bf16, [&](auto* pa) {
-    as_typed(shortcut.p, shortcut.bf16, [&](auto* pb) {
-      residual_sum_bn_kernel<<<grid_for(by8 ? n / 8 + 1 : n), kThreads, 0, s>>>(pa, tb, pb, ts, y, o16, n, c, relu,
-                                                                               by8);
-      DPT_CHECK_LAUNCH("residual_sum_bn_kernel");
-    });
-  });
 }
 
 // As add: four at a time where every pointer allows (the bf16 mask's 8 bytes per four), the rest

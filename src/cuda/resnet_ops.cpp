@@ -80,15 +80,16 @@ void CudaBackendImpl::bn_train_forward(const float* x, float* y, int64_t rows, i
 // The affine pass deferred into the block's sum (Backend::bn_train_deferred): the statistics and
 // coef only, into y's own coefficient buffer (the sum comes after the other branch's batch norm,
 // which takes the shared scratch). y's twins are dropped as for a write; its values then come
-// from residual_sum, rounded as the pass would have written them (bf16 only where a bf16
-// reader's hint and a twin would have made it so: out_twin's condition).
+// from residual_sum, rounded as the pass would have written them (bf16 where a bf16 reader's
+// hint made y bf16 only).
 bool CudaBackendImpl::bn_train_deferred(const float* x, float* y, int64_t rows, int c, double* sums, const float* w,
                                         const float* b, float eps, float momentum, float* save_mean,
                                         float* save_invstd, float* running_mean, float* running_var) {
   if (!defer_bn_ || c <= 0 || rows <= 0) return false;
   const size_t n = size_t(rows) * size_t(c);
+  // Rounded as a bf16 reader's output (out_twin's condition) in every step alike, eager or
+  // captured (y's twin is never made).
   const bool round16 = bf16() && !im2col_convs_ && bf16_readers_.count(y) > 0;
-  if (round16 && !twin_possible(y, n)) return false;  // out_twin would have written floats
   auto it = deferred_.find(y);
   if (it == deferred_.end() || it->second.c != c) {
     if (capturing()) return false;
