@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -253,6 +254,29 @@ TEST(ResnetGpuTraining, RunsRepeatBitwise) {
     EXPECT_EQ(a.losses, b.losses) << p;
     EXPECT_TRUE(a.params == b.params) << p;
   }
+}
+
+// A block's last batch norm deferred into the block's sum (the default) trains the bits of the
+// unfused pass (DPT_DEFER_BN=0), eager step and captured ones alike, in fp32 and in bf16: the
+// losses, the parameters and the running statistics.
+TEST(ResnetGpuTraining, DeferredBatchNormTrainsTheSameBits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  const char* old = std::getenv("DPT_DEFER_BN");
+  const std::string saved = old ? old : "";
+  for (const char* p : {"fp32", "bf16"}) {
+    Config c = config("cuda", transport(), p, kResList);
+    c.epochs = 1;
+    setenv("DPT_DEFER_BN", "0", 1);
+    const Outcome plain = train(c);
+    setenv("DPT_DEFER_BN", "1", 1);
+    const Outcome deferred = train(c);
+    EXPECT_EQ(deferred.losses, plain.losses) << p;
+    EXPECT_TRUE(deferred.params == plain.params) << p;
+    EXPECT_TRUE(deferred.stats == plain.stats) << p;
+    if (transport() == "nccl" || world_size() == 1) EXPECT_TRUE(deferred.graph) << p << ": the step was not captured";
+  }
+  if (old) setenv("DPT_DEFER_BN", saved.c_str(), 1);
+  else unsetenv("DPT_DEFER_BN");
 }
 
 // LARS and LAMB on the residual network (per-tensor sums and the update inside the captured
