@@ -49,7 +49,8 @@ if want tests; then
     t mpirun -np 1 $B/test_gpu_conv; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_train_cnn; echo "rc=$?";
     t mpirun -np 2 $B/test_gpu_train_cnn; echo "rc=$?"; t mpirun -np 1 $B/test_layers; echo "rc=$?";
     t mpirun -np 4 --oversubscribe $B/test_parallel_cnn; echo "rc=$?";
-    t mpirun -np 1 $B/test_gpu_resnet; echo "rc=$?"; } > "$OUT/tests.log" 2>&1
+    t mpirun -np 1 $B/test_gpu_resnet; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_residual; echo "rc=$?"; } \
+    > "$OUT/tests.log" 2>&1
   grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
 fi
 if want e2e; then
