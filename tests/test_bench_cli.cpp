@@ -172,7 +172,11 @@ TEST_F(BenchCli, ThePyTorchPeerBuildsLayerLists) {
                     "'cnn@1,8,8:conv(4,3,pad=1) relu maxpool(2) flatten linear(4); bnnet@1,8,8:conv(4,3,pad=1) bn relu "
                     "flatten linear(4)' --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR +
                     "/bench/torch_ddp.py --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1"
-                    " --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 --ddp.compile none");
+                    " --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 --ddp.compile none"
+                    // dptrain's tiny steps (~0.02 ms) need more than tiny.ini's 3 timed steps to
+                    // resolve on a busy machine: with 3, one came out negative ("unresolved") and
+                    // its row had no ratio.
+                    " --scaling.timed_steps 40 --scaling.repeats 3");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("builds MLPs only"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("PyTorch DDP peer, bnnet on 1: torch_cnn.build cannot build"), std::string::npos) << r.out;
