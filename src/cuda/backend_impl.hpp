@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -431,6 +432,7 @@ class CudaBackendImpl final : public CudaBackend {
   const void* valid_twin(const float* p, size_t n) const;
   void* only_twin(const float* z, size_t n);
   void made_only_twin(const float* z, size_t n);
+  std::optional<GradUse> take_grad_use(const float* dx);
   bool take_grad_use(const float* dx, std::initializer_list<GradUse> uses);
   bool relu_pool_input(const float* a) const;
   const void* pre_act_twin(const float* a, size_t n, const float** bias) const;
@@ -441,6 +443,8 @@ class CudaBackendImpl final : public CudaBackend {
   bool capturing() const;
   // resnet_ops.cpp
   double* bn_partial(int64_t rows, int c);
+  void residual_mask(float* d, cuda::Operand din, const float* y, float* keep, size_t n, bool write_d,
+                     bool d16_only);
   template <class Run>
   void bn_forward_with(const float* x, float* y, int64_t rows, int c, float* save_mean, float* save_invstd,
                        float* running_mean, float* running_var, bool relu, Run&& run);

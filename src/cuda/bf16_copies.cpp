@@ -165,14 +165,19 @@ void CudaBackendImpl::made_only_twin(const float* z, size_t n) {
   t.only = true;
 }
 
-// The hint note_grad_use gave for the next write of dx, taken (it holds for one write): true when
-// it was one of `uses`.
-bool CudaBackendImpl::take_grad_use(const float* dx, std::initializer_list<GradUse> uses) {
+// The hint note_grad_use gave for the next write of dx, taken (it holds for one write), if any.
+std::optional<Backend::GradUse> CudaBackendImpl::take_grad_use(const float* dx) {
   auto it = grad_uses_.find(dx);
-  if (it == grad_uses_.end()) return false;
-  const bool match = std::find(uses.begin(), uses.end(), it->second) != uses.end();
+  if (it == grad_uses_.end()) return std::nullopt;
+  const GradUse use = it->second;
   grad_uses_.erase(it);
-  return match;
+  return use;
+}
+
+// The same, true when it was one of `uses`.
+bool CudaBackendImpl::take_grad_use(const float* dx, std::initializer_list<GradUse> uses) {
+  const std::optional<GradUse> use = take_grad_use(dx);
+  return use && std::find(uses.begin(), uses.end(), *use) != uses.end();
 }
 
 // p's bf16 twin where that is p's only copy (its floats never written: made_only_twin), else

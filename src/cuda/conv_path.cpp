@@ -71,12 +71,8 @@ void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, co
 void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
                                     bool max) {
   const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
-  bool to_act = false, to_bn = false;
-  if (auto it = grad_uses_.find(dx); it != grad_uses_.end()) {
-    to_act = it->second == GradUse::act && bf16() && !g.pad;
-    to_bn = it->second == GradUse::bn && bf16();
-    grad_uses_.erase(it);
-  }
+  const std::optional<GradUse> use = take_grad_use(dx);
+  const bool to_act = use == GradUse::act && bf16() && !g.pad, to_bn = use == GradUse::bn && bf16();
   const void* dy16 = only_copy(dy, n);
   note_write(dx, ni * sizeof(float));
   if (g.pad) {  // norm.cu; dx in bf16 only where only the batch norm below reads it

@@ -253,25 +253,8 @@ void CudaBackendImpl::residual_sum(const float* body, const float* shortcut, flo
 // add, or the projection shortcut's copy) take that.
 void CudaBackendImpl::residual_backward(float* d, const float* y, float* keep, size_t n, bool relu) {
   const bool to_bn = take_grad_use(d, {GradUse::bn}) && bf16();
-  if (!relu) {
-    copy(keep, d, n * sizeof(float));  // a bf16-only d stays bf16 (copy)
-    return;
-  }
-  const cuda::Operand din = bn_in(d, n);
-  const void* mask16 = valid_twin(y, n);
-  if (!mask16) floats_of(y, n);
-  note_write(d, n * sizeof(float));
-  note_write(keep, n * sizeof(float));
-  void* d16 = to_bn ? twin_slot(d, n) : nullptr;
-  void* k16 = bf16() ? twin_slot(keep, n) : nullptr;
-  if (!din.bf16 && !k16) {
-    cuda::residual_backward(d, mask16 ? mask16 : y, mask16 != nullptr, keep, d16, n, stream_.get());
-  } else {
-    cuda::residual_backward_io(din, {mask16 ? mask16 : y, mask16 != nullptr}, d16 ? d16 : static_cast<void*>(d),
-                               d16 != nullptr, k16 ? k16 : static_cast<void*>(keep), k16 != nullptr, n, stream_.get());
-  }
-  if (d16) made_only_twin(d, n);
-  if (k16) made_only_twin(keep, n);
+  if (!relu) copy(keep, d, n * sizeof(float));  // a bf16-only d stays bf16 (copy)
+  else residual_mask(d, bn_in(d, n), y, keep, n, true, to_bn);
 }
 
 // Only keep written: both branches' first readers take it (Model's dy_from_), so d's pass out
@@ -281,18 +264,30 @@ void CudaBackendImpl::residual_backward(float* d, const float* y, float* keep, s
 bool CudaBackendImpl::residual_backward_keep(float* d, const float* y, float* keep, size_t n, bool relu) {
   const cuda::Operand din = bn_in(d, n);
   if (bf16() && !din.bf16) return false;
-  if (!relu) {
-    copy(keep, d, n * sizeof(float));  // a bf16-only d stays bf16 (copy)
-    return true;
-  }
+  if (!relu) copy(keep, d, n * sizeof(float));  // a bf16-only d stays bf16 (copy)
+  else residual_mask(d, din, y, keep, n, false, false);
+  return true;
+}
+
+// Both backward calls' pass with a ReLU: v = d (read as din) where y > 0, into keep and, with
+// write_d, into d (in bf16 only with d16_only).
+void CudaBackendImpl::residual_mask(float* d, cuda::Operand din, const float* y, float* keep, size_t n, bool write_d,
+                                    bool d16_only) {
   const void* mask16 = valid_twin(y, n);
   if (!mask16) floats_of(y, n);
+  if (write_d) note_write(d, n * sizeof(float));
   note_write(keep, n * sizeof(float));
+  void* d16 = write_d && d16_only ? twin_slot(d, n) : nullptr;
   void* k16 = bf16() ? twin_slot(keep, n) : nullptr;
-  cuda::residual_backward_io(din, {mask16 ? mask16 : y, mask16 != nullptr}, nullptr, false,
-                             k16 ? k16 : static_cast<void*>(keep), k16 != nullptr, n, stream_.get());
+  if (write_d && !din.bf16 && !k16) {
+    cuda::residual_backward(d, mask16 ? mask16 : y, mask16 != nullptr, keep, d16, n, stream_.get());
+  } else {
+    void* out = write_d ? (d16 ? d16 : static_cast<void*>(d)) : nullptr;
+    cuda::residual_backward_io(din, {mask16 ? mask16 : y, mask16 != nullptr}, out, d16 != nullptr,
+                               k16 ? k16 : static_cast<void*>(keep), k16 != nullptr, n, stream_.get());
+  }
+  if (d16) made_only_twin(d, n);
   if (k16) made_only_twin(keep, n);
-  return true;
 }
 
 void CudaBackendImpl::global_avgpool_forward(const float* x, float* y, int batch, int hw, int c) {
