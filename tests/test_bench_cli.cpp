@@ -60,6 +60,15 @@ class BenchCli : public ::testing::Test {
               (dir / "tiny.ini").string() + " " + args);
   }
 
+  // The PyTorch DDP peer always run, by /usr/bin/python3, with `steps` timed steps in each of
+  // `repeats` windows after one warm-up step. Debian's torch 1.13 under Python 3.11 fails on
+  // torchrun's default --redirects 0; 2 (stderr to files, teed) works there and on current torch.
+  static std::string peer_args(int steps, int repeats) {
+    return std::string(" --ddp.run always --ddp.python /usr/bin/python3 --ddp.script ") + DPT_SOURCE_DIR +
+           "/bench/torch_ddp.py --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps " +
+           std::to_string(steps) + " --ddp.repeats " + std::to_string(repeats);
+  }
+
   // The report folder holds every file, the JSON parses with the grid's time-to-target tables
   // (one check run per subset: `ranks` of them), the plots are drawn where matplotlib is, and
   // the stdout table has a units row.
@@ -125,12 +134,8 @@ TEST_F(BenchCli, GridAloneWithLarsAndLamb) {
 TEST_F(BenchCli, VariantsCollectivesAndThePyTorchPeerOnCpuRanks) {
   const bool torch = std::system("/usr/bin/python3 -c 'import torch, torch.distributed' >/dev/null 2>&1") == 0;
   const fs::path out = dir / "peer";
-  // Debian's torch 1.13 under Python 3.11 fails on torchrun's default --redirects 0; 2 (stderr
-  // to files, teed) works there and on current torch alike.
   Outcome r = sweep("--out " + out.string() + " --grid.enabled false --scaling.variants 'unsharded-fp32 sharded-bf16'" +
-                    " --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR + "/bench/torch_ddp.py" +
-                    " --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps 3 --ddp.repeats 2" +
-                    " --ddp.buckets_mb 1,25");
+                    peer_args(3, 2) + " --ddp.buckets_mb 1,25");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* title : {"# Reduce-scatter alone", "# All-gather alone", "# PyTorch DDP beside dptrain"})
     EXPECT_NE(r.out.find(title), std::string::npos) << title << "\n" << r.out;
@@ -170,9 +175,7 @@ TEST_F(BenchCli, ThePyTorchPeerBuildsLayerLists) {
   const fs::path out = dir / "peer-lists";
   Outcome r = sweep("--out " + out.string() + " --report.sections scaling --report.plots false --scaling.models "
                     "'cnn@1,8,8:conv(4,3,pad=1) relu maxpool(2) flatten linear(4); bnnet@1,8,8:conv(4,3,pad=1) bn relu "
-                    "flatten linear(4)' --ddp.run always --ddp.python /usr/bin/python3 --ddp.script " + DPT_SOURCE_DIR +
-                    "/bench/torch_ddp.py --ddp.torchrun_args '--standalone --redirects 2 --tee 2' --ddp.warmup 1"
-                    " --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 --ddp.compile none"
+                    "flatten linear(4)'" + peer_args(2, 1) + " --ddp.buckets_mb 25 --ddp.compile none"
                     // dptrain's tiny steps (~0.02 ms) need more than tiny.ini's 3 timed steps to
                     // resolve on a busy machine: with 3, one came out negative ("unresolved") and
                     // its row had no ratio.
@@ -202,10 +205,8 @@ TEST_F(BenchCli, ThePyTorchPeerRunsPresets) {
     GTEST_SKIP() << "/usr/bin/python3 has no torch or torchvision";
   const fs::path out = dir / "peer-preset";
   Outcome r = sweep("--out " + out.string() + " --report.sections scaling --report.plots false --scaling.models "
-                    "'rn@1,8,8:resnet18(stem=small,classes=4)' --ddp.run always --ddp.python /usr/bin/python3 "
-                    "--ddp.script " + DPT_SOURCE_DIR + "/bench/torch_ddp.py --ddp.torchrun_args '--standalone "
-                    "--redirects 2 --tee 2' --ddp.warmup 1 --ddp.steps 2 --ddp.repeats 1 --ddp.buckets_mb 25 "
-                    "--ddp.compile none");
+                    "'rn@1,8,8:resnet18(stem=small,classes=4)'" + peer_args(2, 1) +
+                    " --ddp.buckets_mb 25 --ddp.compile none");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("torch_cnn.build cannot build"), std::string::npos) << r.out;
   EXPECT_NE(slurp(out / "ddp-peer" / "rn-n2-b8.log").find("--layers 'resnet18(stem=small,classes=4)' --input 1,8,8 "),
