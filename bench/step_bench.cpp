@@ -197,6 +197,20 @@ int main(int argc, char** argv) {
                   a.nccl_max_ctas, a.bucket_mb, med, ms.front(), ms.back(), a.repeat, samples, tflops, fused,
                   peak_mib, allocated_mib, double(most.lazy) / double(1 << 20));
     log::info(buf);
+    if (most.buffers + most.copies + most.shadows + most.scratch + most.retired > 0) {
+      // What the backend's allocations held at the end of the run with the most device memory in
+      // use (its Trainer still there): the resident dataset is under other.
+      const auto mib = [](size_t b) { return double(b) / double(1 << 20); };
+      const size_t known = most.buffers + most.copies + most.shadows + most.scratch + most.retired;
+      std::snprintf(buf, sizeof buf,
+                    "bench-step memory held at the peak: buffers %.1f MiB (%.1f MiB of them lazy, backed where written), "
+                    "bf16 copies %.1f MiB, parameter shadows %.1f MiB, scratch %.1f MiB, retired scratch %.1f MiB, "
+                    "other %.1f MiB; device memory in use %.1f MiB",
+                    mib(most.buffers), mib(most.lazy), mib(most.copies), mib(most.shadows), mib(most.scratch),
+                    mib(most.retired), mib(most.now > known ? most.now - known : 0),
+                    mib(most.in_use > mem0.in_use ? most.in_use - mem0.in_use : 0));
+      log::info(buf);
+    }
     std::snprintf(buf, sizeof buf,
                   "{\"bench\": \"step\", \"layers\": \"%s\", \"batch_per_rank\": %d, \"ranks\": %d, "
                   "\"precision\": \"%s\", \"optimizer\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", "

@@ -158,6 +158,10 @@ struct Ceilings {
 // (0 where there is none).
 struct DeviceMemory {
   size_t now = 0, peak = 0, lazy = 0, in_use = 0;
+  // Of now, by what holds it (the CUDA backend): buffers the model and trainer allocated
+  // (lazy included), bf16 copies of activations and gradients, the parameters' bf16 shadows,
+  // scratch in use, scratch outgrown and retired (kept for queued work and captured graphs).
+  size_t buffers = 0, copies = 0, shadows = 0, scratch = 0, retired = 0;
 };
 
 // One step of work, run once per call. A backend that can records it into a graph on an early

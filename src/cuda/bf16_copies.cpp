@@ -21,7 +21,7 @@ void CudaBackendImpl::register_parameters(float* p, size_t n) {
   Shadow sh;
   sh.p = p;
   sh.n = n;
-  sh.w16 = dev_alloc(n * 2);
+  sh.w16 = dev_alloc(n * 2, MemKind::shadow);
   sh.dirty = true;  // filled from the fp32 arena before its first use
   shadows_.push_back(std::move(sh));
 }
@@ -114,7 +114,7 @@ void* CudaBackendImpl::twin_slot(const float* p, size_t n) {
     if (key >= al->first + al->second || capturing()) return nullptr;
     Twin t;
     t.cap = (al->first + al->second - key) / sizeof(float);
-    t.buf = dev_alloc(t.cap * 2);
+    t.buf = dev_alloc(t.cap * 2, MemKind::copy);
     it = twins_.emplace(p, std::move(t)).first;
   }
   return it->second.cap >= n ? it->second.buf.get() : nullptr;

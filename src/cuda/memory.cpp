@@ -18,31 +18,39 @@
 namespace dpt::cuda_impl {
 
 namespace {
-// Every allocation counted: address -> its bytes and whether it is lazy (alloc_lazy).
+// Every allocation counted: address -> its bytes, whether it is lazy (alloc_lazy) and its kind.
+struct Alloc {
+  size_t bytes = 0;
+  bool lazy = false;
+  MemKind kind = MemKind::other;
+};
+constexpr int kKinds = int(MemKind::retired) + 1;
 struct Counted {
   std::mutex m;
-  std::unordered_map<void*, std::pair<size_t, bool>> at;
+  std::unordered_map<const void*, Alloc> at;
   size_t now = 0, peak = 0, lazy = 0;
+  size_t by_kind[kKinds] = {};
 };
 Counted& counted() {
   static Counted* c = new Counted;  // never destroyed: buffers may outlive static destruction
   return *c;
 }
 
-void count(void* p, size_t bytes, bool lazy) {
+void count(void* p, size_t bytes, bool lazy, MemKind kind) {
   Counted& c = counted();
   std::lock_guard<std::mutex> lock(c.m);
-  c.at[p] = {bytes, lazy};
+  c.at[p] = {bytes, lazy, kind};
   c.now += bytes;
   if (lazy) c.lazy += bytes;
+  c.by_kind[int(kind)] += bytes;
   c.peak = std::max(c.peak, c.now);
 }
 
-void* counted_malloc(size_t bytes) {
+void* counted_malloc(size_t bytes, MemKind kind) {
   void* p = nullptr;
   if (!bytes) return p;
   DPT_CHECK_CUDA(cudaMalloc(&p, bytes));
-  count(p, bytes, false);
+  count(p, bytes, false, kind);
   return p;
 }
 
@@ -54,8 +62,9 @@ cudaError_t counted_free(void* p) noexcept {
     std::lock_guard<std::mutex> lock(c.m);
     auto it = c.at.find(p);
     if (it != c.at.end()) {
-      c.now -= it->second.first;
-      if (it->second.second) c.lazy -= it->second.first;
+      c.now -= it->second.bytes;
+      if (it->second.lazy) c.lazy -= it->second.bytes;
+      c.by_kind[int(it->second.kind)] -= it->second.bytes;
       c.at.erase(it);
     }
   }
@@ -63,7 +72,17 @@ cudaError_t counted_free(void* p) noexcept {
 }
 }  // namespace
 
-DevPtr dev_alloc(size_t bytes) { return DevPtr(counted_malloc(bytes)); }
+DevPtr dev_alloc(size_t bytes, MemKind kind) { return DevPtr(counted_malloc(bytes, kind)); }
+
+void recount(const void* p, MemKind kind) {
+  Counted& c = counted();
+  std::lock_guard<std::mutex> lock(c.m);
+  auto it = c.at.find(p);
+  if (it == c.at.end()) return;
+  c.by_kind[int(it->second.kind)] -= it->second.bytes;
+  it->second.kind = kind;
+  c.by_kind[int(kind)] += it->second.bytes;
+}
 
 void dev_free(void* p) noexcept { counted_free(p); }
 
@@ -75,6 +94,11 @@ DeviceMemory counted_memory() {
     m.now = c.now;
     m.peak = c.peak;
     m.lazy = c.lazy;
+    m.buffers = c.by_kind[int(MemKind::buffer)];
+    m.copies = c.by_kind[int(MemKind::copy)];
+    m.shadows = c.by_kind[int(MemKind::shadow)];
+    m.scratch = c.by_kind[int(MemKind::scratch)];
+    m.retired = c.by_kind[int(MemKind::retired)];
   }
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) m.in_use = total_b - free_b;
@@ -115,9 +139,12 @@ float StreamTimer::stop(cudaStream_t s) {
 void* Scratch::get(size_t bytes, cudaStream_t s) {
   (void)s;
   if (bytes > cap_) {
-    if (p_) retired_.push_back(std::move(p_));
+    if (p_) {
+      recount(p_.get(), MemKind::retired);
+      retired_.push_back(std::move(p_));
+    }
     cap_ = 0;
-    p_ = dev_alloc(bytes);
+    p_ = dev_alloc(bytes, MemKind::scratch);
     cap_ = bytes;
   }
   return p_.get();
@@ -146,7 +173,7 @@ void UploadRing::upload(void* dst, const void* src, size_t bytes, cudaStream_t s
 }
 
 void* CudaBackendImpl::alloc_bytes(size_t bytes) {
-  void* p = counted_malloc(bytes);
+  void* p = counted_malloc(bytes, MemKind::buffer);
   if (p) allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
 }
@@ -164,7 +191,7 @@ void* CudaBackendImpl::alloc_lazy(size_t bytes) {
   here.id = dev_;
   DPT_CHECK_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, here));
   DPT_CHECK_CUDA(cudaMemAdvise(p, bytes, cudaMemAdviseSetAccessedBy, here));
-  count(p, bytes, true);
+  count(p, bytes, true, MemKind::buffer);
   allocs_[reinterpret_cast<uintptr_t>(p)] = bytes;
   return p;
 }
