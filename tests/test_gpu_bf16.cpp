@@ -316,6 +316,84 @@ TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
     }
   }
 }
+
+// A first layer's few channels under bf16 (narrow_conv.cpp: bf16 columns padded to a multiple of
+// 8 and cuBLASLt GEMMs, chunk by chunk) against the CPU on the same bf16-rounded inputs: the
+// output is the CPU's convolution rounded to bf16, then the bias (kBf16Out: a value on either
+// side of a rounding boundary); the weight gradient fp32 sums of the same bf16 products
+// (kBf16Exact), accumulated onto dw where asked. With the columns in chunks of 1 MB (several
+// chunks, the last one short) and of the default 32 MB (one), and on cuDNN (DPT_NARROW_CONV=0,
+// its bf16 weight gradient: kBf16Out after rounding). resnet50's stem (7x7 stride 2 on 3
+// channels), the compute-bound CNN's first convolution, resnet18(stem=small)'s one channel.
+TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  constexpr double kBf16Out = 1e-3;
+  auto cpu = make_cpu_backend({});
+  auto geom = [](int batch, int c, int h, int w, int out, int k, int stride, int pad) {
+    ConvGeom g;
+    g.batch = batch; g.c = c; g.h = h; g.w = w; g.out = out; g.k = k; g.stride = stride; g.pad = pad;
+    return g;
+  };
+  const ConvGeom convs[] = {geom(5, 3, 64, 64, 16, 7, 2, 3), geom(7, 3, 60, 60, 32, 3, 1, 1),
+                            geom(9, 1, 28, 28, 64, 3, 1, 1)};
+  struct Setting { const char* name; const char* narrow; const char* chunk_mb; };
+  for (const Setting& st : {Setting{"1 MB chunks", "1", "1"}, Setting{"32 MB chunks", "1", "32"},
+                            Setting{"cuDNN", "0", "32"}}) {
+    // The backend reads both when made; the environment is as it was afterwards.
+    const char* names[2] = {"DPT_NARROW_CONV", "DPT_NARROW_CHUNK_MB"};
+    const char* values[2] = {st.narrow, st.chunk_mb};
+    std::string saved[2];
+    bool had[2];
+    for (int i = 0; i < 2; ++i) {
+      const char* v = std::getenv(names[i]);
+      had[i] = v != nullptr;
+      if (v) saved[i] = v;
+      setenv(names[i], values[i], 1);
+    }
+    auto g = gpu(Precision::bf16);
+    for (int i = 0; i < 2; ++i) {
+      if (had[i]) setenv(names[i], saved[i].c_str(), 1);
+      else unsetenv(names[i]);
+    }
+    const bool cudnn = std::string(st.narrow) == "0";
+    for (const ConvGeom& c : convs) {
+      const std::string label = std::string(st.name) + " batch " + std::to_string(c.batch) + " " +
+                                std::to_string(c.c) + "x" + std::to_string(c.h) + " -> " + std::to_string(c.out) +
+                                " k" + std::to_string(c.k) + " s" + std::to_string(c.stride);
+      const size_t n = size_t(c.rows()) * c.out, nx = size_t(c.batch) * c.h * c.w * c.c;
+      const auto x = uniform(nx, 80), w = uniform(size_t(c.out) * c.cols(), 81, -0.3f, 0.3f);
+      const auto b = uniform(size_t(c.out), 82, -0.5f, 0.5f);
+      const auto xr = bf16_round(x), wr = bf16_round(w);
+      std::vector<float> cols(size_t(c.rows()) * c.cols()), z(n), a(n), nob(b.size(), 0.f);
+      cpu->conv_forward(xr.data(), wr.data(), nob.data(), cols.data(), z.data(), a.data(), c, Act::none);
+      const auto zr = bf16_round(z);
+      for (size_t i = 0; i < n; ++i) z[i] = zr[i] + b[i % size_t(c.out)];
+      auto gx = put(*g, x), gw = put(*g, w), gb = put(*g, b);
+      auto gz = poisoned(*g, n);
+      g->conv_forward(gx.data(), gw.data(), gb.data(), nullptr, gz.data(), gz.data(), c, Act::none);
+      EXPECT_LE(rel_err(get(*g, gz), z), kBf16Out) << "z " << label;
+
+      const auto da = bf16_round(uniform(n, 83));
+      const auto dw0 = uniform(w.size(), 84);
+      std::vector<float> cda = da, cdw(w.size(), 0.f), cdb(b.size(), 0.f), cdx(nx);
+      cpu->conv_backward(xr.data(), wr.data(), z.data(), z.data(), cda.data(), cols.data(), c, Act::none, cdw.data(),
+                         cdb.data(), cdx.data(), false);
+      std::vector<float> acc(w.size());
+      for (size_t i = 0; i < w.size(); ++i) acc[i] = dw0[i] + (cudnn ? bf16_round(std::vector<float>{cdw[i]})[0] : cdw[i]);
+      for (bool accumulate : {false, true}) {
+        auto gda = put(*g, da);
+        auto gdw = accumulate ? put(*g, dw0) : poisoned(*g, w.size());
+        auto gdb = poisoned(*g, b.size());
+        g->conv_backward(gx.data(), gw.data(), gz.data(), gz.data(), gda.data(), nullptr, c, Act::none, gdw.data(),
+                         gdb.data(), nullptr, accumulate);
+        const std::string how = label + (accumulate ? " accumulate" : "");
+        if (accumulate) EXPECT_LE(rel_err(get(*g, gdw), acc), cudnn ? kBf16Out : kBf16Exact) << "dw " << how;
+        else EXPECT_LE(rel_err(get(*g, gdw), cudnn ? bf16_round(cdw) : cdw), cudnn ? kBf16Out : kBf16Exact) << "dw " << how;
+        EXPECT_LE(rel_err(get(*g, gdb), cdb), 1e-5) << "db " << how;
+      }
+    }
+  }
+}
 #endif
 
 }  // namespace

@@ -108,7 +108,10 @@ using DevPtr = std::unique_ptr<void, DevDel>;
 using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 
 // memory.cpp
-DevPtr dev_alloc(size_t bytes);
+// What a device allocation holds, for DeviceMemory's breakdown.
+enum class MemKind { other, buffer, copy, shadow, scratch, retired };
+DevPtr dev_alloc(size_t bytes, MemKind kind = MemKind::other);
+void recount(const void* p, MemKind kind);  // p's bytes counted as kind from now on
 // Every cudaMalloc of the backend's (dev_alloc, alloc_bytes) counted, process-wide: bytes now
 // and the most since the last reset.
 DeviceMemory counted_memory();
@@ -287,6 +290,14 @@ class CudaBackendImpl final : public CudaBackend {
   // filter gradient padded against 0.086 and 0.101; ResNet-50's 3-channel 7x7 stem took 2.06
   // and 1.25 ms padded, the padding passes included, against 1.83 and 1.13: it is not padded.
   bool pads_channels(const ConvGeom& g) const { return bf16() && g.c == 1 && pad_channels_; }
+  // narrow_conv.cpp: a first layer's few channels as bf16 columns and cuBLASLt GEMMs
+  bool narrow_conv(const ConvGeom& g) const;
+  int narrow_chunk_rows(const ConvGeom& g) const;
+  void say_narrow(ConvPlan& p, const ConvGeom& g);
+  void narrow_forward(const float* x, const float* w, const ConvGeom& g, void* y);
+  void narrow_filter(const float* x, const void* x16, const void* dy, const ConvGeom& g, float* dw, bool accumulate);
+  void gemm_bf16_out(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb, void* D,
+                     int ldd);
   ConvGeom padded_geom(const ConvGeom& g) const;
   const void* padded_operand(const float* p, size_t rows, const ConvGeom& g, bool weight);
   bool pointwise_gemm_bf16(const float* x, const float* w, float* z, const ConvGeom& g);
@@ -459,6 +470,8 @@ class CudaBackendImpl final : public CudaBackend {
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's advice for Hopper
   static constexpr int kLtCandidates = 8;  // heuristic results asked for (DPT_LT_ALGO < this)
   static constexpr size_t kIm2colMaxBytes = size_t(1) << 30;  // conv_cols: one layer's columns
+  static constexpr int kNarrowMaxChannels = 3;  // narrow_conv: an image's channels (grey or RGB)
+  static constexpr int kNarrowMaxCols = 160;  // narrow_conv: c·k·k at most (resnet50's stem: 147)
   static constexpr float kIm2colMarginBf16 = 1.25f;  // im2col_wins: how much faster im2col must time under bf16
 
   // cuda_backend.cpp
@@ -577,13 +590,16 @@ class CudaBackendImpl final : public CudaBackend {
   bool conv_heuristic_ = false;   // device.conv_tuning = heuristic
   bool conv_graph_ = true;        // DPT_CUDNN_GRAPH (default 1): bf16 convolutions through cuDNN's graph API
   bool pad_channels_ = true;      // DPT_PAD_CHANNELS (default 1): pads_channels, for measurement
+  bool narrow_convs_ = true;      // DPT_NARROW_CONV (default 1): narrow_conv's path
+  size_t narrow_chunk_bytes_ = size_t(32) << 20;  // DPT_NARROW_CHUNK_MB: one chunk of its columns
   bool bf16_grads_ = true;        // note_grad_use's hints taken (DPT_BF16_GRADS=0: ignored, to measure)
   bool bf16_acts_ = true;         // note_bf16_readers's hints taken (DPT_BF16_ACTS=0: ignored, to measure)
   size_t conv_ws_limit_ = 0;      // device.conv_workspace_mb
   std::map<std::array<int, 8>, std::unique_ptr<ConvPlan>> conv_plans_;
   std::map<std::array<int, 9>, bool> im2col_choice_;  // conv_cols's choice per shape (im2col_chosen)
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
-  Scratch pad_x_, pad_w_;  // pads_channels: the padded input and weight
+  Scratch pad_x_, pad_w_;  // pads_channels: the padded input and weight (narrow_conv: the weight)
+  Scratch narrow_cols_;    // narrow_conv: one chunk of columns
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers

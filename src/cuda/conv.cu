@@ -125,6 +125,36 @@ __global__ void im2col_kernel(const float* __restrict__ x, typename ColT<V, BF16
   }
 }
 
+// A narrow convolution's columns (its c·k·k columns few: a first layer's 1 or 3 channels),
+// rows [row0, row0 + total / groups.d) of im2col's matrix into cols (which holds those rows
+// alone): each row's c·k·k values in the weight's (kh, kw, c) order, then zeros up to
+// groups.d·8 columns, in bf16 (x's floats rounded to nearest even). One thread per 8 columns
+// of a row: one 16-byte store, and consecutive threads store consecutive bytes.
+template <class TX>
+__global__ void narrow_cols_kernel(const TX* __restrict__ x, uint4* __restrict__ cols, ConvGeom g, Div groups,
+                                   Div kc, Div cn, Div ow_n, Div oh_n, int width, int row0, int total) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    int grp, ow, oh;
+    const int row = row0 + groups.divmod(i, grp);
+    const int n = oh_n.divmod(ow_n.divmod(row, ow), oh);
+    const int ih0 = oh * g.stride - g.pad, iw0 = ow * g.stride - g.pad;
+    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int j = grp * 8 + t;
+      float f = 0.f;
+      if (j < width) {
+        int rem, ci;
+        const int kh = kc.divmod(j, rem), kw = cn.divmod(rem, ci);
+        const int ih = ih0 + kh, iw = iw0 + kw;
+        if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) f = ld(x, ((size_t(n) * g.h + ih) * g.w + iw) * g.c + ci);
+      }
+      v[t] = __float2bfloat16_rn(f);
+    }
+    cols[i] = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
 // One thread per (n, ih, iw, V channels) of pixels [pix0, ...): the sum over the (kh, kw) whose
 // window covers the element, kh and kw descending so that oh and ow ascend (the CPU's scatter
 // order).
@@ -468,6 +498,26 @@ void im2col(const float* x, const ConvGeom& g, void* cols, bool bf16_out, cudaSt
       else im2col_kernel<1, false><<<grid, kThreads, 0, s>>>(x, static_cast<float*>(cols), g, cv, taps, k_n, ow_n, oh_n, row0, total);
     }
     DPT_CHECK_LAUNCH("im2col_kernel");
+  });
+}
+
+void narrow_cols(const void* x, bool x_bf16, const ConvGeom& g, int row0, int rows, int width_padded, void* cols,
+                 cudaStream_t s) {
+  const int groups = width_padded / 8;
+  if (rows <= 0) return;
+  if (width_padded % 8 || width_padded < g.cols() || !aligned(cols, 16))
+    throw Error("narrow_cols: columns padded to " + std::to_string(width_padded) + " for " + std::to_string(g.cols()) +
+                " (a multiple of 8 at least as many, 16-byte aligned)");
+  const Div gd(groups), kc(g.k * g.c), cn(g.c), ow_n(g.ow()), oh_n(g.oh());
+  in_chunks(rows, groups, [&](int r0, int total) {
+    auto* out = static_cast<uint4*>(cols) + size_t(r0) * size_t(groups);
+    if (x_bf16)
+      narrow_cols_kernel<<<grid_for(size_t(total)), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), out, g,
+                                                                        gd, kc, cn, ow_n, oh_n, g.cols(), row0 + r0, total);
+    else
+      narrow_cols_kernel<<<grid_for(size_t(total)), kThreads, 0, s>>>(static_cast<const float*>(x), out, g, gd, kc,
+                                                                        cn, ow_n, oh_n, g.cols(), row0 + r0, total);
+    DPT_CHECK_LAUNCH("narrow_cols_kernel");
   });
 }
 

@@ -15,6 +15,11 @@ namespace dpt::cuda {
 // cols (g.rows(), g.cols()) from x (NHWC); in bf16 (round to nearest even) when bf16_out, so a
 // bf16 GEMM reads it with no conversion pass.
 void im2col(const float* x, const ConvGeom& g, void* cols, bool bf16_out, cudaStream_t s);
+// Rows [row0, row0 + rows) of a narrow convolution's columns into cols (those rows alone,
+// width_padded columns each: a multiple of 8, at least g.cols(); 16-byte aligned): x's values
+// in the weight's (kh, kw, c) order, zeros after, in bf16. x is float, or bf16 where x_bf16.
+void narrow_cols(const void* x, bool x_bf16, const ConvGeom& g, int row0, int rows, int width_padded, void* cols,
+                 cudaStream_t s);
 // dx (NHWC) = per input element the sum of its columns, gathered (no atomics) in the order of
 // increasing output pixel, the CPU backend's scatter order: the same sums, bit for bit.
 void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s);

@@ -162,6 +162,8 @@ CudaBackendImpl::CudaBackendImpl(const BackendOptions& opt) : precision_(opt.pre
   conv_heuristic_ = opt.conv_heuristic;
   conv_graph_ = env_int("DPT_CUDNN_GRAPH", 1) != 0;
   pad_channels_ = env_int("DPT_PAD_CHANNELS", 1) != 0;
+  narrow_convs_ = env_int("DPT_NARROW_CONV", 1) != 0;
+  narrow_chunk_bytes_ = size_t(std::max(1, env_int("DPT_NARROW_CHUNK_MB", 32))) << 20;
   defer_bn_ = env_int("DPT_DEFER_BN", 1) != 0;
   // alloc_lazy: managed memory where the device takes it concurrently with the host.
   int concurrent = 0;

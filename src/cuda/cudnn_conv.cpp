@@ -358,12 +358,15 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   const ConvGeom gc = padded_geom(g);  // the geometry cuDNN runs
   ConvPlan& p = conv_plan(gc);
   const size_t pixels = size_t(g.batch) * g.h * g.w, nx = pixels * g.c, nw = size_t(g.out) * g.cols();
-  const void* xin = pads_channels(g) ? padded_operand(x, pixels, g, false)
-                    : bf16()         ? as_bf16(x, nx, bf16_b_)
-                                     : static_cast<const void*>(x);
-  const void* win = pads_channels(g) ? padded_operand(w, size_t(g.out) * g.k * g.k, g, true)
-                    : bf16()         ? as_bf16(w, nw, bf16_a_)
-                                     : static_cast<const void*>(w);
+  const bool narrow = narrow_conv(g);  // narrow_conv.cpp's columns and GEMMs, not cuDNN
+  const void* xin = narrow             ? nullptr
+                    : pads_channels(g) ? padded_operand(x, pixels, g, false)
+                    : bf16()           ? as_bf16(x, nx, bf16_b_)
+                                       : static_cast<const void*>(x);
+  const void* win = narrow             ? nullptr
+                    : pads_channels(g) ? padded_operand(w, size_t(g.out) * g.k * g.k, g, true)
+                    : bf16()           ? as_bf16(w, nw, bf16_a_)
+                                       : static_cast<const void*>(w);
   note_write(z, ny * sizeof(float));
   if (a != z) note_write(a, ny * sizeof(float));
   void* only = keep16 ? only_twin(z, ny) : nullptr;
@@ -371,7 +374,10 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   // twin as it is, before bias and ReLU, which the pooling applies as it reads it.
   void* pre = bf16() && !only && act == Act::relu && relu_pool_input(a) ? twin_slot(a, ny) : nullptr;
   void* y = only ? only : pre ? pre : bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
-  if (!run_conv_engine(p, ConvDir::fwd, gc, xin, win, y)) {
+  if (narrow) {
+    narrow_forward(x, w, g, y);
+    say_narrow(p, g);
+  } else if (!run_conv_engine(p, ConvDir::fwd, gc, xin, win, y)) {
     if (!p.fwd.made) choose_fwd(p, gc, xin, win, y);
     const float one = 1.f, zero = 0.f;
     DPT_CHECK_CUDNN(cudnnConvolutionForward(cudnn(), &one, p.x, xin, p.w, win, p.fwd_desc, p.fwd.algo,
@@ -442,7 +448,9 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   // (padded again from x and w where the channels are padded: the forward's copies may have
   // been overwritten by another convolution's since).
   const size_t pixels = size_t(g.batch) * g.h * g.w, kk_out = size_t(g.out) * g.k * g.k;
-  const void* xin = pad ? padded_operand(x, pixels, g, false)
+  const bool narrow = narrow_conv(g);  // the filter gradient from narrow_conv.cpp's columns
+  const void* xin = narrow   ? valid_twin(x, nx)  // x's bf16 copy where there is one, else its floats
+                    : pad    ? padded_operand(x, pixels, g, false)
                     : bf16() ? as_bf16(x, nx, bf16_b_)
                              : static_cast<const void*>(x);
   const void* win = pad && dx      ? padded_operand(w, kk_out, g, true)
@@ -484,7 +492,9 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
     }
   }
   const float one = 1.f, zero = 0.f;
-  if (bf16()) {
+  if (narrow) {
+    narrow_filter(x, xin, dy, g, dw, accumulate);
+  } else if (bf16()) {
     void* dw16 = conv_dw16_.get(size_t(g.out) * size_t(gc.cols()) * 2, s);
     if (!run_conv_engine(p, ConvDir::filter, gc, xin, dw16, dy)) {
       if (!p.filter.made) choose_filter(p, gc, xin, dy);
