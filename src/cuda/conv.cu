@@ -138,18 +138,22 @@ __global__ void narrow_cols_kernel(const TX* __restrict__ x, uint4* __restrict__
     const int row = row0 + groups.divmod(i, grp);
     const int n = oh_n.divmod(ow_n.divmod(row, ow), oh);
     const int ih0 = oh * g.stride - g.pad, iw0 = ow * g.stride - g.pad;
+    // Column j0 = grp·8's (kh, kw, ci), then stepped along: no division per value.
+    const int j0 = grp * 8;
+    int rem, ci;
+    int kh = kc.divmod(j0, rem), kw = cn.divmod(rem, ci);
     __align__(16) __nv_bfloat16 v[8];
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      const int j = grp * 8 + t;
       float f = 0.f;
-      if (j < width) {
-        int rem, ci;
-        const int kh = kc.divmod(j, rem), kw = cn.divmod(rem, ci);
-        const int ih = ih0 + kh, iw = iw0 + kw;
-        if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) f = ld(x, ((size_t(n) * g.h + ih) * g.w + iw) * g.c + ci);
-      }
+      const int ih = ih0 + kh, iw = iw0 + kw;
+      if (j0 + t < width && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w)
+        f = ld(x, ((size_t(n) * g.h + ih) * g.w + iw) * g.c + ci);
       v[t] = __float2bfloat16_rn(f);
+      if (++ci == g.c) {
+        ci = 0;
+        if (++kw == g.k) kw = 0, ++kh;
+      }
     }
     cols[i] = *reinterpret_cast<const uint4*>(v);
   }

@@ -1,5 +1,6 @@
 // CUDA-graph capture of the training step (GraphRunner) and the backend's hooks around it:
-// weight shadows refreshed outside the graph, activation copies dropped when capture starts.
+// weight shadows refreshed outside the graph, activation copies dropped and outgrown scratch
+// freed when capture starts.
 #include <cuda_runtime.h>
 
 #include <functional>
@@ -22,7 +23,10 @@ class GraphRunner final : public StepRunner {
   GraphRunner(std::function<void()> step, CudaBackendImpl& be, bool capture)
       : step_(std::move(step)), be_(be), stream_(be.compute_stream()), capture_(capture) {}
   ~GraphRunner() override {
-    if (exec_) cudaGraphExecDestroy(exec_);
+    if (exec_) {
+      cudaGraphExecDestroy(exec_);
+      count_graphs(-1);
+    }
   }
 
   void run() override {
@@ -52,6 +56,7 @@ class GraphRunner final : public StepRunner {
     const cudaError_t rc = cudaGraphInstantiate(&exec_, graph, 0);
     cudaGraphDestroy(graph);
     DPT_CHECK_CUDA(rc);
+    count_graphs(+1);
     DPT_CHECK_CUDA(cudaGraphLaunch(exec_, stream_));
   }
 
@@ -83,6 +88,7 @@ void CudaBackendImpl::refresh_shadows() {
 // Capture starts: every activation copy must be produced inside the step to be used there, so
 // that each replay uses the copy its own producer wrote.
 void CudaBackendImpl::capture_begin() {
+  free_retired_scratch();  // the eager step's outgrown scratch (none while another graph lives)
   refresh_shadows();
   for (auto& t : twins_) {  // a bf16-only tensor too: its producer in the step makes it again
     t.second.valid = 0;

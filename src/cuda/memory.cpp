@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -134,6 +135,71 @@ float StreamTimer::stop(cudaStream_t s) {
   float ms = 0;
   DPT_CHECK_CUDA(cudaEventElapsedTime(&ms, t0_.get(), t1_.get()));
   return ms;
+}
+
+namespace {
+struct ScratchRegistry {
+  std::mutex m;
+  std::set<Scratch*> all;
+  int graphs = 0;  // captured step graphs alive, process-wide
+};
+ScratchRegistry& scratch_registry() {
+  static auto* r = new ScratchRegistry;  // never destroyed: backends may outlive static destruction
+  return *r;
+}
+}  // namespace
+
+Scratch::Scratch() {
+  ScratchRegistry& r = scratch_registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.all.insert(this);
+}
+
+Scratch::~Scratch() {
+  ScratchRegistry& r = scratch_registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.all.erase(this);
+}
+
+Scratch& Scratch::operator=(Scratch&& o) noexcept {
+  if (this == &o) return *this;
+  if (p_) {
+    recount(p_.get(), MemKind::retired);
+    retired_.push_back(std::move(p_));
+  }
+  for (DevPtr& r : o.retired_) retired_.push_back(std::move(r));
+  o.retired_.clear();
+  p_ = std::move(o.p_);
+  cap_ = o.cap_;
+  o.cap_ = 0;
+  return *this;
+}
+
+void count_graphs(int delta) {
+  ScratchRegistry& r = scratch_registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  r.graphs += delta;
+}
+
+// Retired buffers are kept for work already queued (cudaFree waits for it) and for captured
+// graphs (which hold their addresses): with no graph alive, none is needed. Capture starts after
+// the eager step, whose growing requests retire most of them (resnet50's first step outgrows
+// some buffers several times over).
+size_t free_retired_scratch() {
+  ScratchRegistry& r = scratch_registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  if (r.graphs > 0) return 0;
+  size_t freed = 0;
+  for (Scratch* sc : r.all) {
+    for (const DevPtr& p : sc->retired_) {
+      Counted& c = counted();
+      std::lock_guard<std::mutex> lc(c.m);
+      auto it = c.at.find(p.get());
+      if (it != c.at.end()) freed += it->second.bytes;
+    }
+    sc->retired_.clear();
+  }
+  return freed;
 }
 
 void* Scratch::get(size_t bytes, cudaStream_t s) {
