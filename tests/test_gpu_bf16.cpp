@@ -317,14 +317,16 @@ TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
   }
 }
 
-// A first layer's few channels under bf16 (narrow_conv.cpp: bf16 columns padded to a multiple of
-// 8 and cuBLASLt GEMMs, chunk by chunk) against the CPU on the same bf16-rounded inputs: the
-// output is the CPU's convolution rounded to bf16, then the bias (kBf16Out: a value on either
-// side of a rounding boundary); the weight gradient fp32 sums of the same bf16 products
-// (kBf16Exact), accumulated onto dw (and db) where asked. With the columns in chunks of 1 MB
-// (several chunks, the last one short) and of the default 32 MB (one), and on cuDNN
-// (DPT_NARROW_CONV=0; its bf16 weight gradient within test_gpu_conv's bf16 tolerance). resnet50's stem (7x7 stride 2 on 3
-// channels), the compute-bound CNN's first convolution, resnet18(stem=small)'s one channel.
+// A first layer's few channels under bf16 (narrow_conv.cpp: the forward as bf16 columns padded
+// to a multiple of 8 and a cuBLASLt GEMM per chunk) against the CPU on the same bf16-rounded
+// inputs: the output is the CPU's convolution rounded to bf16, then the bias (kBf16Out: a value
+// on either side of a rounding boundary); with a ReLU whose output only bf16 readers take
+// (note_bf16_readers), bias and ReLU in the GEMM's epilogue, rounded once. With the columns in
+// chunks of 1 MB (several, the last one short), of the default 32 MB (one), and on cuDNN
+// (DPT_NARROW_CONV=0). The backward, cuDNN's in every setting, from the narrow forward's output:
+// its bf16 weight gradient within test_gpu_conv's bf16 tolerance, accumulated where asked.
+// resnet50's stem (7x7 stride 2 on 3 channels), the compute-bound CNN's first convolution,
+// resnet18(stem=small)'s one channel.
 TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   constexpr double kBf16Out = 1e-3;
@@ -351,12 +353,11 @@ TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
       if (v) saved[i] = v;
       setenv(names[i], values[i], 1);
     }
-    auto g = gpu(Precision::bf16);
+    auto g = gpu_with_hints(Precision::bf16);
     for (int i = 0; i < 2; ++i) {
       if (had[i]) setenv(names[i], saved[i].c_str(), 1);
       else unsetenv(names[i]);
     }
-    const bool cudnn = std::string(st.narrow) == "0";
     for (const ConvGeom& c : convs) {
       const std::string label = std::string(st.name) + " batch " + std::to_string(c.batch) + " " +
                                 std::to_string(c.c) + "x" + std::to_string(c.h) + " -> " + std::to_string(c.out) +
@@ -367,9 +368,18 @@ TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
       const auto xr = bf16_round(x), wr = bf16_round(w);
       std::vector<float> cols(size_t(c.rows()) * c.cols()), z(n), a(n), nob(b.size(), 0.f);
       cpu->conv_forward(xr.data(), wr.data(), nob.data(), cols.data(), z.data(), a.data(), c, Act::none);
+      std::vector<float> relu(n);
+      for (size_t i = 0; i < n; ++i) relu[i] = std::max(0.f, z[i] + b[i % size_t(c.out)]);
       const auto zr = bf16_round(z);
       for (size_t i = 0; i < n; ++i) z[i] = zr[i] + b[i % size_t(c.out)];
       auto gx = put(*g, x), gw = put(*g, w), gb = put(*g, b);
+      // Bias and ReLU, the output for bf16 readers only: read back widened from its bf16 copy.
+      auto ga = poisoned(*g, n);
+      g->note_bf16_readers(ga.data());
+      g->conv_forward(gx.data(), gw.data(), gb.data(), nullptr, ga.data(), ga.data(), c, Act::relu);
+      // cuDNN's path rounds twice (its output, then after bias and ReLU): within 2 bf16 ulps.
+      const double relu_tol = std::string(st.narrow) == "0" ? 1e-2 : kBf16Out;
+      EXPECT_LE(rel_err(get(*g, ga), bf16_round(relu)), relu_tol) << "relu(z + b) " << label;
       auto gz = poisoned(*g, n);
       g->conv_forward(gx.data(), gw.data(), gb.data(), nullptr, gz.data(), gz.data(), c, Act::none);
       EXPECT_LE(rel_err(get(*g, gz), z), kBf16Out) << "z " << label;
@@ -379,8 +389,9 @@ TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
       std::vector<float> cda = da, cdw(w.size(), 0.f), cdb(b.size(), 0.f), cdx(nx);
       cpu->conv_backward(xr.data(), wr.data(), z.data(), z.data(), cda.data(), cols.data(), c, Act::none, cdw.data(),
                          cdb.data(), cdx.data(), false);
+      const auto cdw16 = bf16_round(cdw);
       std::vector<float> acc(w.size());
-      for (size_t i = 0; i < w.size(); ++i) acc[i] = dw0[i] + (cudnn ? bf16_round(std::vector<float>{cdw[i]})[0] : cdw[i]);
+      for (size_t i = 0; i < w.size(); ++i) acc[i] = dw0[i] + cdw16[i];
       for (bool accumulate : {false, true}) {
         auto gda = put(*g, da);
         auto gdw = accumulate ? put(*g, dw0) : poisoned(*g, w.size());
@@ -388,9 +399,7 @@ TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
         g->conv_backward(gx.data(), gw.data(), gz.data(), gz.data(), gda.data(), nullptr, c, Act::none, gdw.data(),
                          gdb.data(), nullptr, accumulate);
         const std::string how = label + (accumulate ? " accumulate" : "");
-        const double tol = cudnn ? kCudnnDw : kBf16Exact;
-        if (accumulate) EXPECT_LE(rel_err(get(*g, gdw), acc), tol) << "dw " << how;
-        else EXPECT_LE(rel_err(get(*g, gdw), cudnn ? bf16_round(cdw) : cdw), tol) << "dw " << how;
+        EXPECT_LE(rel_err(get(*g, gdw), accumulate ? acc : cdw16), kCudnnDw) << "dw " << how;
         EXPECT_LE(rel_err(get(*g, gdb), cdb), 1e-5) << "db " << how;
       }
     }

@@ -96,6 +96,7 @@ struct ConvPlan {
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> filter;
   ConvEngine efwd, edata, efilter;
   bool said = false;
+  bool narrow_said = false;  // say_narrow: its line logged
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
@@ -152,6 +153,7 @@ class Scratch {
   Scratch& operator=(const Scratch&) = delete;
   Scratch& operator=(Scratch&& o) noexcept;  // o's buffers become this one's; this one's current is retired
   void* get(size_t bytes, cudaStream_t s);
+  size_t capacity() const { return cap_; }
   friend size_t free_retired_scratch();
 
  private:
@@ -302,12 +304,11 @@ class CudaBackendImpl final : public CudaBackend {
   // filter gradient padded against 0.086 and 0.101; ResNet-50's 3-channel 7x7 stem took 2.06
   // and 1.25 ms padded, the padding passes included, against 1.83 and 1.13: it is not padded.
   bool pads_channels(const ConvGeom& g) const { return bf16() && g.c == 1 && pad_channels_; }
-  // narrow_conv.cpp: a first layer's few channels as bf16 columns and cuBLASLt GEMMs
+  // narrow_conv.cpp: a first layer's few channels forward as bf16 columns and cuBLASLt GEMMs
   bool narrow_conv(const ConvGeom& g) const;
   int narrow_chunk_rows(const ConvGeom& g) const;
-  void say_narrow(ConvPlan& p, const ConvGeom& g);
-  void narrow_forward(const float* x, const float* w, const ConvGeom& g, void* y);
-  void narrow_filter(const float* x, const void* x16, const void* dy, const ConvGeom& g, float* dw, bool accumulate);
+  void say_narrow(ConvPlan& p, const ConvGeom& g, bool epilogue);
+  bool narrow_forward(const float* x, const float* w, const ConvGeom& g, void* y, const float* relu_bias);
   void gemm_bf16_out(bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb, void* D,
                      int ldd);
   ConvGeom padded_geom(const ConvGeom& g) const;
@@ -484,8 +485,6 @@ class CudaBackendImpl final : public CudaBackend {
   static constexpr size_t kIm2colMaxBytes = size_t(1) << 30;  // conv_cols: one layer's columns
   static constexpr int kNarrowMaxChannels = 3;  // narrow_conv: an image's channels (grey or RGB)
   static constexpr int kNarrowMaxCols = 160;  // narrow_conv: c·k·k at most (resnet50's stem: 147)
-  static constexpr int kNarrowParts = 128;     // narrow_filter: parts of a chunk's rows, one GEMM each
-  static constexpr int kNarrowPartRows = 256;  // narrow_filter: rows of a part at least
   static constexpr float kIm2colMarginBf16 = 1.25f;  // im2col_wins: how much faster im2col must time under bf16
 
   // cuda_backend.cpp
@@ -614,7 +613,10 @@ class CudaBackendImpl final : public CudaBackend {
   Scratch conv_ws_, conv_y16_, conv_dx16_, conv_dw16_, conv_probe_;
   Scratch pad_x_, pad_w_;  // pads_channels: the padded input and weight (narrow_conv: the weight)
   Scratch narrow_cols_;    // narrow_conv: one chunk of columns
-  Scratch narrow_parts_;   // narrow_filter: the weight gradient's partial products
+  // The scratch above by name, for say_scratch's line (graph.cpp) when the first capture starts.
+  std::vector<std::pair<const char*, const Scratch*>> named_scratch() const;
+  void say_scratch();
+  bool scratch_said_ = false;
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers

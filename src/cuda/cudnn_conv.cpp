@@ -373,10 +373,20 @@ void CudaBackendImpl::cudnn_conv_forward(const float* x, const float* w, const f
   // bf16, a ReLU output that only a max pooling reads (note_relu_pool): cuDNN's output goes to a's
   // twin as it is, before bias and ReLU, which the pooling applies as it reads it.
   void* pre = bf16() && !only && act == Act::relu && relu_pool_input(a) ? twin_slot(a, ny) : nullptr;
+  if (narrow && !only && !pre && act == Act::relu && b) {
+    // Bias and ReLU in the GEMM's epilogue, into a's bf16 copy, where only bf16 readers take a.
+    bool a_only = false;
+    void* a16 = out_twin(a, ny, false, a_only);
+    if (a16 && a_only && narrow_forward(x, w, g, a16, b)) {
+      wrote_twin(a, ny, a16, true);
+      say_narrow(p, g, true);
+      return;
+    }
+  }
   void* y = only ? only : pre ? pre : bf16() ? conv_y16_.get(ny * 2, s) : static_cast<void*>(z);
   if (narrow) {
-    narrow_forward(x, w, g, y);
-    say_narrow(p, g);
+    narrow_forward(x, w, g, y, nullptr);
+    say_narrow(p, g, false);
   } else if (!run_conv_engine(p, ConvDir::fwd, gc, xin, win, y)) {
     if (!p.fwd.made) choose_fwd(p, gc, xin, win, y);
     const float one = 1.f, zero = 0.f;
@@ -448,9 +458,7 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
   // (padded again from x and w where the channels are padded: the forward's copies may have
   // been overwritten by another convolution's since).
   const size_t pixels = size_t(g.batch) * g.h * g.w, kk_out = size_t(g.out) * g.k * g.k;
-  const bool narrow = narrow_conv(g);  // the filter gradient from narrow_conv.cpp's columns
-  const void* xin = narrow   ? valid_twin(x, nx)  // x's bf16 copy where there is one, else its floats
-                    : pad    ? padded_operand(x, pixels, g, false)
+  const void* xin = pad ? padded_operand(x, pixels, g, false)
                     : bf16() ? as_bf16(x, nx, bf16_b_)
                              : static_cast<const void*>(x);
   const void* win = pad && dx      ? padded_operand(w, kk_out, g, true)
@@ -492,9 +500,7 @@ void CudaBackendImpl::conv_backward(const float* x, const float* w, const float*
     }
   }
   const float one = 1.f, zero = 0.f;
-  if (narrow) {
-    narrow_filter(x, xin, dy, g, dw, accumulate);
-  } else if (bf16()) {
+  if (bf16()) {
     void* dw16 = conv_dw16_.get(size_t(g.out) * size_t(gc.cols()) * 2, s);
     if (!run_conv_engine(p, ConvDir::filter, gc, xin, dw16, dy)) {
       if (!p.filter.made) choose_filter(p, gc, xin, dy);

@@ -74,26 +74,6 @@ __global__ void act_forward_twin_kernel(const float* z, float* a, __nv_bfloat16*
   }
 }
 
-// out[i] = (accumulate ? out[i] : 0) + the sum over s of part[s·n + i], s ascending: per block
-// 32 values of i, 8 lanes each summing every 8th s, the lanes then added in order (fixed
-// order: the same bits every time).
-__global__ void sum_parts_kernel(const float* __restrict__ part, int parts, int n, float* out, bool accumulate) {
-  __shared__ float lanes[8][32];
-  const int col = threadIdx.x % 32, lane = threadIdx.x / 32;
-  const int i = blockIdx.x * 32 + col;
-  float acc = 0.f;
-  if (i < n)
-    for (int s = lane; s < parts; s += 8) acc += part[size_t(s) * size_t(n) + size_t(i)];
-  lanes[lane][col] = acc;
-  __syncthreads();
-  if (lane == 0 && i < n) {
-    float t = accumulate ? out[i] : 0.f;
-    float sum = 0.f;
-    for (int l = 0; l < 8; ++l) sum += lanes[l][col];
-    out[i] = t + sum;
-  }
-}
-
 unsigned grid_for(size_t n) { return unsigned(std::min<size_t>((n + 255) / 256, size_t(65535) * 8)); }
 
 }  // namespace
@@ -175,12 +155,6 @@ void pad_channels_bf16(const void* src, bool src_bf16, void* dst, size_t rows, i
   else
     pad_channels_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<const float*>(src), d, rows, c, cp);
   DPT_CHECK_LAUNCH("pad_channels");
-}
-
-void sum_parts(const float* parts, int count, int n, float* out, bool accumulate, cudaStream_t s) {
-  if (n <= 0) return;
-  sum_parts_kernel<<<unsigned((n + 31) / 32), 256, 0, s>>>(parts, count, n, out, accumulate);
-  DPT_CHECK_LAUNCH("sum_parts");
 }
 
 void unpad_widen_bf16(const void* src, float* dst, size_t rows, int c, int cp, bool accumulate, cudaStream_t s) {

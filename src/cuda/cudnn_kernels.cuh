@@ -20,9 +20,6 @@ void act_forward_twin(const float* z, float* a, void* a16, size_t n, Act act, cu
 // dst (rows, cp) bf16 = src (rows, c) (bf16, or fp32 rounded to nearest even) in its first c
 // columns, zeros after: a convolution's input or weight with its channels padded (cp > c).
 void pad_channels_bf16(const void* src, bool src_bf16, void* dst, size_t rows, int c, int cp, cudaStream_t s);
-// out (n) = (accumulate ? out : 0) + the sum of count partial results parts (count, n), added in a
-// fixed order (the same bits every time).
-void sum_parts(const float* parts, int count, int n, float* out, bool accumulate, cudaStream_t s);
 // dst (rows, c) fp32 = (accumulate ? dst : 0) + the first c columns of src (rows, cp) bf16.
 void unpad_widen_bf16(const void* src, float* dst, size_t rows, int c, int cp, bool accumulate, cudaStream_t s);
 

@@ -5,10 +5,13 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "backend_impl.hpp"
 #include "dpt/cuda_check.hpp"
+#include "dpt/log.hpp"
 #include "kernels.cuh"
 
 namespace dpt::cuda_impl {
@@ -89,11 +92,33 @@ void CudaBackendImpl::refresh_shadows() {
 // that each replay uses the copy its own producer wrote.
 void CudaBackendImpl::capture_begin() {
   free_retired_scratch();  // the eager step's outgrown scratch (none while another graph lives)
+  say_scratch();
   refresh_shadows();
   for (auto& t : twins_) {  // a bf16-only tensor too: its producer in the step makes it again
     t.second.valid = 0;
     t.second.only = false;
   }
+}
+
+std::vector<std::pair<const char*, const Scratch*>> CudaBackendImpl::named_scratch() const {
+  return {{"bf16 operand a", &bf16_a_}, {"bf16 operand b", &bf16_b_}, {"bf16 operand c", &bf16_c_},
+          {"bf16 dz", &bf16_dz_}, {"bias-gradient partials", &partial_}, {"batch norm partials", &bn_partial_},
+          {"conv workspace", &conv_ws_}, {"conv bf16 output", &conv_y16_}, {"conv bf16 input gradient", &conv_dx16_},
+          {"conv bf16 weight gradient", &conv_dw16_}, {"padded input", &pad_x_}, {"padded weight", &pad_w_},
+          {"narrow columns", &narrow_cols_}, {"tf32 transposes", &tposed_x_},
+          {"tf32 transposes", &tposed_dz_}};
+}
+
+// One line, when the first step graph is captured: the scratch buffers of 1 MiB or more that the
+// eager step sized (each is held while the backend lives).
+void CudaBackendImpl::say_scratch() {
+  if (scratch_said_) return;
+  scratch_said_ = true;
+  std::string s;
+  for (const auto& [name, sc] : named_scratch())
+    if (sc->capacity() >= (size_t(1) << 20))
+      s += std::string(s.empty() ? "" : ", ") + name + " " + std::to_string(sc->capacity() >> 20) + " MiB";
+  if (!s.empty()) log::info("cuda: scratch held by the step: " + s);
 }
 
 // Capture ended: true when the captured step leaves a weight shadow stale (a write into the
