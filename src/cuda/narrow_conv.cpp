@@ -47,7 +47,8 @@ void CudaBackendImpl::say_narrow(ConvPlan& p, const ConvGeom& g, bool epilogue) 
 }
 
 // y (g.rows() × g.out, bf16, NHWC) = the columns of x · wᵀ, chunk by chunk; with relu_bias,
-// relu(that + relu_bias) (cuBLASLt's RELU_BIAS epilogue, rounded to bf16 once). False, with
+// relu(that + relu_bias) (cuBLASLt's RELU_BIAS epilogue, rounded to bf16 once; the bias taken in
+// fp32 where cuBLASLt offers that, else its bf16 shadow, as PyTorch's autocast does). False, with
 // nothing enqueued, where that epilogue has no plan (the caller then runs the plain product and
 // its own epilogue pass).
 bool CudaBackendImpl::narrow_forward(const float* x, const float* w, const ConvGeom& g, void* y,
@@ -55,18 +56,29 @@ bool CudaBackendImpl::narrow_forward(const float* x, const float* w, const ConvG
   cudaStream_t s = stream_.get();
   const int width = padded_width(g), rows = g.rows(), step = narrow_chunk_rows(g);
   auto out = [&](int r0) { return static_cast<char*>(y) + size_t(r0) * size_t(g.out) * 2; };
-  auto fused = [&](int r0, int n, const void* wp, const void* cols) {
-    LtSpec sp = spec(true, false, g.out, n, width, wp, width, cols, width, out(r0), g.out, 0.f, CUDA_R_16BF);
-    sp.epi = CUBLASLT_EPILOGUE_RELU_BIAS;
-    sp.bias_type = CUDA_R_32F;
-    return sp;
-  };
   void* wp = pad_w_.get(size_t(g.out) * size_t(width) * 2, s);
   void* cols = narrow_cols_.get(size_t(step) * size_t(width) * 2, s);
-  if (relu_bias) {
-    if (!use_lt_ || reinterpret_cast<uintptr_t>(relu_bias) % 16) return false;
+  int bias_type = CUDA_R_32F;
+  const void* bias = relu_bias;
+  auto fused = [&](int r0, int n) {
+    LtSpec sp = spec(true, false, g.out, n, width, wp, width, cols, width, out(r0), g.out, 0.f, CUDA_R_16BF);
+    sp.epi = CUBLASLT_EPILOGUE_RELU_BIAS;
+    sp.bias_type = bias_type;
+    return sp;
+  };
+  auto planned = [&] {
+    if (reinterpret_cast<uintptr_t>(bias) % 16) return false;
     for (int r0 = 0; r0 < rows; r0 += step)
-      if (!lt_plan(fused(r0, std::min(step, rows - r0), wp, cols), relu_bias).ok) return false;
+      if (!lt_plan(fused(r0, std::min(step, rows - r0)), bias).ok) return false;
+    return true;
+  };
+  if (relu_bias) {
+    if (!use_lt_) return false;
+    if (!planned()) {
+      bias_type = CUDA_R_16BF;
+      bias = as_bf16(relu_bias, size_t(g.out), bf16_c_);
+      if (!planned()) return false;
+    }
   }
   const size_t nx = size_t(g.batch) * g.h * g.w * g.c;
   const void* x16 = valid_twin(x, nx);
@@ -75,7 +87,7 @@ bool CudaBackendImpl::narrow_forward(const float* x, const float* w, const ConvG
   for (int r0 = 0; r0 < rows; r0 += step) {
     const int n = std::min(step, rows - r0);
     cuda::narrow_cols(x16 ? x16 : x, x16 != nullptr, g, r0, n, width, cols, s);
-    if (relu_bias) lt_matmul(fused(r0, n, wp, cols), wp, cols, out(r0), 0.f, relu_bias);
+    if (relu_bias) lt_matmul(fused(r0, n), wp, cols, out(r0), 0.f, bias);
     else gemm_bf16_out(true, false, g.out, n, width, wp, width, cols, width, out(r0), g.out);
   }
   return true;
