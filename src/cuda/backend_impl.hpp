@@ -96,7 +96,7 @@ struct ConvPlan {
   ConvChoice<cudnnConvolutionBwdFilterAlgo_t> filter;
   ConvEngine efwd, edata, efilter;
   bool said = false;
-  bool narrow_said = false;  // say_narrow: its line logged
+  int narrow_said = 0;  // say_narrow's lines logged: 1 the plain form, 2 with the epilogue
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
