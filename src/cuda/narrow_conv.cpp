@@ -1,4 +1,4 @@
-// Narrow convolutions on the CUDA backend under bf16: a first layer's 1 or 3 input channels
+// Narrow convolutions on the CUDA backend under bf16: a first layer's 1 to 3 input channels
 // (resnet50's 7x7 stride-2 stem, the compute-bound CNN's 3x3, resnet18(stem=small)'s one
 // channel), forward. cuDNN runs them at a fraction of the GPU's speed (on the H200, cuDNN 9.19:
 // the compute-bound CNN's 3 -> 128 3x3 at batch 256 forward in 0.488 ms, at 15 TFLOP/s;
