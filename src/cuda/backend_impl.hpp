@@ -113,7 +113,7 @@ using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 enum class MemKind { other, buffer, copy, shadow, scratch, retired };
 DevPtr dev_alloc(size_t bytes, MemKind kind = MemKind::other);
 void recount(const void* p, MemKind kind);  // p's bytes counted as kind from now on
-size_t free_retired_scratch();   // the bytes freed (none while a captured graph lives)
+void free_retired_scratch();     // every Scratch's retired buffers (none while a captured graph lives)
 void count_graphs(int delta);    // captured step graphs made (+1) and destroyed (-1)
 // Every cudaMalloc of the backend's (dev_alloc, alloc_bytes) counted, process-wide: bytes now
 // and the most since the last reset.
@@ -154,7 +154,7 @@ class Scratch {
   Scratch& operator=(Scratch&& o) noexcept;  // o's buffers become this one's; this one's current is retired
   void* get(size_t bytes, cudaStream_t s);
   size_t capacity() const { return cap_; }
-  friend size_t free_retired_scratch();
+  friend void free_retired_scratch();
 
  private:
   DevPtr p_;

@@ -185,21 +185,11 @@ void count_graphs(int delta) {
 // graphs (which hold their addresses): with no graph alive, none is needed. Capture starts after
 // the eager step, whose growing requests retire most of them (resnet50's first step outgrows
 // some buffers several times over).
-size_t free_retired_scratch() {
+void free_retired_scratch() {
   ScratchRegistry& r = scratch_registry();
   std::lock_guard<std::mutex> lock(r.m);
-  if (r.graphs > 0) return 0;
-  size_t freed = 0;
-  for (Scratch* sc : r.all) {
-    for (const DevPtr& p : sc->retired_) {
-      Counted& c = counted();
-      std::lock_guard<std::mutex> lc(c.m);
-      auto it = c.at.find(p.get());
-      if (it != c.at.end()) freed += it->second.bytes;
-    }
-    sc->retired_.clear();
-  }
-  return freed;
+  if (r.graphs > 0) return;
+  for (Scratch* sc : r.all) sc->retired_.clear();
 }
 
 void* Scratch::get(size_t bytes, cudaStream_t s) {
