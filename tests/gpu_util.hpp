@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dpt/backend.hpp"
@@ -78,27 +80,42 @@ inline std::unique_ptr<Backend> gpu(Precision p = Precision::fp32) {
   return make_cuda_backend(o);
 }
 
+// Sets environment variables for its lifetime (a backend reads its DPT_* switches when made);
+// the environment is as it was afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* v = std::getenv(name);
+      saved_.push_back({name, v ? v : "", v != nullptr});
+      setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const Saved& s : saved_) {
+      if (s.had) setenv(s.name, s.value.c_str(), 1);
+      else unsetenv(s.name);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  struct Saved {
+    const char* name;
+    std::string value;
+    bool had;
+  };
+  std::vector<Saved> saved_;
+};
+
 // A GPU backend that takes the model's bf16 hints (note_grad_use, note_bf16_readers) and defers
 // batch norm's affine pass into the residual sum (bn_train_deferred) whatever the environment
 // says (DPT_BF16_GRADS=0, DPT_BF16_ACTS=0 or DPT_DEFER_BN=0 there would turn them off): for the
 // tests of those paths themselves. The environment is as it was afterwards.
 inline std::unique_ptr<Backend> gpu_with_hints(Precision p) {
-  constexpr int kNames = 3;
-  const char* names[kNames] = {"DPT_BF16_GRADS", "DPT_BF16_ACTS", "DPT_DEFER_BN"};
-  std::string saved[kNames];
-  bool had[kNames];
-  for (int i = 0; i < kNames; ++i) {
-    const char* v = std::getenv(names[i]);
-    had[i] = v != nullptr;
-    if (v) saved[i] = v;
-    setenv(names[i], "1", 1);
-  }
-  auto g = gpu(p);
-  for (int i = 0; i < kNames; ++i) {
-    if (had[i]) setenv(names[i], saved[i].c_str(), 1);
-    else unsetenv(names[i]);
-  }
-  return g;
+  const ScopedEnv env({{"DPT_BF16_GRADS", "1"}, {"DPT_BF16_ACTS", "1"}, {"DPT_DEFER_BN", "1"}});
+  return gpu(p);
 }
 
 struct Shape { int batch, in, out; };

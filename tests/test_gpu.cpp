@@ -463,9 +463,10 @@ TEST(CudaBackend, Tf32WeightGradientInEveryOperandLayout) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend({});
   for (const char* mode : {"0", "1", "2"}) {
-    setenv("DPT_TF32_TRANSPOSE", mode, 1);
-    auto g = gpu(Precision::tf32);
-    unsetenv("DPT_TF32_TRANSPOSE");
+    auto g = [&] {
+      const ScopedEnv env({{"DPT_TF32_TRANSPOSE", mode}});
+      return gpu(Precision::tf32);
+    }();
     SCOPED_TRACE(std::string("DPT_TF32_TRANSPOSE=") + mode);
     for (const Shape& sh : kShapes)
       for (bool acc : {false, true}) check_backward(*cpu, *g, Precision::tf32, sh, Act::relu, acc, true);
@@ -477,9 +478,10 @@ TEST(CudaBackend, Tf32WeightGradientInEveryOperandLayout) {
 // the slots, and more batches than slots in flight before anything is read back.
 TEST(CudaBackend, StreamedBatchesMatchGather) {
   SKIP_WITHOUT_GPU();
-  setenv("DPT_STREAM_DATA", "1", 1);
-  auto g = gpu();
-  unsetenv("DPT_STREAM_DATA");
+  auto g = [] {
+    const ScopedEnv env({{"DPT_STREAM_DATA", "1"}});
+    return gpu();
+  }();
   for (bool u8 : {true, false}) {
     const Dataset ds = small_dataset(u8);
     SplitMix64 r(900);

@@ -225,9 +225,8 @@ TEST(CudaBackend, FusedReluEpiloguesMatchThePerLayerPath) {
     auto run = [&](const char* fuse, bool bias16) {
       std::unique_ptr<Backend> g;
       if (fuse) {
-        setenv("DPT_LT_FUSE", fuse, 1);
+        const ScopedEnv env({{"DPT_LT_FUSE", fuse}});
         g = gpu(p);
-        unsetenv("DPT_LT_FUSE");
       } else {
         g = make_cpu_backend({});
       }
@@ -342,22 +341,10 @@ TEST(CudaBackend, NarrowConvolutionsMatchTheCpu) {
   struct Setting { const char* name; const char* narrow; const char* chunk_mb; };
   for (const Setting& st : {Setting{"1 MB chunks", "1", "1"}, Setting{"32 MB chunks", "1", "32"},
                             Setting{"cuDNN", "0", "32"}}) {
-    // The backend reads both when made; the environment is as it was afterwards.
-    const char* names[2] = {"DPT_NARROW_CONV", "DPT_NARROW_CHUNK_MB"};
-    const char* values[2] = {st.narrow, st.chunk_mb};
-    std::string saved[2];
-    bool had[2];
-    for (int i = 0; i < 2; ++i) {
-      const char* v = std::getenv(names[i]);
-      had[i] = v != nullptr;
-      if (v) saved[i] = v;
-      setenv(names[i], values[i], 1);
-    }
-    auto g = gpu_with_hints(Precision::bf16);
-    for (int i = 0; i < 2; ++i) {
-      if (had[i]) setenv(names[i], saved[i].c_str(), 1);
-      else unsetenv(names[i]);
-    }
+    auto g = [&] {
+      const ScopedEnv env({{"DPT_NARROW_CONV", st.narrow}, {"DPT_NARROW_CHUNK_MB", st.chunk_mb}});
+      return gpu_with_hints(Precision::bf16);
+    }();
     for (const ConvGeom& c : convs) {
       const std::string label = std::string(st.name) + " batch " + std::to_string(c.batch) + " " +
                                 std::to_string(c.c) + "x" + std::to_string(c.h) + " -> " + std::to_string(c.out) +

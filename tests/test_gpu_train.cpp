@@ -20,6 +20,7 @@
 #ifdef DPT_HAVE_CUDA
 #include "dpt/cuda_backend.hpp"
 #endif
+#include "gpu_util.hpp"
 
 using namespace dpt;
 
@@ -147,12 +148,7 @@ TEST(GpuTraining, OneRankWithoutNcclGivesNcclsBits) {
 
 namespace {
 
-// Sets an environment variable for one scope (the backend reads DPT_STREAM_DATA when made).
-struct ScopedEnv {
-  ScopedEnv(const char* k, const char* v) : key(k) { setenv(k, v, 1); }
-  ~ScopedEnv() { unsetenv(key); }
-  const char* key;
-};
+using gpu_test::ScopedEnv;  // the backend reads DPT_STREAM_DATA and DPT_LT_FUSE when made
 
 // Trains from files the way dptrain reads them (data.read = all or shard), with a test set.
 Outcome train_files(const Config& c) {
@@ -209,7 +205,7 @@ TEST(GpuTraining, ShardedAndStreamedDataGiveTheResidentBits) {
   EXPECT_TRUE(shard.graph) << "a resident shard keeps the captured step";
   expect_bitwise(shard, resident, "data.read = shard, resident on the GPU");
   {
-    ScopedEnv env("DPT_STREAM_DATA", "1");
+    const ScopedEnv env({{"DPT_STREAM_DATA", "1"}});
     const Outcome streamed = train_files(c);
     EXPECT_FALSE(streamed.graph);
     expect_bitwise(streamed, resident, "whole file streamed");
@@ -238,7 +234,7 @@ TEST(GpuTraining, FusedBf16ReluTrainsThePerLayerCurve) {
   c.accumulate = 2;
   c.precision = "bf16";
   auto run = [&](const Config& cfg, const char* fuse, int* fused) {
-    ScopedEnv env("DPT_LT_FUSE", fuse);
+    const ScopedEnv env({{"DPT_LT_FUSE", fuse}});
     return train(cfg, fused);
   };
   int fused = -1, per_layer_fused = -1;
