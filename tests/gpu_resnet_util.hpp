@@ -41,6 +41,21 @@ struct BnData {
   }
 };
 
+// Batch norm's input-gradient pass (its sums, then dx into a fresh buffer) from dy, read back:
+// two ways of feeding it compared bit for bit. relu_out: the fused ReLU's mask, or nullptr.
+struct BnBackwardOut {
+  std::vector<double> sums;
+  std::vector<float> dx;
+};
+inline BnBackwardOut bn_backward_out(Backend& g, const float* dy, const float* x, const BnShape& s, const float* mean,
+                                     const float* invstd, const float* w, const float* relu_out) {
+  auto bs = poisoned_sums(g, s.c);
+  auto dx = poisoned(g, size_t(s.rows) * size_t(s.c));
+  g.bn_backward_sums(dy, x, s.rows, s.c, mean, bs.data(), relu_out);
+  g.bn_backward(dy, x, dx.data(), s.rows, s.c, bs.data(), mean, invstd, w, relu_out);
+  return {get(g, bs), get(g, dx)};
+}
+
 // Each value rounded to bf16 (nearest even), kept in a float.
 inline std::vector<float> rounded16(std::vector<float> v) {
   for (float& x : v) x = bf16_value(bf16_bits(x));
