@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -314,6 +315,7 @@ void Model::build_ops() {
   }
   link_blocks();
   reorder_flatten_reads();
+  share_slots();
   give_hints();
   // The runs' activations: every layer's z, and its a where it has an activation (else a is
   // z), one allocation each, as the MLP always kept them.
@@ -389,6 +391,61 @@ void Model::link_blocks() {
     if (op.kind == OpKind::bn && i + 1 < ops_.size() && op.act == Act::none)
       op.defer = ops_[i + 1]->kind == OpKind::res_shortcut || ops_[i + 1]->kind == OpKind::res_end;
   }
+}
+
+// Activation memory that ops take turns in, as a step's live tensors allow (each op's own buffer
+// otherwise):
+// - A batch norm's ReLU output that only the next op reads, a convolution (forward, and its
+//   weight gradient) or a pooling (forward; its backward reads the argmax): it is dead between
+//   that read and the backward pass, so every such output shares one slot, and is made again
+//   from the batch norm's input and the sums its forward pass kept (remake_output) before the
+//   next op's backward pass: the same bits (bn_forward from the same sums), one affine pass more.
+//   resnet50 at batch 256 in bf16 keeps 1.7 GB of them otherwise. Two slots where the backend's
+//   hint (bf16_read_outputs) holds for some and not for others, so each slot is kept in one form.
+// - A projection shortcut's input gradient, kept while the body's backward pass runs: one block's
+//   at a time, unless blocks nest.
+// DPT_SHARE_SLOTS=0: every op keeps its own buffers (to compare: the same bits either way).
+void Model::share_slots() {
+  if (const char* e = std::getenv("DPT_SHARE_SLOTS"); e && std::string(e) == "0") return;
+  const size_t B = size_t(max_batch_);
+  const std::vector<bool> bf16_out = bf16_read_outputs();
+  size_t need[2] = {0, 0};
+  for (size_t i = 0; i + 1 < ops_.size(); ++i) {
+    Op& op = *ops_[i];
+    const OpKind next = ops_[i + 1]->kind;
+    if (op.kind != OpKind::bn || op.act != Act::relu || (next != OpKind::conv && next != OpKind::pool)) continue;
+    op.slot = bf16_out[i] ? 1 : 0;
+    need[op.slot] = std::max(need[op.slot], B * size_t(op.out.size()));
+  }
+  for (int k = 0; k < 2; ++k)
+    if (need[k]) relu_slot_[k] = Buffer<float>(be_, need[k], Buffer<float>::Lazy{});
+  for (auto& op : ops_)
+    if (op->slot >= 0) op->a = Buffer<float>::alias(relu_slot_[op->slot]);
+  int depth = 0;
+  bool nested = false;
+  size_t keep = 0;
+  for (auto& op : ops_) {
+    if (op->kind == OpKind::res_begin) nested |= ++depth > 1;
+    if (op->kind == OpKind::res_end) --depth;
+    if (op->kind == OpKind::res_shortcut) keep = std::max(keep, B * size_t(op->out.size()));
+  }
+  if (nested || keep == 0) return;
+  keep_slot_ = Buffer<float>(be_, keep, Buffer<float>::Lazy{});
+  for (auto& op : ops_)
+    if (op->kind == OpKind::res_shortcut) op->a = Buffer<float>::alias(keep_slot_);
+}
+
+// Op j's output made again where it shares a slot that another op has written since
+// (share_slots): the forward pass's bits, from its input (x: the model's) and kept sums.
+void Model::remake_output(size_t j, const float* x, int batch) {
+  Op& op = *ops_[j];
+  if (op.slot < 0 || slot_holds_[op.slot] == int(j)) return;
+  const LayerSlice& s = slices_[size_t(op.param)];
+  const int64_t rows = int64_t(batch) * op.in.h * op.in.w;
+  be_.bn_forward(j == 0 ? x : ops_[j - 1]->y, op.a.data(), rows, int(op.in.c), op.sums.data(),
+                 params_.data() + s.w_off, params_.data() + s.b_off, kBnEps, kBnMomentum, op.mean.data(),
+                 op.invstd.data(), nullptr, nullptr, true);
+  slot_holds_[op.slot] = int(j);
 }
 
 std::vector<BnState> Model::bn_states() {
@@ -511,6 +568,7 @@ const float* Model::forward(const float* x, int batch, const TrainPass* train) {
                          op.invstd.data(), op.rmean.data(), op.rvar.data(), op.act == Act::relu);
           ++op.tracked;
         }
+        if (op.slot >= 0) slot_holds_[op.slot] = int(i);
         cur = op.a.data();
         break;
       }
@@ -574,6 +632,7 @@ void Model::backward(const float* x, int batch, bool accumulate, const PassHooks
   dy_from_ = nullptr;
   for (size_t i = ops_.size(); i-- > lowest;) {
     if (probe_) probe_(StepPoint::backward, int(i));
+    if (i > 0) remake_output(i - 1, x, batch);  // before the op that reads it (and its own backward)
     backward_op(*ops_[i], i == 0 ? x : ops_[i - 1]->y, batch, accumulate, hooks, cur, i > lowest);
   }
 }
@@ -592,7 +651,9 @@ size_t Model::lowest_backward_op() const {
 void Model::backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks,
                         int& cur, bool want_dx) {
   const bool first = !want_dx;
-  const int nxt = (cur + 1) % 3, spare = (cur + 2) % 3;
+  // Buffers 0 and 1 take turns; a linear run takes the third as well (cur is 2 only after one),
+  // so a model whose linear runs are small never writes most of it (lazy memory, see build).
+  const int nxt = cur == 0 ? 1 : 0, spare = 3 - cur - nxt;
   float* d = grad_[cur].data();
   const size_t n = size_t(batch) * size_t(op.out.size());
   switch (op.kind) {

@@ -7,21 +7,14 @@
 
 namespace dpt {
 
-void Model::give_hints() {
-  // A conv without activation whose output only batch norm reads: the backend may keep that
-  // output in another form (note_bn_input).
-  auto bn_input = [&](const Op& conv, const Op& next) {
-    return conv.kind == OpKind::conv && conv.act == Act::none && !conv.a.data() && next.kind == OpKind::bn;
-  };
-  for (size_t i = 0; i + 1 < ops_.size(); ++i)
-    if (bn_input(*ops_[i], *ops_[i + 1])) be_.note_bn_input(ops_[i]->z.data());
-  // Outputs whose every reader takes a bf16 operand (note_bf16_readers): the backend may keep
-  // them in another form. A batch norm's output read by the convolution above (without columns:
-  // it takes its input as a GEMM operand), or by a residual block's sum (the body's or the
-  // shortcut's last op); a block's sum that the next block's first ops read (a convolution or a
-  // batch norm, the identity shortcut's sum); a convolution's ReLU output that a convolution or
-  // a pooling without padding reads, and such a pooling's output that a convolution or a linear
-  // run reads (flattened, reordered: reorder_flatten_reads).
+// Whether every reader of op i's output takes a bf16 operand (note_bf16_readers): the backend
+// may keep it in another form. A batch norm's output read by the convolution above (without
+// columns: it takes its input as a GEMM operand), or by a residual block's sum (the body's or the
+// shortcut's last op); a block's sum that the next block's first ops read (a convolution or a
+// batch norm, the identity shortcut's sum); a convolution's ReLU output that a convolution or a
+// pooling without padding reads, and such a pooling's output that a convolution or a linear run
+// reads (flattened, reordered: reorder_flatten_reads).
+std::vector<bool> Model::bf16_read_outputs() const {
   auto unpadded_pool = [](const Op& r) { return r.kind == OpKind::pool && r.pg.pad == 0; };
   auto bf16_reader = [&](size_t k) {
     const Op& r = *ops_[k];
@@ -34,6 +27,7 @@ void Model::give_hints() {
     const size_t mid = size_t(nb.mid), end = size_t(nb.end);
     return k + 1 < mid && bf16_reader(k + 1) && (end == mid + 1 || bf16_reader(mid + 1));
   };
+  std::vector<bool> out(ops_.size(), false);
   for (size_t i = 0; i + 1 < ops_.size(); ++i) {
     const Op& op = *ops_[i];
     const OpKind next = ops_[i + 1]->kind;
@@ -51,10 +45,28 @@ void Model::give_hints() {
       hint = (next == OpKind::conv && bf16_reader(i + 1)) || (next == OpKind::res_begin && block_reads_bf16(i + 1));
     else if (op.kind == OpKind::res_end && next == OpKind::res_begin)
       hint = block_reads_bf16(i + 1);
+    out[i] = hint;
+  }
+  return out;
+}
+
+void Model::give_hints() {
+  // A conv without activation whose output only batch norm reads: the backend may keep that
+  // output in another form (note_bn_input).
+  auto bn_input = [&](const Op& conv, const Op& next) {
+    return conv.kind == OpKind::conv && conv.act == Act::none && !conv.a.data() && next.kind == OpKind::bn;
+  };
+  for (size_t i = 0; i + 1 < ops_.size(); ++i)
+    if (bn_input(*ops_[i], *ops_[i + 1])) be_.note_bn_input(ops_[i]->z.data());
+  auto unpadded_pool = [](const Op& r) { return r.kind == OpKind::pool && r.pg.pad == 0; };
+  const std::vector<bool> bf16_out = bf16_read_outputs();
+  for (size_t i = 0; i + 1 < ops_.size(); ++i) {
+    if (!bf16_out[i]) continue;
+    const Op& op = *ops_[i];
     const float* y = op.a.data() ? op.a.data() : op.z.data();  // a conv's ReLU overwrites z
-    if (hint) be_.note_bf16_readers(y);
+    be_.note_bf16_readers(y);
     // That output when a max pooling without padding is its only reader (note_relu_pool).
-    if (hint && op.kind == OpKind::conv && unpadded_pool(*ops_[i + 1]) && ops_[i + 1]->max)
+    if (op.kind == OpKind::conv && unpadded_pool(*ops_[i + 1]) && ops_[i + 1]->max)
       be_.note_relu_pool(y, ops_[i + 1]->argmax.data());
   }
   // Who reads each op's input gradient (grad_use), from the op below it.

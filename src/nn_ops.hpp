@@ -59,6 +59,9 @@ struct Model::Op {
   // output only the block's sum reads: its training pass may leave the affine pass to that sum
   // (Backend::bn_train_deferred).
   bool defer = false;
+  // bn with a ReLU that only the next op (a convolution or a pooling) reads: the relu slot its
+  // output takes turns in (Model::share_slots), or -1 (its own buffer).
+  int slot = -1;
   // Backward, the one op that reads this op's input gradient, where it is one the backend can
   // hand a bf16 operand (note_grad_use): bn — the convolution below, one without bias or
   // activation (GradUse::conv); conv — the batch norm below (GradUse::bn), a residual block's add

@@ -21,6 +21,7 @@
 #include "dpt/comm.hpp"
 #include "dpt/data.hpp"
 #include "dpt/train.hpp"
+#include "gpu_util.hpp"
 #include "parallel_util.hpp"
 #ifdef DPT_HAVE_CUDA
 #include "dpt/cuda_backend.hpp"
@@ -261,22 +262,47 @@ TEST(ResnetGpuTraining, RunsRepeatBitwise) {
 // losses, the parameters and the running statistics.
 TEST(ResnetGpuTraining, DeferredBatchNormTrainsTheSameBits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  const char* old = std::getenv("DPT_DEFER_BN");
-  const std::string saved = old ? old : "";
   for (const char* p : {"fp32", "bf16"}) {
     Config c = config("cuda", transport(), p, kResList);
     c.epochs = 1;
-    setenv("DPT_DEFER_BN", "0", 1);
-    const Outcome plain = train(c);
-    setenv("DPT_DEFER_BN", "1", 1);
-    const Outcome deferred = train(c);
+    Outcome plain, deferred;
+    {
+      const gpu_test::ScopedEnv env({{"DPT_DEFER_BN", "0"}});
+      plain = train(c);
+    }
+    {
+      const gpu_test::ScopedEnv env({{"DPT_DEFER_BN", "1"}});
+      deferred = train(c);
+    }
     EXPECT_EQ(deferred.losses, plain.losses) << p;
     EXPECT_TRUE(deferred.params == plain.params) << p;
     EXPECT_TRUE(deferred.stats == plain.stats) << p;
     if (transport() == "nccl" || world_size() == 1) EXPECT_TRUE(deferred.graph) << p << ": the step was not captured";
   }
-  if (old) setenv("DPT_DEFER_BN", saved.c_str(), 1);
-  else unsetenv("DPT_DEFER_BN");
+}
+
+// Ops that take turns in one buffer (Model::share_slots: a batch norm's ReLU output made again
+// for the backward pass, a projection shortcut's kept input gradient) train the bits of every op
+// keeping its own (DPT_SHARE_SLOTS=0), eager step and captured ones alike, in fp32 and in bf16.
+TEST(ResnetGpuTraining, SharedSlotsTrainTheSameBits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  for (const char* p : {"fp32", "bf16"}) {
+    Config c = config("cuda", transport(), p, kResList);
+    c.epochs = 1;
+    Outcome own, shared;
+    {
+      const gpu_test::ScopedEnv env({{"DPT_SHARE_SLOTS", "0"}});
+      own = train(c);
+    }
+    {
+      const gpu_test::ScopedEnv env({{"DPT_SHARE_SLOTS", "1"}});
+      shared = train(c);
+    }
+    EXPECT_EQ(shared.losses, own.losses) << p;
+    EXPECT_TRUE(shared.params == own.params) << p;
+    EXPECT_TRUE(shared.stats == own.stats) << p;
+    if (transport() == "nccl" || world_size() == 1) EXPECT_TRUE(shared.graph) << p << ": the step was not captured";
+  }
 }
 
 // LARS and LAMB on the residual network (per-tensor sums and the update inside the captured

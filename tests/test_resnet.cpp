@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -478,6 +479,60 @@ TEST(ResnetModel, RunningStatistics) {
   bn[2].running_var[0] += 1.f;
   const float* e2 = m.forward(x.data(), 4);
   EXPECT_NE(eval1[0], e2[0]);
+}
+
+// Ops that take turns in one buffer (Model::share_slots: batch norms' ReLU outputs, made again
+// for the backward pass, and projection shortcuts' kept input gradients) give the bits of every op
+// keeping its own (DPT_SHARE_SLOTS=0): logits, losses and gradients of two training passes (the
+// second accumulated) with an evaluation pass between them, which writes the slots too. resnet50:
+// its bottlenecks' batch norms before a convolution, the stem's before the max pooling, and four
+// projection shortcuts.
+TEST(ResnetModel, SharedSlotsGiveTheBitsOfOwnBuffers) {
+  const TensorShape in = TensorShape::image(3, 32, 32);
+  const auto x = rnd(2 * size_t(in.size()), 7);
+  const std::vector<int32_t> y = {2, 0};
+  struct Run {
+    std::vector<float> logits, grads1, grads2, stats;
+  };
+  auto run = [&](const char* share) {
+    const char* old = std::getenv("DPT_SHARE_SLOTS");
+    const std::string saved = old ? old : "";
+    setenv("DPT_SHARE_SLOTS", share, 1);
+    auto be = make_cpu_backend({});
+    Model m(*be, plan_model(parse_layer_list("resnet50(classes=3)"), in, 3), 2);  // read as it is built
+    if (old) setenv("DPT_SHARE_SLOTS", saved.c_str(), 1);
+    else unsetenv("DPT_SHARE_SLOTS");
+    m.init_params(5);
+    Run r;
+    float stats[2] = {0, 0};
+    TrainPass tp;
+    const float* l = m.forward(x.data(), 2, &tp);
+    r.logits.assign(l, l + 6);
+    m.loss(y.data(), 2, 0.5f, stats, true);
+    m.backward(x.data(), 2, false);
+    r.grads1.assign(m.grads(), m.grads() + m.num_params());
+    const float* e = m.forward(x.data(), 2);
+    r.logits.insert(r.logits.end(), e, e + 6);
+    m.forward(x.data(), 2, &tp);
+    m.loss(y.data(), 2, 0.5f, stats, true);
+    m.backward(x.data(), 2, true);
+    r.grads2.assign(m.grads(), m.grads() + m.num_params());
+    r.stats.assign(stats, stats + 2);
+    return r;
+  };
+  const Run own = run("0"), shared = run("1");
+  EXPECT_EQ(shared.logits, own.logits);
+  EXPECT_EQ(shared.stats, own.stats);
+  ASSERT_EQ(shared.grads1.size(), own.grads1.size());
+  size_t differ1 = 0, differ2 = 0, nonzero = 0;
+  for (size_t i = 0; i < own.grads1.size(); ++i) {
+    differ1 += shared.grads1[i] != own.grads1[i];
+    differ2 += shared.grads2[i] != own.grads2[i];
+    nonzero += own.grads1[i] != 0.f;
+  }
+  EXPECT_EQ(differ1, 0u);
+  EXPECT_EQ(differ2, 0u);
+  EXPECT_GT(nonzero, own.grads1.size() / 2);  // the gradients reach the stem
 }
 
 // Accumulating the gradient over two passes doubles it; a second backward pass with the same

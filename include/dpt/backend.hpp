@@ -528,11 +528,18 @@ class SideLane {
 uint16_t bf16_bits(float x);
 float bf16_value(uint16_t b);
 
-// Backend memory, RAII. T is float, int32_t, etc.
+// Backend memory, RAII. T is float, int32_t, etc. An alias views memory another Buffer owns
+// (ops that take turns in one tensor: Model's shared slots) and frees nothing.
 template <class T> class Buffer {
  public:
   struct Lazy {};  // Backend::alloc_lazy
   Buffer() = default;
+  static Buffer alias(const Buffer& owner) {
+    Buffer b;
+    b.p_ = owner.p_;
+    b.n_ = owner.n_;
+    return b;
+  }
   Buffer(Backend& be, size_t n) : be_(&be), n_(n) {
     p_ = n ? static_cast<T*>(be.alloc_bytes(n * sizeof(T))) : nullptr;
   }
@@ -549,7 +556,7 @@ template <class T> class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   T* data() const { return p_; }
   size_t size() const { return n_; }
-  void reset() noexcept { if (p_) be_->free_bytes(p_); p_ = nullptr; n_ = 0; }
+  void reset() noexcept { if (p_ && be_) be_->free_bytes(p_); p_ = nullptr; n_ = 0; }
 
  private:
   Backend* be_ = nullptr;

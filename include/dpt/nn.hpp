@@ -195,7 +195,10 @@ class Model {
   void build_ops();
   void link_blocks();
   void reorder_flatten_reads();
+  std::vector<bool> bf16_read_outputs() const;
   void give_hints();
+  void share_slots();
+  void remake_output(size_t j, const float* x, int batch);
   size_t lowest_backward_op() const;  // the first op with parameters: backward stops there
   void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur,
                    bool want_dx);
@@ -210,7 +213,15 @@ class Model {
   size_t n_params_ = 0;
   Buffer<float> params_, grads_;
   std::vector<std::unique_ptr<Op>> ops_;
-  Buffer<float> grad_[3];  // backward: gradients between ops (batch, largest tensor)
+  // Backward: gradients between ops (batch, largest tensor). Two take turns; a linear run takes
+  // the third too (its input gradient apart from its own two).
+  Buffer<float> grad_[3];
+  // Tensors that ops take turns in (share_slots): batch norms' ReLU outputs that only the next
+  // convolution or pooling reads, made again before the backward pass reads them (relu_slot_,
+  // one per form the backend may keep them in: bf16_read_outputs), and projection shortcuts'
+  // kept input gradients (keep_slot_). slot_holds_: whose output a relu slot holds now.
+  Buffer<float> relu_slot_[2], keep_slot_;
+  int slot_holds_[2] = {-1, -1};
   // Backward: where the next batch norm takes its dy from instead of the current gradient buffer
   // (a residual block's kept output gradient, Op::keep_feeds); it writes its dx to that buffer.
   const float* dy_from_ = nullptr;

@@ -113,7 +113,7 @@ using PinnedPtr = std::unique_ptr<void, PinnedDel>;
 enum class MemKind { other, buffer, copy, shadow, scratch, retired };
 DevPtr dev_alloc(size_t bytes, MemKind kind = MemKind::other);
 void recount(const void* p, MemKind kind);  // p's bytes counted as kind from now on
-void free_retired_scratch();     // every Scratch's retired buffers (none while a captured graph lives)
+void trim_scratch();             // every Scratch's retired buffers freed, and each cut to its need (Scratch)
 void count_graphs(int delta);    // captured step graphs made (+1) and destroyed (-1)
 // Every cudaMalloc of the backend's (dev_alloc, alloc_bytes) counted, process-wide: bytes now
 // and the most since the last reset.
@@ -142,9 +142,13 @@ class StreamTimer {
 // may still read it, and so may a captured step graph (evaluation runs a larger batch between
 // replays of a step whose graph holds the old address). Retired buffers go with the backend.
 //
-// Every Scratch is registered (memory.cpp): free_retired_scratch, called where capture starts,
-// frees the retired buffers of all of them while no captured graph lives in the process (then
-// nothing can hold them: cudaFree waits for the device's queued work first).
+// Every Scratch is registered (memory.cpp): trim_scratch, called where capture starts, frees the
+// retired buffers of all of them while no captured graph lives in the process (then nothing can
+// hold them: cudaFree waits for the device's queued work first), and cuts each buffer to its
+// need: the largest request made outside start-up timing (StartupTiming). The eager step before
+// capture makes every request the step makes; timing the candidates of a choice (im2col or
+// cuDNN, cuDNN's algorithms and engines) on buffers of its own asks for more than the step needs
+// (resnet50: 1.0 GiB of scratch, 0.2 GiB of it needed).
 class Scratch {
  public:
   Scratch();
@@ -154,12 +158,24 @@ class Scratch {
   Scratch& operator=(Scratch&& o) noexcept;  // o's buffers become this one's; this one's current is retired
   void* get(size_t bytes, cudaStream_t s);
   size_t capacity() const { return cap_; }
-  friend void free_retired_scratch();
+  friend void trim_scratch();
 
  private:
+  void trim();
   DevPtr p_;
   size_t cap_ = 0;
+  size_t need_ = 0;  // the largest request outside start-up timing
   std::vector<DevPtr> retired_;
+};
+
+// While one lives on this thread, Scratch requests are start-up timing's, not the step's: they
+// grow the buffers as before, but trim_scratch does not keep that size for them.
+class StartupTiming {
+ public:
+  StartupTiming();
+  ~StartupTiming();
+  StartupTiming(const StartupTiming&) = delete;
+  StartupTiming& operator=(const StartupTiming&) = delete;
 };
 
 // Host -> device copies through two pinned slots, so upload() returns as soon as the caller's

@@ -158,6 +158,7 @@ const char* CudaBackendImpl::conv_api_lacks(const ConvGeom& g, bool input_grad) 
 }
 
 bool CudaBackendImpl::im2col_wins(const ConvGeom& g, bool input_grad) {
+  const StartupTiming timing;  // its scratch requests (plain buffers, no hints) are not the step's
   cudaStream_t s = stream_.get();
   const size_t nx = size_t(g.batch) * g.h * g.w * g.c, ny = size_t(g.rows()) * g.out, nw = size_t(g.out) * g.cols();
   std::vector<Buffer<float>> bufs;
@@ -249,12 +250,14 @@ ConvPlan& CudaBackendImpl::conv_plan(const ConvGeom& g) {
 
 // Timed (or heuristic) choice of each direction's algorithm. Timing runs the candidates on the
 // buffers given (their contents are overwritten later by the real call) with the largest
-// workspace allowed; the workspace scratch keeps that size (it never shrinks).
+// workspace allowed: start-up timing's request (StartupTiming), which trim_scratch undoes.
 void CudaBackendImpl::choose_fwd(ConvPlan& p, const ConvGeom& g, const void* x, const void* w, void* y) {
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int n = 0;
   const bool fp32 = precision_ == Precision::fp32;
   const bool timed = !conv_heuristic_ && !capturing();
+  std::optional<StartupTiming> timing;
+  if (timed) timing.emplace();
   if (timed)
     DPT_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(cudnn(), p.x, x, p.w, w, p.fwd_desc, p.y, y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf,
@@ -271,6 +274,8 @@ void CudaBackendImpl::choose_data(ConvPlan& p, const ConvGeom& g, const void* w,
   int n = 0;
   const bool fp32 = precision_ == Precision::fp32;
   const bool timed = !conv_heuristic_ && !capturing();
+  std::optional<StartupTiming> timing;
+  if (timed) timing.emplace();
   if (timed)
     DPT_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
         cudnn(), p.w, w, p.y, dy, p.data_desc, p.x, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf,
@@ -288,6 +293,8 @@ void CudaBackendImpl::choose_filter(ConvPlan& p, const ConvGeom& g, const void* 
   int n = 0;
   const bool fp32 = precision_ == Precision::fp32;
   const bool timed = !conv_heuristic_ && !capturing();
+  std::optional<StartupTiming> timing;
+  if (timed) timing.emplace();
   if (timed) {
     void* probe = conv_probe_.get(size_t(g.out) * size_t(g.cols()) * sizeof(float), stream_.get());
     DPT_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(

@@ -236,6 +236,7 @@ void CudaBackendImpl::build_conv_engine(ConvEngine& e, ConvDir dir, const ConvGe
   size_t best = 0;
   if (timed && cands.size() > 1) {
     // Each as it will run, on these operands: a warm-up, then the best of three.
+    const StartupTiming timing;  // each candidate's workspace: the chosen one's is asked for when it runs
     cudaStream_t s = stream_.get();
     StreamTimer timer;
     float best_ms = 1e30f;

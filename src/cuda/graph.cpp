@@ -1,6 +1,6 @@
 // CUDA-graph capture of the training step (GraphRunner) and the backend's hooks around it:
-// weight shadows refreshed outside the graph, activation copies dropped and outgrown scratch
-// freed when capture starts.
+// weight shadows refreshed outside the graph, activation copies dropped and scratch trimmed to
+// the step's need when capture starts.
 #include <cuda_runtime.h>
 
 #include <functional>
@@ -91,7 +91,7 @@ void CudaBackendImpl::refresh_shadows() {
 // Capture starts: every activation copy must be produced inside the step to be used there, so
 // that each replay uses the copy its own producer wrote.
 void CudaBackendImpl::capture_begin() {
-  free_retired_scratch();  // the eager step's outgrown scratch (none while another graph lives)
+  trim_scratch();  // the eager step's outgrown scratch, and start-up timing's excess (not while another graph lives)
   say_scratch();
   refresh_shadows();
   for (auto& t : twins_) {  // a bf16-only tensor too: its producer in the step makes it again

@@ -171,7 +171,9 @@ Scratch& Scratch::operator=(Scratch&& o) noexcept {
   o.retired_.clear();
   p_ = std::move(o.p_);
   cap_ = o.cap_;
+  need_ = o.need_;
   o.cap_ = 0;
+  o.need_ = 0;
   return *this;
 }
 
@@ -181,19 +183,40 @@ void count_graphs(int delta) {
   r.graphs += delta;
 }
 
+namespace {
+thread_local int timing_depth = 0;  // StartupTiming guards alive on this thread
+}  // namespace
+
+StartupTiming::StartupTiming() { ++timing_depth; }
+StartupTiming::~StartupTiming() { --timing_depth; }
+
 // Retired buffers are kept for work already queued (cudaFree waits for it) and for captured
-// graphs (which hold their addresses): with no graph alive, none is needed. Capture starts after
-// the eager step, whose growing requests retire most of them (resnet50's first step outgrows
-// some buffers several times over).
-void free_retired_scratch() {
+// graphs (which hold their addresses): with no graph alive, none is needed, and a buffer larger
+// than its need can be made again at that size. Capture starts after the eager step, whose
+// growing requests retire most of them (resnet50's first step outgrows some buffers several
+// times over) and whose start-up timing sizes some beyond the step's need.
+void trim_scratch() {
   ScratchRegistry& r = scratch_registry();
   std::lock_guard<std::mutex> lock(r.m);
   if (r.graphs > 0) return;
-  for (Scratch* sc : r.all) sc->retired_.clear();
+  for (Scratch* sc : r.all) {
+    sc->retired_.clear();
+    sc->trim();
+  }
+}
+
+void Scratch::trim() {
+  if (cap_ <= need_) return;
+  p_.reset();  // cudaFree waits for the queued work that may read it
+  cap_ = 0;
+  if (need_ == 0) return;
+  p_ = dev_alloc(need_, MemKind::scratch);
+  cap_ = need_;
 }
 
 void* Scratch::get(size_t bytes, cudaStream_t s) {
   (void)s;
+  if (timing_depth == 0) need_ = std::max(need_, bytes);
   if (bytes > cap_) {
     if (p_) {
       recount(p_.get(), MemKind::retired);
