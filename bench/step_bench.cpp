@@ -55,6 +55,7 @@ struct Args {
   // The gradient path (train.shard_optimizer, comm.grad_dtype, comm.nccl_max_ctas, comm.bucket_mb).
   std::string shard = "false", grad_dtype = "fp32";
   std::string conv_tuning = "time";  // device.conv_tuning: heuristic skips cuDNN's timed search
+  std::string recompute = "auto";    // device.recompute
   int nccl_max_ctas = 0;
   double bucket_mb = 25;
   std::string account = "false";
@@ -80,6 +81,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--nccl-max-ctas") a.nccl_max_ctas = std::stoi(v);
     else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
     else if (k == "--conv-tuning") a.conv_tuning = v;
+    else if (k == "--recompute") a.recompute = v;
     else if (k == "--account") a.account = v;
     else if (k == "--account-warmup") a.account_warmup = std::stoi(v);
     else if (k == "--account-steps") a.account_steps = std::stoi(v);
@@ -118,6 +120,7 @@ Config make_config(const Args& a) {
   c.nccl_max_ctas = a.nccl_max_ctas;
   c.bucket_mb = a.bucket_mb;
   c.conv_tuning = a.conv_tuning;
+  c.recompute = a.recompute;
   c.source = "bench-step's command line";
   validate(c);  // names the option's key and value when it is wrong
   return c;

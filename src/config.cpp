@@ -112,6 +112,10 @@ void build_table(Table& t, Config& c, TextKeys& k) {
         "cuda: cuDNN convolution algorithms chosen by timing them at start-up (time) or by "
         "cuDNN's heuristic (heuristic: the same choice every run)");
   t.add("device.conv_workspace_mb", &c.conv_workspace_mb, "cuda: most cuDNN workspace per convolution, MB");
+  t.add("device.recompute", &c.recompute,
+        "auto | on | off: batch norms' ReLU outputs that only a convolution or pooling reads, made "
+        "again in the backward pass instead of kept (less memory, one more pass over them; auto: "
+        "on where they would hold 2^29 values or more)");
   t.add("checkpoint.dir", &c.ckpt_dir, "folder for checkpoints (empty = none)");
   t.add("checkpoint.every_steps", &c.ckpt_every, "steps between checkpoints (0 = end only)");
   t.add("checkpoint.keep", &c.ckpt_keep, "newest checkpoints kept (0 = all)");
@@ -292,6 +296,7 @@ void validate(const Config& c) {
   one_of("comm.grad_dtype", c.grad_dtype, {"fp32", "bf16"}, c);
   one_of("device.type", c.device_type, {"auto", "cuda", "cpu"}, c);
   one_of("device.conv_tuning", c.conv_tuning, {"time", "heuristic"}, c);
+  one_of("device.recompute", c.recompute, {"auto", "on", "off"}, c);
   at_least("train.epochs", c.epochs, 1, c);
   at_least<int64_t>("train.steps", c.steps, 0, c);
   at_least("train.batch_per_rank", c.batch_per_rank, 1, c);

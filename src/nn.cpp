@@ -34,6 +34,13 @@ std::vector<int> parse_layers(const std::string& s) {
   return out;
 }
 
+Recompute parse_recompute(const std::string& s) {
+  if (s == "off") return Recompute::off;
+  if (s == "on") return Recompute::on;
+  if (s == "auto") return Recompute::automatic;
+  throw InputError("unknown recompute setting '" + s + "' (auto | on | off)");
+}
+
 std::vector<int64_t> LayerSlice::weight_shape() const {
   if (conv) return {out, c, k, k};
   if (bn) return {out};
@@ -109,8 +116,8 @@ Model::Model(Backend& be, std::vector<int> widths, Act act, int max_batch, Arena
   build(max_batch, std::move(layout));
 }
 
-Model::Model(Backend& be, ModelPlan plan, int max_batch, ArenaLayout layout)
-    : be_(be), plan_(std::move(plan)), max_batch_(max_batch) {
+Model::Model(Backend& be, ModelPlan plan, int max_batch, ArenaLayout layout, Recompute recompute)
+    : be_(be), plan_(std::move(plan)), max_batch_(max_batch), recompute_(recompute) {
   build(max_batch, std::move(layout));
 }
 
@@ -395,25 +402,33 @@ void Model::link_blocks() {
 
 // Activation memory that ops take turns in, as a step's live tensors allow (each op's own buffer
 // otherwise):
-// - A batch norm's ReLU output that only the next op reads, a convolution (forward, and its
-//   weight gradient) or a pooling (forward; its backward reads the argmax): it is dead between
-//   that read and the backward pass, so every such output shares one slot, and is made again
-//   from the batch norm's input and the sums its forward pass kept (remake_output) before the
-//   next op's backward pass: the same bits (bn_forward from the same sums), one affine pass more.
-//   resnet50 at batch 256 in bf16 keeps 1.7 GB of them otherwise. Two slots where the backend's
-//   hint (bf16_read_outputs) holds for some and not for others, so each slot is kept in one form.
+// - With recompute_ (Recompute), a batch norm's ReLU output that only the next op reads, a
+//   convolution (forward, and its weight gradient) or a pooling (forward; its backward reads the
+//   argmax): it is dead between that read and the backward pass, so every such output shares one
+//   slot, and is made again from the batch norm's input and the sums its forward pass kept
+//   (remake_output) before the next op's backward pass: the same bits (bn_forward from the same
+//   sums), one affine pass more. Two slots where the backend's hint (bf16_read_outputs) holds for
+//   some and not for others, so each slot is kept in one form.
 // - A projection shortcut's input gradient, kept while the body's backward pass runs: one block's
-//   at a time, unless blocks nest.
-// DPT_SHARE_SLOTS=0: every op keeps its own buffers (to compare: the same bits either way).
+//   at a time, unless blocks nest. It costs nothing.
 void Model::share_slots() {
-  if (const char* e = std::getenv("DPT_SHARE_SLOTS"); e && std::string(e) == "0") return;
   const size_t B = size_t(max_batch_);
   const std::vector<bool> bf16_out = bf16_read_outputs();
-  size_t need[2] = {0, 0};
+  std::vector<size_t> remade;
+  size_t total = 0;
   for (size_t i = 0; i + 1 < ops_.size(); ++i) {
-    Op& op = *ops_[i];
+    const Op& op = *ops_[i];
     const OpKind next = ops_[i + 1]->kind;
     if (op.kind != OpKind::bn || op.act != Act::relu || (next != OpKind::conv && next != OpKind::pool)) continue;
+    remade.push_back(i);
+    total += B * size_t(op.out.size());
+  }
+  const bool recompute = recompute_ == Recompute::on || (recompute_ == Recompute::automatic && total >= (size_t(1) << 29));
+  if (!recompute) remade.clear();
+  remade_values_ = recompute ? total : 0;
+  size_t need[2] = {0, 0};
+  for (size_t i : remade) {
+    Op& op = *ops_[i];
     op.slot = bf16_out[i] ? 1 : 0;
     need[op.slot] = std::max(need[op.slot], B * size_t(op.out.size()));
   }
@@ -433,6 +448,12 @@ void Model::share_slots() {
   keep_slot_ = Buffer<float>(be_, keep, Buffer<float>::Lazy{});
   for (auto& op : ops_)
     if (op->kind == OpKind::res_shortcut) op->a = Buffer<float>::alias(keep_slot_);
+}
+
+int Model::remade_ops() const {
+  int n = 0;
+  for (const auto& op : ops_) n += op->slot >= 0;
+  return n;
 }
 
 // Op j's output made again where it shares a slot that another op has written since

@@ -163,8 +163,12 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
                                                     cfg.bucket_mb, comm.size(), comm.rank(),
                                                     by_gradients && cfg.shard_optimizer,
                                                     by_gradients && comm.size() > 1));
-  if (list) model_ = std::make_unique<Model>(be, mp, max_batch, plan_->layout);
+  if (list) model_ = std::make_unique<Model>(be, mp, max_batch, plan_->layout, parse_recompute(cfg.recompute));
   else model_ = std::make_unique<Model>(be, cfg.layers, parse_act(cfg.activation), max_batch, plan_->layout);
+  if (comm.rank() == 0 && model_->remade_values() > 0)
+    log::info("model: " + std::to_string(model_->remade_ops()) + " batch norms' ReLU outputs (" +
+              std::to_string(model_->remade_values() >> 20) + " Mi values at batch " + std::to_string(max_batch) +
+              ") made again in the backward pass instead of kept (device.recompute = " + cfg.recompute + ")");
   augment_ = parse_augment(cfg.augment, cfg.crop_padding);
   if (augment_.any() && rows_) {
     image_ = augment_shape(cfg, mp, rows_->info().sample_shape, rows_->path());

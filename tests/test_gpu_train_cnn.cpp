@@ -281,27 +281,22 @@ TEST(ResnetGpuTraining, DeferredBatchNormTrainsTheSameBits) {
   }
 }
 
-// Ops that take turns in one buffer (Model::share_slots: a batch norm's ReLU output made again
-// for the backward pass, a projection shortcut's kept input gradient) train the bits of every op
-// keeping its own (DPT_SHARE_SLOTS=0), eager step and captured ones alike, in fp32 and in bf16.
-TEST(ResnetGpuTraining, SharedSlotsTrainTheSameBits) {
+// Batch norms' ReLU outputs made again for the backward pass (device.recompute = on:
+// Model::share_slots) train the bits of keeping them (off), eager step and captured ones alike,
+// in fp32 and in bf16.
+TEST(ResnetGpuTraining, RecomputedReluOutputsTrainTheSameBits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   for (const char* p : {"fp32", "bf16"}) {
     Config c = config("cuda", transport(), p, kResList);
     c.epochs = 1;
-    Outcome own, shared;
-    {
-      const gpu_test::ScopedEnv env({{"DPT_SHARE_SLOTS", "0"}});
-      own = train(c);
-    }
-    {
-      const gpu_test::ScopedEnv env({{"DPT_SHARE_SLOTS", "1"}});
-      shared = train(c);
-    }
-    EXPECT_EQ(shared.losses, own.losses) << p;
-    EXPECT_TRUE(shared.params == own.params) << p;
-    EXPECT_TRUE(shared.stats == own.stats) << p;
-    if (transport() == "nccl" || world_size() == 1) EXPECT_TRUE(shared.graph) << p << ": the step was not captured";
+    c.recompute = "off";
+    const Outcome kept = train(c);
+    c.recompute = "on";
+    const Outcome remade = train(c);
+    EXPECT_EQ(remade.losses, kept.losses) << p;
+    EXPECT_TRUE(remade.params == kept.params) << p;
+    EXPECT_TRUE(remade.stats == kept.stats) << p;
+    if (transport() == "nccl" || world_size() == 1) EXPECT_TRUE(remade.graph) << p << ": the step was not captured";
   }
 }
 

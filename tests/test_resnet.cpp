@@ -481,27 +481,23 @@ TEST(ResnetModel, RunningStatistics) {
   EXPECT_NE(eval1[0], e2[0]);
 }
 
-// Ops that take turns in one buffer (Model::share_slots: batch norms' ReLU outputs, made again
-// for the backward pass, and projection shortcuts' kept input gradients) give the bits of every op
-// keeping its own (DPT_SHARE_SLOTS=0): logits, losses and gradients of two training passes (the
-// second accumulated) with an evaluation pass between them, which writes the slots too. resnet50:
-// its bottlenecks' batch norms before a convolution, the stem's before the max pooling, and four
-// projection shortcuts.
-TEST(ResnetModel, SharedSlotsGiveTheBitsOfOwnBuffers) {
+// Batch norms' ReLU outputs that take turns in one buffer and are made again for the backward
+// pass (Recompute::on, Model::share_slots) give the bits of keeping each (Recompute::off):
+// logits, losses and gradients of two training passes (the second accumulated) with an
+// evaluation pass between them, which writes the slot too. resnet50: its bottlenecks' batch norms
+// before a convolution, and the stem's before the max pooling. (Its four projection shortcuts
+// share one kept gradient either way.)
+TEST(ResnetModel, RecomputedReluOutputsGiveTheBitsOfKeptOnes) {
   const TensorShape in = TensorShape::image(3, 32, 32);
   const auto x = rnd(2 * size_t(in.size()), 7);
   const std::vector<int32_t> y = {2, 0};
   struct Run {
     std::vector<float> logits, grads1, grads2, stats;
   };
-  auto run = [&](const char* share) {
-    const char* old = std::getenv("DPT_SHARE_SLOTS");
-    const std::string saved = old ? old : "";
-    setenv("DPT_SHARE_SLOTS", share, 1);
+  auto run = [&](Recompute rc) {
     auto be = make_cpu_backend({});
-    Model m(*be, plan_model(parse_layer_list("resnet50(classes=3)"), in, 3), 2);  // read as it is built
-    if (old) setenv("DPT_SHARE_SLOTS", saved.c_str(), 1);
-    else unsetenv("DPT_SHARE_SLOTS");
+    Model m(*be, plan_model(parse_layer_list("resnet50(classes=3)"), in, 3), 2, {}, rc);
+    EXPECT_EQ(m.remade_ops(), rc == Recompute::on ? 1 + 3 * 2 + 4 * 2 + 6 * 2 + 3 * 2 : 0);
     m.init_params(5);
     Run r;
     float stats[2] = {0, 0};
@@ -520,7 +516,7 @@ TEST(ResnetModel, SharedSlotsGiveTheBitsOfOwnBuffers) {
     r.stats.assign(stats, stats + 2);
     return r;
   };
-  const Run own = run("0"), shared = run("1");
+  const Run own = run(Recompute::off), shared = run(Recompute::on);
   EXPECT_EQ(shared.logits, own.logits);
   EXPECT_EQ(shared.stats, own.stats);
   ASSERT_EQ(shared.grads1.size(), own.grads1.size());
@@ -533,6 +529,20 @@ TEST(ResnetModel, SharedSlotsGiveTheBitsOfOwnBuffers) {
   EXPECT_EQ(differ1, 0u);
   EXPECT_EQ(differ2, 0u);
   EXPECT_GT(nonzero, own.grads1.size() / 2);  // the gradients reach the stem
+}
+
+// Recompute::automatic makes them again where they would hold 2^29 values or more at the max
+// batch: resnet50 on 224x224 images at batch 256 (about 0.88 G), not at batch 128.
+TEST(ResnetModel, AutomaticRecomputeFollowsTheSize) {
+  auto be = make_cpu_backend({});
+  const ModelPlan plan = plan_model(parse_layer_list("resnet50(classes=3)"), TensorShape::image(3, 224, 224), 3);
+  const Model at256(*be, plan, 256, {}, Recompute::automatic);
+  EXPECT_EQ(at256.remade_ops(), 33);
+  EXPECT_GE(at256.remade_values(), size_t(1) << 29);
+  const Model at128(*be, plan, 128, {}, Recompute::automatic);
+  EXPECT_EQ(at128.remade_ops(), 0);
+  EXPECT_EQ(at128.remade_values(), 0u);
+  EXPECT_THROW(parse_recompute("sometimes"), InputError);
 }
 
 // Accumulating the gradient over two passes doubles it; a second backward pass with the same

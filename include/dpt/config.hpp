@@ -64,6 +64,7 @@ struct Config {
   std::string device_type = "auto";  // auto|cuda|cpu
   int threads = 0;                   // BLAS threads per rank on the CPU (0 = cores / local ranks)
   std::string conv_tuning = "time";  // time|heuristic: how cuDNN's convolution algorithms are chosen
+  std::string recompute = "auto";    // auto|on|off: batch norms' ReLU outputs made again in the backward pass
   int conv_workspace_mb = 1024;      // cuDNN: the most workspace one convolution may take
   // [checkpoint]
   std::string ckpt_dir;  // "" = no checkpoints

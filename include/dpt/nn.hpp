@@ -117,13 +117,23 @@ struct OpCost {
   bool has_fwd = true, has_bwd = true;      // whether the pass runs anything
 };
 
+// Batch norms' ReLU outputs that only the next convolution or pooling reads (ResNet's blocks
+// and stem), for the backward pass (device.recompute): kept (off), or dropped after that read and
+// made again from the batch norm's input just before the backward pass needs them (on: one more
+// affine pass over each, the same bits); automatic: on where they would hold 2^29 values or
+// more at the model's max batch (1 GiB in bf16: resnet50 at batch 256 holds 1.6 GiB of them in
+// bf16 and takes 3% longer a step on an H200 to make them again; resnet18 at batch 512 on 28x28
+// images, 0.2 GiB).
+enum class Recompute { off, on, automatic };
+Recompute parse_recompute(const std::string& s);  // off | on | auto; throws InputError
+
 class Model {
  public:
   // The MLP widths form: Linear layers between the widths, `act` between them. An empty layout
   // is packed_layout(widths).
   Model(Backend& be, std::vector<int> widths, Act act, int max_batch, ArenaLayout layout = {});
   // A layer list with its shapes (plan_model). An empty layout is packed.
-  Model(Backend& be, ModelPlan plan, int max_batch, ArenaLayout layout = {});
+  Model(Backend& be, ModelPlan plan, int max_batch, ArenaLayout layout = {}, Recompute recompute = Recompute::off);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -184,6 +194,11 @@ class Model {
   // released once its input gradient is enqueued (Backend::mlp_backward).
   void backward(const float* x, int batch, bool accumulate, const PassHooks& hooks = {});
 
+  // The values (at the max batch) of the ReLU outputs the backward pass makes again (Recompute),
+  // and how many ops they are.
+  size_t remade_values() const { return remade_values_; }
+  int remade_ops() const;
+
   // The step's observer (none: empty); the model calls it before each op and before the loss.
   void set_probe(StepProbe p) { probe_ = std::move(p); }
   // Its ops in forward order, at a batch (nn_account.cpp).
@@ -218,8 +233,11 @@ class Model {
   Buffer<float> grad_[3];
   // Tensors that ops take turns in (share_slots): batch norms' ReLU outputs that only the next
   // convolution or pooling reads, made again before the backward pass reads them (relu_slot_,
-  // one per form the backend may keep them in: bf16_read_outputs), and projection shortcuts'
-  // kept input gradients (keep_slot_). slot_holds_: whose output a relu slot holds now.
+  // one per form the backend may keep them in: bf16_read_outputs; with recompute_), and
+  // projection shortcuts' kept input gradients (keep_slot_). slot_holds_: whose output a relu
+  // slot holds now.
+  Recompute recompute_ = Recompute::off;
+  size_t remade_values_ = 0;
   Buffer<float> relu_slot_[2], keep_slot_;
   int slot_holds_[2] = {-1, -1};
   // Backward: where the next batch norm takes its dy from instead of the current gradient buffer
