@@ -17,6 +17,8 @@ constexpr int64_t kMaxSampleElems = (int64_t(1) << 31) - 1;  // one sample's ten
 constexpr int64_t kMaxParams = int64_t(1) << 34;             // 64 GiB of fp32 weights
 constexpr int kMaxWidth = 1 << 20;                           // conv channels, linear features
 constexpr int kMaxKernel = 64, kMaxStride = 64, kMaxPad = 64;
+// A max pooling keeps each output's window index kh·k + kw in a byte (Backend::pool_forward).
+constexpr int kMaxPoolKernel = 15;
 
 const char* kind_name(LayerKind k) {
   switch (k) {
@@ -232,7 +234,7 @@ LayerSpec parse_token(const Token& t, int depth) {
       return l;
     }
     expect_args(t, a, 1, 1, {"stride", "pad"}, (n + "(K[, stride=S][, pad=P])" + (n == "avgpool" ? " or avgpool(global)" : "")).c_str());
-    l.k = int_arg(t, "kernel size", a.pos[0], 1, kMaxKernel);
+    l.k = int_arg(t, "kernel size", a.pos[0], 1, n == "maxpool" ? kMaxPoolKernel : kMaxKernel);
     l.stride = l.k;
     if (auto* s = named(a, "stride")) l.stride = int_arg(t, "stride", *s, 1, kMaxStride);
     if (auto* p = named(a, "pad")) l.pad = int_arg(t, "pad", *p, 0, kMaxPad);

@@ -267,7 +267,7 @@ void Model::build_ops() {
         g.c = int(p.in.c); g.h = int(p.in.h); g.w = int(p.in.w);
         g.k = l.k; g.stride = l.stride; g.pad = l.pad;
         op->a = buf(p.out);
-        if (op->max) op->argmax = Buffer<int32_t>(be_, B * size_t(p.out.size()));
+        if (op->max) op->argmax = Buffer<uint8_t>(be_, B * size_t(p.out.size()));
         break;
       }
       case LayerKind::act:

@@ -13,7 +13,7 @@ namespace dpt {
 // shortcut's last op); a block's sum that the next block's first ops read (a convolution or a
 // batch norm, the identity shortcut's sum); a convolution's ReLU output that a convolution or a
 // pooling without padding reads, and such a pooling's output that a convolution or a linear run
-// reads (flattened, reordered: reorder_flatten_reads).
+// reads (flattened, reordered: reorder_flatten_reads); the input made NHWC for a convolution.
 std::vector<bool> Model::bf16_read_outputs() const {
   auto unpadded_pool = [](const Op& r) { return r.kind == OpKind::pool && r.pg.pad == 0; };
   auto bf16_reader = [&](size_t k) {
@@ -45,6 +45,8 @@ std::vector<bool> Model::bf16_read_outputs() const {
       hint = (next == OpKind::conv && bf16_reader(i + 1)) || (next == OpKind::res_begin && block_reads_bf16(i + 1));
     else if (op.kind == OpKind::res_end && next == OpKind::res_begin)
       hint = block_reads_bf16(i + 1);
+    else if (op.kind == OpKind::to_nhwc)  // the model's input, made NHWC for the first convolution
+      hint = next == OpKind::conv && bf16_reader(i + 1);
     out[i] = hint;
   }
   return out;

@@ -39,7 +39,7 @@ struct Model::Op {
   int nhwc_c = 0, nhwc_hw = 0;
   Buffer<float> wp, dwp;
   Buffer<float> z, a, cols;
-  Buffer<int32_t> argmax;
+  Buffer<uint8_t> argmax;  // a max pooling's window indices (Backend::pool_forward)
   const float* y = nullptr;  // output of the last forward
   // bn: the running statistics, this pass's mean and 1/std, partial sums (2c + 1)
   Buffer<float> rmean, rvar, mean, invstd;

@@ -257,11 +257,11 @@ TEST(CudaConv, PoolingIsExact) {
       std::vector<float> x = uniform(nin, 60);
       for (auto& v : x) v = std::round(v * 4.f) / 4.f;
       std::vector<float> y(nout), dx(nin);
-      std::vector<int32_t> arg(nout);
+      std::vector<uint8_t> arg(nout);
       cpu->pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, p, max);
       auto gx = put(*g, x);
       auto gy = poisoned(*g, nout);
-      Buffer<int32_t> garg(*g, max ? nout : 0);
+      Buffer<uint8_t> garg(*g, max ? nout : 0);
       g->pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, p, max);
       EXPECT_EQ(get(*g, gy), y) << label;
       if (max) EXPECT_EQ(get(*g, garg), arg) << label;
@@ -681,9 +681,9 @@ TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
     auto a_kept = poisoned(*g, n1), a_plain = poisoned(*g, n1), p_kept = poisoned(*g, np), p_plain = poisoned(*g, np);
     g->note_bf16_readers(a_kept.data());
     g->note_bf16_readers(p_kept.data());
-    auto arg_kept = put(*g, std::vector<int32_t>(np, -7)), arg_plain = put(*g, std::vector<int32_t>(np, -7));
+    auto arg_kept = put(*g, std::vector<uint8_t>(np, 0xf9)), arg_plain = put(*g, std::vector<uint8_t>(np, 0xf9));
     auto a_fused = poisoned(*g, n1), p_fused = poisoned(*g, np);
-    auto arg_fused = put(*g, std::vector<int32_t>(np, -7));
+    auto arg_fused = put(*g, std::vector<uint8_t>(np, 0xf9));
     g->note_bf16_readers(a_fused.data());
     g->note_bf16_readers(p_fused.data());
     g->note_relu_pool(a_fused.data(), arg_fused.data());
@@ -691,7 +691,7 @@ TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
       std::vector<float> y, dw2, db2, dw1, db1, dx;
     };
     // The backward pass routes through `route` (an argmax), hinted or not.
-    auto run = [&](Buffer<float>& a1, Buffer<float>& p, Buffer<int32_t>& arg, const Buffer<int32_t>& route,
+    auto run = [&](Buffer<float>& a1, Buffer<float>& p, Buffer<uint8_t>& arg, const Buffer<uint8_t>& route,
                    bool hints) {
       auto z2 = poisoned(*g, n2), d2 = put(*g, dy), dp = poisoned(*g, np), d1 = poisoned(*g, n1);
       auto dw2 = poisoned(*g, du.w.size()), db2 = poisoned(*g, du.b.size());
@@ -727,7 +727,7 @@ TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
     // The hinted argmax: the CPU's over the lower's float output rounded to bf16.
     const std::vector<float> a16 = bf16_round(get(*g, a_plain));
     std::vector<float> want_p(np);
-    std::vector<int32_t> want_arg(np);
+    std::vector<uint8_t> want_arg(np);
     cpu->pool_forward(a16.data(), want_p.data(), want_arg.data(), pg, true);
     EXPECT_EQ(get(*g, arg_kept), want_arg) << "argmax over the bf16 values, " << label;
     EXPECT_EQ(b.y, a.y) << "upper output " << label;
@@ -758,7 +758,7 @@ TEST(CudaConv, ReluPoolHintEndsWithItsBuffers) {
   const float* old_a = nullptr;
   {
     auto a = poisoned(*g, n1);
-    auto arg = put(*g, std::vector<int32_t>(n1 / 4, -7));
+    auto arg = put(*g, std::vector<uint8_t>(n1 / 4, 0xf9));
     g->note_relu_pool(a.data(), arg.data());
     old_a = a.data();
   }

@@ -20,7 +20,7 @@
 //   1e-6    the smoothed cross-entropy's loss and dlogits: exp and the sums in double (another
 //           summation order), dlogits from float(exp(double)) against glibc's expf, at most an ulp
 //           apart; the accuracy count exactly.
-// Outputs are poisoned (NaN, or −7 for argmax) on the GPU first, so an element the GPU forgets
+// Outputs are poisoned (NaN, or 0xf9 for argmax) on the GPU first, so an element the GPU forgets
 // fails. Channels get different means and scales, so a kernel that mixes up channels fails too.
 #include <gtest/gtest.h>
 
@@ -97,11 +97,11 @@ void check_pool(Backend& cpu, Backend& gpu, const PoolGeom& g, bool max, const s
                 const std::string& label) {
   const size_t ni = in_size(g), no = out_size(g);
   std::vector<float> y(no), dx(ni);
-  std::vector<int32_t> arg(max ? no : 0);
+  std::vector<uint8_t> arg(max ? no : 0);
   cpu.pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, g, max);
   auto gx = put(gpu, x);
   auto gy = poisoned(gpu, no);
-  auto garg = put(gpu, std::vector<int32_t>(max ? no : 0, -7));
+  auto garg = put(gpu, std::vector<uint8_t>(max ? no : 0, 0xf9));
   gpu.pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, g, max);
   EXPECT_TRUE(same_bits(get(gpu, gy), y)) << "y " << label;
   if (max) {
@@ -422,12 +422,12 @@ TEST(CudaResnet, PaddedPoolOnBf16OnlyTensors) {
       const size_t ni = in_size(p), no = out_size(p);
       const std::vector<float> x = rounded16(uniform(ni, 71)), dy = rounded16(uniform(no, 72));
       std::vector<float> y(no), dx(ni);
-      std::vector<int32_t> arg(max ? no : 0);
+      std::vector<uint8_t> arg(max ? no : 0);
       cpu->pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, p, max);
       cpu->pool_backward(dy.data(), max ? arg.data() : nullptr, dx.data(), p, max);
       auto gx = kept(x);
       auto gy = poisoned(*g, no);
-      auto garg = put(*g, std::vector<int32_t>(max ? no : 0, -7));
+      auto garg = put(*g, std::vector<uint8_t>(max ? no : 0, 0xf9));
       g->note_bf16_readers(gy.data());
       g->pool_forward(gx.data(), gy.data(), max ? garg.data() : nullptr, p, max);
       EXPECT_TRUE(std::isnan(get(*g, gy)[0])) << "y's floats written " << label;
@@ -440,6 +440,28 @@ TEST(CudaResnet, PaddedPoolOnBf16OnlyTensors) {
       EXPECT_TRUE(std::isnan(get(*g, gdx)[0])) << "dx's floats written " << label;
       EXPECT_EQ(widened(*g, gdx), rounded16(dx)) << "dx " << label;
     }
+}
+
+// The model's input made NHWC for the first convolution, where only bf16 readers take it
+// (note_bf16_readers): written in bf16 only, each value the CPU's transpose rounded to bf16; few
+// channels (an image's) and more than the small-rows kernel takes.
+TEST(CudaResnet, NchwToNhwcIntoBf16Only) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend({});
+  auto g = gpu_with_hints(Precision::bf16);
+  for (int c : {3, 40}) {
+    const int batch = 3, hw = 7 * 9;
+    const size_t n = size_t(batch) * size_t(c) * size_t(hw);
+    const std::vector<float> x = uniform(n, 81);
+    std::vector<float> y(n);
+    cpu->nchw_to_nhwc(x.data(), y.data(), batch, c, hw);
+    auto gx = put(*g, x);
+    auto gy = poisoned(*g, n);
+    g->note_bf16_readers(gy.data());
+    g->nchw_to_nhwc(gx.data(), gy.data(), batch, c, hw);
+    EXPECT_TRUE(std::isnan(get(*g, gy)[0])) << "floats written, c " << c;
+    EXPECT_EQ(widened(*g, gy), rounded16(y)) << "c " << c;
+  }
 }
 
 TEST(CudaResnet, PaddedMaxPoolTiesNaNAndNegatives) {

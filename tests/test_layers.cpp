@@ -88,11 +88,15 @@ TEST(LayerList, ErrorsNameTheLayerAndWhatIsWrong) {
       {"linear(2) , linear(3)", "expected a layer name"},
       {"linear(99999999999)", "N '99999999999' is not an integer"},
       {"conv(8,65)", "kernel size '65'"},
+      {"maxpool(16) flatten linear(2)", "kernel size '16' is not an integer in [1, 15]"},
   };
   for (const Case& c : cases) {
     const std::string e = error_of([&] { parse_layer_list(c.list); });
     EXPECT_NE(e.find(c.expect), std::string::npos) << c.list << " -> " << e;
   }
+  // The limit is max pooling's (its argmax is a byte per value), not average pooling's.
+  EXPECT_NO_THROW(parse_layer_list("avgpool(16) flatten linear(2)"));
+  EXPECT_NO_THROW(parse_layer_list("maxpool(15) flatten linear(2)"));
   std::string huge;
   while (huge.size() < (1u << 20)) huge += "linear(10) ";
   EXPECT_NE(error_of([&] { parse_layer_list(huge); }).find("characters long"), std::string::npos);
@@ -385,7 +389,7 @@ TEST(PoolCpu, ForwardMatchesTheDefinition) {
     for (bool max : {true, false}) {
       const auto x = rnd(size_t(g.batch) * g.h * g.w * g.c, 20);
       std::vector<float> y(size_t(g.batch) * g.oh() * g.ow() * g.c);
-      std::vector<int32_t> arg(y.size());
+      std::vector<uint8_t> arg(y.size());
       be->pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, g, max);
       for (int n = 0; n < g.batch; ++n)
         for (int oh = 0; oh < g.oh(); ++oh)
@@ -412,7 +416,7 @@ TEST(PoolCpu, GradientsMatchFiniteDifferences) {
       auto x = distinct(size_t(g.batch) * g.h * g.w * g.c, 21);
       const auto r = rnd(size_t(g.batch) * g.oh() * g.ow() * g.c, 22);
       std::vector<float> y(r.size()), dx(x.size(), 9.f);
-      std::vector<int32_t> arg(r.size());
+      std::vector<uint8_t> arg(r.size());
       auto loss = [&] {
         be->pool_forward(x.data(), y.data(), max ? arg.data() : nullptr, g, max);
         return dot(r, y);
@@ -438,7 +442,7 @@ TEST(PoolCpu, MaxTiesGoToTheFirstAndNanWins) {
   auto be = make_cpu_backend({});
   const PoolGeom g = pgeom(1, 1, 2, 2, 2, 2);
   std::vector<float> x{1.f, 3.f, 3.f, 2.f}, y(1), dx(4);
-  std::vector<int32_t> arg(1);
+  std::vector<uint8_t> arg(1);
   be->pool_forward(x.data(), y.data(), arg.data(), g, true);
   EXPECT_EQ(arg[0], 1);
   const std::vector<float> dy{5.f};

@@ -355,7 +355,7 @@ TEST(PoolCpu, PaddedAndGlobalPoolingGradients) {
     EXPECT_EQ(g.ow(), 3);
     const auto r = rnd(ny, 6);
     std::vector<float> y(ny), dx(x.size());
-    std::vector<int32_t> am(ny);
+    std::vector<uint8_t> am(ny);
     auto loss = [&] {
       be->pool_forward(x.data(), y.data(), am.data(), g, max);
       return dot(r, y);

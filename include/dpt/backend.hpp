@@ -260,13 +260,13 @@ class Backend {
                              const ConvGeom& g, Act act, float* dw, float* db, float* dx,
                              bool accumulate);
   // y (batch, oh, ow, c) = max or mean of each k×k window (padded by g.pad). Max: argmax (same
-  // shape) = the window index kh·k + kw of the first maximum in row-major order among the taps
-  // inside the input (a NaN wins), as PyTorch; argmax is nullptr for avg.
-  virtual void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g,
+  // shape, a byte each: k ≤ 15) = the window index kh·k + kw of the first maximum in row-major
+  // order among the taps inside the input (a NaN wins), as PyTorch; argmax is nullptr for avg.
+  virtual void pool_forward(const float* x, float* y, uint8_t* argmax, const PoolGeom& g,
                             bool max) = 0;
   // dx (batch, h, w, c) overwritten: max — dy goes to each window's argmax; avg — dy / k² to
   // every element of the window (summed where windows overlap).
-  virtual void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+  virtual void pool_backward(const float* dy, const uint8_t* argmax, float* dx, const PoolGeom& g,
                              bool max) = 0;
   // a = act(z) elementwise over n values; a may equal z.
   virtual void act_forward(const float* z, float* a, size_t n, Act act) = 0;
@@ -349,7 +349,8 @@ class Backend {
   // writes z's floats. Other backends ignore it.
   virtual void note_bn_input(const float* z) { (void)z; }
   // A hint from the model, once: every reader of the activation buffer y (a batch norm's output,
-  // a residual block's sum, a convolution's output after its fused ReLU, a pooling's output) can
+  // a residual block's sum, a convolution's output after its fused ReLU, a pooling's output, the
+  // model's input made NHWC) can
   // take it as a bf16 operand: a convolution (its input, forward and backward), a batch norm, a
   // residual block's sum, a pooling (max pooling then selects among the bf16 values, the first
   // of equal ones winning), and the fused ReLU's backward (its mask). The CUDA backend under bf16 then writes y's bf16 copy only, never y's floats; a
@@ -362,7 +363,7 @@ class Backend {
   // before bias and ReLU; the pooling adds the bias and applies the ReLU as it reads it, and
   // applies the ReLU's mask as it writes its input gradient: a is never written. The same bits as
   // without the hint. Other backends ignore it.
-  virtual void note_relu_pool(const float* a, const int32_t* argmax) { (void)a; (void)argmax; }
+  virtual void note_relu_pool(const float* a, const uint8_t* argmax) { (void)a; (void)argmax; }
   // A hint from the model just before the op that writes the input gradient dx, for that write
   // only: GradUse::conv — bn_backward's dx is read only by the backward pass of the convolution
   // below, one without bias or activation (its output was note_bn_input's z); GradUse::bn —

@@ -264,10 +264,10 @@ class CpuBackend final : public Backend {
   }
   void im2col(const float* x, const ConvGeom& g, float* cols) override { cpu::im2col(x, g, cols); }
   void col2im(const float* dcols, const ConvGeom& g, float* dx) override { cpu::col2im(dcols, g, dx); }
-  void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) override {
+  void pool_forward(const float* x, float* y, uint8_t* argmax, const PoolGeom& g, bool max) override {
     cpu::pool_forward(x, y, argmax, g, max);
   }
-  void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+  void pool_backward(const float* dy, const uint8_t* argmax, float* dx, const PoolGeom& g,
                      bool max) override {
     cpu::pool_backward(dy, argmax, dx, g, max);
   }

@@ -76,7 +76,7 @@ DPT_SIMD void col2im(const float* dcols, const ConvGeom& g, float* dx) {
 // maximum in row-major order winning and a NaN replacing it (PyTorch's `val > maxval ||
 // isnan(val)`), argmax = the tap's kh·k + kw; avg: the taps summed in row-major order, then
 // divided by k² (the padding's zeros counted, count_include_pad; PyTorch's order).
-DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
+DPT_SIMD void pool_forward(const float* x, float* y, uint8_t* argmax, const PoolGeom& g, bool max) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   const float area = float(K * K);
   for (int n = 0; n < g.batch; ++n)
@@ -84,7 +84,7 @@ DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const Pool
       for (int ow = 0; ow < OW; ++ow) {
         const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
         float* __restrict yo = y + o;
-        int32_t* __restrict ao = max ? argmax + o : nullptr;
+        uint8_t* __restrict ao = max ? argmax + o : nullptr;
         bool first = true;
         for (int j = 0; j < K * K; ++j) {
           const int ih = oh * g.stride - g.pad + j / K, iw = ow * g.stride - g.pad + j % K;
@@ -93,14 +93,14 @@ DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const Pool
           if (first) {
             for (int c = 0; c < C; ++c) yo[c] = xi[c];
             if (max)
-              for (int c = 0; c < C; ++c) ao[c] = j;
+              for (int c = 0; c < C; ++c) ao[c] = uint8_t(j);
             first = false;
           } else if (max) {
             for (int c = 0; c < C; ++c) {
               const float v = xi[c];
               const bool take = v > yo[c] || v != v;  // v != v: NaN
               yo[c] = take ? v : yo[c];
-              ao[c] = take ? j : ao[c];
+              ao[c] = take ? uint8_t(j) : ao[c];
             }
           } else {
             for (int c = 0; c < C; ++c) yo[c] += xi[c];
@@ -114,7 +114,7 @@ DPT_SIMD void pool_forward(const float* x, float* y, int32_t* argmax, const Pool
 // Every window adds to each of its elements inside the input (zero where it is not the
 // window's argmax), in increasing output order: the sums of the CUDA backend's gathers, which
 // skip the zeros.
-DPT_SIMD void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max) {
+DPT_SIMD void pool_backward(const float* dy, const uint8_t* argmax, float* dx, const PoolGeom& g, bool max) {
   const int OH = g.oh(), OW = g.ow(), C = g.c, K = g.k;
   const float area = float(K * K);
   std::memset(dx, 0, size_t(g.batch) * g.h * g.w * C * sizeof(float));
@@ -123,7 +123,7 @@ DPT_SIMD void pool_backward(const float* dy, const int32_t* argmax, float* dx, c
       for (int ow = 0; ow < OW; ++ow) {
         const size_t o = ((size_t(n) * OH + oh) * OW + ow) * C;
         const float* __restrict dyo = dy + o;
-        const int32_t* __restrict ao = max ? argmax + o : nullptr;
+        const uint8_t* __restrict ao = max ? argmax + o : nullptr;
         for (int j = 0; j < K * K; ++j) {
           const int ih = oh * g.stride - g.pad + j / K, iw = ow * g.stride - g.pad + j % K;
           if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;

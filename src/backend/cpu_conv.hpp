@@ -11,8 +11,8 @@ namespace dpt::cpu {
 
 void im2col(const float* x, const ConvGeom& g, float* cols);
 void col2im(const float* dcols, const ConvGeom& g, float* dx);
-void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max);
-void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g, bool max);
+void pool_forward(const float* x, float* y, uint8_t* argmax, const PoolGeom& g, bool max);
+void pool_backward(const float* dy, const uint8_t* argmax, float* dx, const PoolGeom& g, bool max);
 void nhwc_to_nchw(const float* src, float* dst, int batch, int c, int hw);
 void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw);
 void dropout(const float* x, float* y, int batch, const DropoutArgs& d, int64_t step);

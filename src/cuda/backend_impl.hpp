@@ -338,8 +338,8 @@ class CudaBackendImpl final : public CudaBackend {
   void conv_forward(const float* x, const float* w, const float* b, float* cols, float* z, float* a,
                     const ConvGeom& g, Act act) override;
   void col2im(const float* dcols, const ConvGeom& g, float* dx) override;
-  void pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) override;
-  void pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+  void pool_forward(const float* x, float* y, uint8_t* argmax, const PoolGeom& g, bool max) override;
+  void pool_backward(const float* dy, const uint8_t* argmax, float* dx, const PoolGeom& g,
                      bool max) override;
   void act_forward(const float* z, float* a, size_t n, Act act) override;
   void act_backward(float* da, const float* z, const float* a, size_t n, Act act) override;
@@ -372,7 +372,7 @@ class CudaBackendImpl final : public CudaBackend {
                          float* db, bool accumulate) override;
   void add(const float* x, float* y, size_t n) override;
   void note_bn_input(const float* z) override { bn_inputs_.insert(z); }
-  void note_relu_pool(const float* a, const int32_t* argmax) override {
+  void note_relu_pool(const float* a, const uint8_t* argmax) override {
     if (bf16_acts_ && bf16_grads_) relu_pools_[argmax] = a;
   }
   void note_bf16_readers(const float* y) override {
@@ -636,7 +636,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<Shadow> shadows_;          // bf16 only
   std::map<const float*, Twin> twins_;   // bf16 only
   std::set<const float*> bn_inputs_;     // note_bn_input's buffers
-  std::map<const int32_t*, const float*> relu_pools_;  // note_relu_pool's: argmax -> the ReLU output
+  std::map<const uint8_t*, const float*> relu_pools_;  // note_relu_pool's: argmax -> the ReLU output
   const float* premasked_ = nullptr;     // pool_backward's input gradient with the ReLU's mask applied
   std::set<const float*> bf16_readers_;   // note_bf16_readers's buffers
   std::map<const float*, GradUse> grad_uses_;  // note_grad_use's hints not yet taken

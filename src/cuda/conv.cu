@@ -12,8 +12,8 @@
 
 #include <algorithm>
 #include <initializer_list>
-#include <utility>
 #include <type_traits>
+#include <utility>
 
 #include "act.cuh"
 #include "conv_kernels.cuh"
@@ -237,7 +237,7 @@ __device__ __forceinline__ void pre_act_mask(F& s, const __nv_bfloat16* z16, siz
 }
 
 template <int V, bool MAX, class TX, class TY, bool PRE = false>
-__global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, int32_t* argmax, PoolGeom g, Div cv,
+__global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, uint8_t* argmax, PoolGeom g, Div cv,
                                 Div ow_n, Div oh_n, int pix0, int total, const float* __restrict__ bias = nullptr) {
   using F = typename VecF<V>::T;
   const float area = float(g.k * g.k);
@@ -273,23 +273,14 @@ __global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, int32_t* argmax
     }
     const size_t o = size_t(pix) * size_t(cv.d) + size_t(c);
     stv(y, o, best);
-    if (MAX) {
-#pragma unroll
-      for (int q = 0; q < V; ++q) argmax[o * V + q] = idx[q];
-    }
+    if (MAX) store_args<V>(argmax, o * V, idx);
   }
 }
 
 // One thread per input element (V consecutive channels of one pixel): the windows that hold it,
 // oh then ow ascending (the CPU's scatter order). Max: dy where the window's argmax is this
-// element; avg: dy / k². V = 4: 16-byte loads of dy and argmax and stores of dx, the same sums.
-template <int V> struct VecI;
-template <> struct VecI<1> { using T = int32_t; };
-template <> struct VecI<4> { using T = int4; };
-__device__ __forceinline__ int32_t lane(const int32_t& v, int) { return v; }
-__device__ __forceinline__ int32_t lane(const int4& v, int k) {
-  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-}
+// element; avg: dy / k². V = 4: 16-byte loads of dy, 4-byte ones of argmax and 16-byte stores
+// of dx, the same sums.
 
 // dy and dx are float or bf16 (a convolution's bf16 input gradient kept as it is; an input
 // gradient that only a convolution's ReLU backward reads), widened on load and rounded on store.
@@ -297,12 +288,11 @@ __device__ __forceinline__ int32_t lane(const int4& v, int k) {
 // (relu_bgrad_bf16_kernel), in the same pass: the gradient rounded to bf16 (dx16), and masked
 // (times 0) where the activation, bf16(relu(z + bias)) from the pre-activation z, is not > 0.
 template <int V, bool MAX, class TD, class TO, bool PRE = false>
-__global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __restrict__ argmax,
+__global__ void pool_bwd_kernel(const TD* __restrict__ dy, const uint8_t* __restrict__ argmax,
                                 TO* dx, PoolGeom g, Div c_n, Div w_n, Div h_n, Div st, int oh_n, int ow_n,
                                 int pix0, int total, const __nv_bfloat16* __restrict__ z16 = nullptr,
                                 const float* __restrict__ bias = nullptr) {
   using F = typename VecF<V>::T;
-  using I = typename VecI<V>::T;
   const float area = float(g.k * g.k);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     int c, iw, ih;
@@ -317,11 +307,12 @@ __global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __rest
         const size_t o = ((size_t(n) * oh_n + oh) * ow_n + ow) * size_t(c_n.d) + size_t(c);  // in units of V
         const F d = ldv<F>(dy, o);
         if (MAX) {
-          const I am = reinterpret_cast<const I*>(argmax)[o];
-          const int32_t tap = (ih - oh * g.stride) * g.k + (iw - ow * g.stride);
+          int am[V];
+          load_args<V>(argmax, o * V, am);
+          const int tap = (ih - oh * g.stride) * g.k + (iw - ow * g.stride);
 #pragma unroll
           for (int q = 0; q < V; ++q)
-            if (lane(am, q) == tap) lane(s, q) += lane(d, q);
+            if (am[q] == tap) lane(s, q) += lane(d, q);
         } else {
 #pragma unroll
           for (int q = 0; q < V; ++q) lane(s, q) += __fdiv_rn(lane(d, q), area);
@@ -339,7 +330,7 @@ __global__ void pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __rest
 // (0 + dy where the argmax is this element, else 0; avg: 0 + dy / k²), and PRE's mask the same
 // way. The gather form read each window's dy and argmax once per input element it holds.
 template <int V, bool MAX, class TD, class TO, bool PRE>
-__global__ void pool_bwd_disjoint_kernel(const TD* __restrict__ dy, const int32_t* __restrict__ argmax, TO* dx,
+__global__ void pool_bwd_disjoint_kernel(const TD* __restrict__ dy, const uint8_t* __restrict__ argmax, TO* dx,
                                          PoolGeom g, Div cv, Div ow_n, Div oh_n, int pix0, int total,
                                          const __nv_bfloat16* __restrict__ z16, const float* __restrict__ bias) {
   using F = typename VecF<V>::T;
@@ -351,17 +342,7 @@ __global__ void pool_bwd_disjoint_kernel(const TD* __restrict__ dy, const int32_
     const size_t o = size_t(pix) * size_t(cv.d) + size_t(c);
     const F d = ldv<F>(dy, o);
     int am[V];
-    if constexpr (MAX) {
-      if constexpr (V >= 4) {
-#pragma unroll
-        for (int q = 0; q < V; q += 4) {
-          const int4 a4 = reinterpret_cast<const int4*>(argmax + o * V)[q / 4];
-          am[q] = a4.x, am[q + 1] = a4.y, am[q + 2] = a4.z, am[q + 3] = a4.w;
-        }
-      } else {
-        am[0] = argmax[o];
-      }
-    }
+    if constexpr (MAX) load_args<V>(argmax, o * V, am);
     for (int j = 0; j < g.k * g.k; ++j) {
       const int kh = j / g.k, ih = oh * g.stride + kh, iw = ow * g.stride + j - kh * g.k;
       const size_t e = ((size_t(n) * g.h + ih) * g.w + iw) * size_t(cv.d) + size_t(c);
@@ -389,17 +370,23 @@ __global__ void act_bwd_kernel(float* da, const float* z, const float* a, size_t
     da[i] *= act_grad(z ? z[i] : 0.f, a ? a[i] : 0.f, act);
 }
 
+// A transpose's store: as it is, or a float rounded to bf16 (to_bf16's rounding).
+template <class TO, class T> __device__ __forceinline__ TO stored(T v) {
+  if constexpr (std::is_same_v<TO, __nv_bfloat16> && std::is_same_v<T, float>) return __float2bfloat16_rn(v);
+  else return v;
+}
+
 // Per sample (blockIdx.z, grid-strided), dst (cols, rows) = src (rows, cols)ᵀ in 32×32 tiles
 // through shared memory (one padding column against bank conflicts): both sides coalesced.
-template <class T>
-__global__ void batched_transpose_kernel(const T* __restrict__ src, T* __restrict__ dst, int batch, int rows,
+template <class T, class TO = T>
+__global__ void batched_transpose_kernel(const T* __restrict__ src, TO* __restrict__ dst, int batch, int rows,
                                          int cols) {
   __shared__ T tile[32][33];
   const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
   const size_t per = size_t(rows) * cols;
   for (int b = blockIdx.z; b < batch; b += gridDim.z) {
     const T* s = src + b * per;
-    T* d = dst + b * per;
+    TO* d = dst + b * per;
     for (int j = threadIdx.y; j < 32; j += 8) {
       const int r = r0 + j, c = c0 + threadIdx.x;
       if (r < rows && c < cols) tile[j][threadIdx.x] = s[size_t(r) * cols + c];
@@ -407,7 +394,7 @@ __global__ void batched_transpose_kernel(const T* __restrict__ src, T* __restric
     __syncthreads();
     for (int j = threadIdx.y; j < 32; j += 8) {
       const int c = c0 + j, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) d[size_t(c) * rows + r] = tile[threadIdx.x][j];
+      if (r < rows && c < cols) d[size_t(c) * rows + r] = stored<TO>(tile[threadIdx.x][j]);
     }
     __syncthreads();
   }
@@ -417,13 +404,14 @@ __global__ void batched_transpose_kernel(const T* __restrict__ src, T* __restric
 // global pool): one thread per column, reading each row's value (coalesced across the warp) and
 // writing its rows contiguously. The tiled kernel would leave most of each 32×32 tile empty.
 constexpr int kSmallRows = 4;
-__global__ void small_rows_transpose_kernel(const float* __restrict__ src, float* __restrict__ dst, int rows,
+template <class TO>
+__global__ void small_rows_transpose_kernel(const float* __restrict__ src, TO* __restrict__ dst, int rows,
                                             int64_t cols, int64_t total) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = i / cols, c = i - b * cols;
     const float* s = src + size_t(b) * size_t(rows) * size_t(cols) + size_t(c);
-    float* d = dst + size_t(i) * size_t(rows);
-    for (int r = 0; r < rows; ++r) d[r] = s[size_t(r) * size_t(cols)];
+    TO* d = dst + size_t(i) * size_t(rows);
+    for (int r = 0; r < rows; ++r) d[r] = stored<TO>(s[size_t(r) * size_t(cols)]);
   }
 }
 
@@ -557,7 +545,7 @@ template <class F> void with_width(int V, F&& f) {
 }
 
 template <bool PRE, class TX, class TY>
-void pool_fwd_launch(const TX* x, TY* y, int32_t* argmax, const PoolGeom& g, bool max, int V, const float* bias,
+void pool_fwd_launch(const TX* x, TY* y, uint8_t* argmax, const PoolGeom& g, bool max, int V, const float* bias,
                      cudaStream_t s) {
   const Div cv(g.c / V), ow_n(g.ow()), oh_n(g.oh());
   auto go = [&](auto w) {
@@ -576,7 +564,7 @@ void pool_fwd_launch(const TX* x, TY* y, int32_t* argmax, const PoolGeom& g, boo
 bool disjoint(const PoolGeom& g) { return g.pad == 0 && g.k == g.stride && g.h % g.k == 0 && g.w % g.k == 0; }
 
 template <bool PRE, class TD, class TO>
-void pool_bwd_launch(const TD* dy, const int32_t* argmax, TO* dx, const PoolGeom& g, bool max, int Vw,
+void pool_bwd_launch(const TD* dy, const uint8_t* argmax, TO* dx, const PoolGeom& g, bool max, int Vw,
                      const __nv_bfloat16* z16, const float* bias, cudaStream_t s) {
   if (disjoint(g)) {
     const Div cv(g.c / Vw), ow_n(g.ow()), oh_n(g.oh());
@@ -615,32 +603,32 @@ template <class P, class F> void typed_ptr(P p, bool bf16, F&& f) {
 }
 }  // namespace
 
-void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
+void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, uint8_t* argmax, const PoolGeom& g, bool max,
                   cudaStream_t s) {
-  const int V = pool_width(g.c, {{x, x_bf16 ? 2 : 4}, {y, y_bf16 ? 2 : 4}, {argmax, 4}});
+  const int V = pool_width(g.c, {{x, x_bf16 ? 2 : 4}, {y, y_bf16 ? 2 : 4}, {argmax, 1}});
   typed_ptr(x, x_bf16, [&](auto xp) {
     typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<false>(xp, yp, argmax, g, max, V, nullptr, s); });
   });
 }
 
-void pool_forward_relu(const void* z16, const float* bias, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g,
+void pool_forward_relu(const void* z16, const float* bias, void* y, bool y_bf16, uint8_t* argmax, const PoolGeom& g,
                        cudaStream_t s) {
-  const int V = pool_width(g.c, {{z16, 2}, {y, y_bf16 ? 2 : 4}, {argmax, 4}, {bias, 4}});
+  const int V = pool_width(g.c, {{z16, 2}, {y, y_bf16 ? 2 : 4}, {argmax, 1}, {bias, 4}});
   const auto* zp = static_cast<const __nv_bfloat16*>(z16);
   typed_ptr(y, y_bf16, [&](auto yp) { pool_fwd_launch<true>(zp, yp, argmax, g, true, V, bias, s); });
 }
 
-void pool_backward(const void* dy, bool dy_bf16, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
+void pool_backward(const void* dy, bool dy_bf16, const uint8_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
                    bool max, cudaStream_t s) {
-  const int V = pool_width(g.c, {{dy, dy_bf16 ? 2 : 4}, {dx, dx_bf16 ? 2 : 4}, {argmax, 4}});
+  const int V = pool_width(g.c, {{dy, dy_bf16 ? 2 : 4}, {dx, dx_bf16 ? 2 : 4}, {argmax, 1}});
   typed_ptr(dy, dy_bf16, [&](auto dp) {
     typed_ptr(dx, dx_bf16, [&](auto op) { pool_bwd_launch<false>(dp, argmax, op, g, max, V, nullptr, nullptr, s); });
   });
 }
 
-void pool_backward_relu(const void* dy, bool dy_bf16, const int32_t* argmax, const void* z16, const float* bias,
+void pool_backward_relu(const void* dy, bool dy_bf16, const uint8_t* argmax, const void* z16, const float* bias,
                         void* dx16, const PoolGeom& g, cudaStream_t s) {
-  const int V = pool_width(g.c, {{dy, dy_bf16 ? 2 : 4}, {dx16, 2}, {z16, 2}, {argmax, 4}, {bias, 4}});
+  const int V = pool_width(g.c, {{dy, dy_bf16 ? 2 : 4}, {dx16, 2}, {z16, 2}, {argmax, 1}, {bias, 4}});
   const auto* zp = static_cast<const __nv_bfloat16*>(z16);
   auto* op = static_cast<__nv_bfloat16*>(dx16);
   typed_ptr(dy, dy_bf16, [&](auto dp) { pool_bwd_launch<true>(dp, argmax, op, g, true, V, zp, bias, s); });
@@ -660,23 +648,32 @@ void act_backward(float* da, const float* z, const float* a, size_t n, Act act, 
 
 namespace {
 // batched_transpose_kernel over the whole (rows, cols) of every sample.
-template <class T>
-void tiled_transpose(const T* src, T* dst, int batch, int rows, int cols, cudaStream_t s) {
+template <class T, class TO>
+void tiled_transpose(const T* src, TO* dst, int batch, int rows, int cols, cudaStream_t s) {
   const dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32), unsigned(std::min(batch, 65535)));
-  batched_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(src, dst, batch, rows, cols);
+  batched_transpose_kernel<T, TO><<<grid, dim3(32, 8), 0, s>>>(src, dst, batch, rows, cols);
   DPT_CHECK_LAUNCH("batched_transpose_kernel");
 }
-}  // namespace
 
-void batched_transpose(const float* src, float* dst, int batch, int rows, int cols, cudaStream_t s) {
+template <class TO>
+void float_transpose(const float* src, TO* dst, int batch, int rows, int cols, cudaStream_t s) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return;
   if (rows <= kSmallRows) {
     const int64_t total = int64_t(batch) * cols;
-    small_rows_transpose_kernel<<<grid_for(size_t(total)), kThreads, 0, s>>>(src, dst, rows, cols, total);
+    small_rows_transpose_kernel<TO><<<grid_for(size_t(total)), kThreads, 0, s>>>(src, dst, rows, cols, total);
     DPT_CHECK_LAUNCH("small_rows_transpose_kernel");
     return;
   }
   tiled_transpose(src, dst, batch, rows, cols, s);
+}
+}  // namespace
+
+void batched_transpose(const float* src, float* dst, int batch, int rows, int cols, cudaStream_t s) {
+  float_transpose(src, dst, batch, rows, cols, s);
+}
+
+void batched_transpose_to_bf16(const float* src, void* dst, int batch, int rows, int cols, cudaStream_t s) {
+  float_transpose(src, static_cast<__nv_bfloat16*>(dst), batch, rows, cols, s);
 }
 
 void batched_transpose_bf16(const void* src, void* dst, int batch, int rows, int cols, cudaStream_t s) {

@@ -25,19 +25,19 @@ void narrow_cols(const void* x, bool x_bf16, const ConvGeom& g, int row0, int ro
 void col2im(const float* dcols, const ConvGeom& g, float* dx, cudaStream_t s);
 // Pooling without padding. Each operand is float, or bf16 where its flag says so (read widened,
 // written rounded).
-void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
+void pool_forward(const void* x, bool x_bf16, void* y, bool y_bf16, uint8_t* argmax, const PoolGeom& g, bool max,
                   cudaStream_t s);
 // Max pooling of a convolution's ReLU output from its bf16 output z16 before bias and ReLU
 // (note_relu_pool): the values pooled are bf16(relu(z16 + bias)) (bias may be nullptr), those the
 // convolution's epilogue would have stored.
-void pool_forward_relu(const void* z16, const float* bias, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g,
+void pool_forward_relu(const void* z16, const float* bias, void* y, bool y_bf16, uint8_t* argmax, const PoolGeom& g,
                        cudaStream_t s);
 // Gathered per input element over the windows holding it, in increasing output order (the CPU's).
-void pool_backward(const void* dy, bool dy_bf16, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
+void pool_backward(const void* dy, bool dy_bf16, const uint8_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
                    bool max, cudaStream_t s);
 // Max pooling's backward, then the convolution's ReLU backward (pool_forward_relu's): dx16 (bf16)
 // = the gathered gradient rounded to bf16, times 0 where bf16(relu(z16 + bias)) is not > 0.
-void pool_backward_relu(const void* dy, bool dy_bf16, const int32_t* argmax, const void* z16, const float* bias,
+void pool_backward_relu(const void* dy, bool dy_bf16, const uint8_t* argmax, const void* z16, const float* bias,
                         void* dx16, const PoolGeom& g, cudaStream_t s);
 void act_forward(const float* z, float* a, size_t n, Act act, cudaStream_t s);
 void act_backward(float* da, const float* z, const float* a, size_t n, Act act, cudaStream_t s);
@@ -45,6 +45,8 @@ void act_backward(float* da, const float* z, const float* a, size_t n, Act act, 
 void batched_transpose(const float* src, float* dst, int batch, int rows, int cols, cudaStream_t s);
 // The same on bf16 values (as 16-bit words).
 void batched_transpose_bf16(const void* src, void* dst, int batch, int rows, int cols, cudaStream_t s);
+// batched_transpose of floats into bf16 (to_bf16's rounding).
+void batched_transpose_to_bf16(const float* src, void* dst, int batch, int rows, int cols, cudaStream_t s);
 // Backend::dropout with the step read from ctl on the device (ctl nullptr: step 0).
 void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl, cudaStream_t s);
 // Backend::augment: sample i's draw is draws[(ctl ? ctl->cursor : 0) + offset + i].

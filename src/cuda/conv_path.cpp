@@ -45,13 +45,13 @@ void CudaBackendImpl::col2im(const float* dcols, const ConvGeom& g, float* dx) {
 // bf16: x may be a convolution's or a batch norm's ReLU output kept in bf16 only
 // (note_bf16_readers), read as it is; y is written in bf16 only where only bf16 readers take it
 // (a convolution above, or a residual block's first ops).
-void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, const PoolGeom& g, bool max) {
+void CudaBackendImpl::pool_forward(const float* x, float* y, uint8_t* argmax, const PoolGeom& g, bool max) {
   const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
   const float* bias = nullptr;
   const void* pre = max && !g.pad ? pre_act_twin(x, ni, &bias) : nullptr;  // note_relu_pool
   const void* x16 = pre ? nullptr : only_copy(x, ni);
   note_write(y, n * sizeof(float));
-  if (max) note_write(argmax, n * sizeof(int32_t));
+  if (max) note_write(argmax, n);
   bool only = false;
   void* y16 = out_twin(y, n, false, only);
   void* out = only ? y16 : static_cast<void*>(y);
@@ -68,7 +68,7 @@ void CudaBackendImpl::pool_forward(const float* x, float* y, int32_t* argmax, co
 // block's input gradient: GradUse::pool); dx is written in bf16 only where only the ReLU
 // backward of the convolution below (GradUse::act, unpadded pools) or the batch norm below
 // (GradUse::bn) reads it.
-void CudaBackendImpl::pool_backward(const float* dy, const int32_t* argmax, float* dx, const PoolGeom& g,
+void CudaBackendImpl::pool_backward(const float* dy, const uint8_t* argmax, float* dx, const PoolGeom& g,
                                     bool max) {
   const size_t ni = size_t(g.batch) * g.h * g.w * g.c, n = size_t(g.batch) * g.oh() * g.ow() * g.c;
   const std::optional<GradUse> use = take_grad_use(dx);
@@ -122,8 +122,19 @@ void CudaBackendImpl::nhwc_to_nchw(const float* src, float* dst, int batch, int 
   cuda::batched_transpose(src, dst, batch, hw, c, stream_.get());
 }
 
+// bf16, where only bf16 readers take dst (note_bf16_readers: the model's input, made NHWC for
+// the first convolution): dst written in bf16 only, into its twin, as that convolution would
+// have rounded it.
 void CudaBackendImpl::nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw) {
-  note_write(dst, size_t(batch) * c * hw * sizeof(float));
+  const size_t n = size_t(batch) * c * hw;
+  bool only = false;
+  void* d16 = out_twin(dst, n, false, only);
+  note_write(dst, n * sizeof(float));
+  if (d16 && only) {
+    cuda::batched_transpose_to_bf16(src, d16, batch, c, hw, stream_.get());
+    made_only_twin(dst, n);
+    return;
+  }
   cuda::batched_transpose(src, dst, batch, c, hw, stream_.get());
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace dpt::cuda {
 
@@ -93,6 +94,35 @@ __global__ void loss_totals(const T* __restrict__ row_loss, const int* __restric
     __syncthreads();
   }
   if (threadIdx.x == 0) { stats[0] += float(sl[0]); stats[1] += float(sc[0]); }
+}
+
+// A max pooling's argmax, a byte per value (the window's tap kh·k + kw; k ≤ 15, so 255 is no
+// tap and stands for none): V consecutive ones from element i, a multiple of V, in one access
+// where V is 4 or 8 (i·1 byte aligned to V).
+template <int V> __device__ __forceinline__ void load_args(const uint8_t* p, size_t i, int (&v)[V]) {
+  if constexpr (V == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    for (int k = 0; k < 4; ++k) v[k] = int((u.x >> (8 * k)) & 0xffu), v[k + 4] = int((u.y >> (8 * k)) & 0xffu);
+  } else if constexpr (V == 4) {
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(p + i);
+    for (int k = 0; k < 4; ++k) v[k] = int((u >> (8 * k)) & 0xffu);
+  } else {
+    for (int k = 0; k < V; ++k) v[k] = p[i + k];
+  }
+}
+template <int V> __device__ __forceinline__ void store_args(uint8_t* p, size_t i, const int (&v)[V]) {
+  auto byte = [](int x) { return uint32_t(x) & 0xffu; };
+  if constexpr (V == 8) {
+    uint2 u{0u, 0u};
+    for (int k = 0; k < 4; ++k) u.x |= byte(v[k]) << (8 * k), u.y |= byte(v[k + 4]) << (8 * k);
+    *reinterpret_cast<uint2*>(p + i) = u;
+  } else if constexpr (V == 4) {
+    uint32_t u = 0;
+    for (int k = 0; k < 4; ++k) u |= byte(v[k]) << (8 * k);
+    *reinterpret_cast<uint32_t*>(p + i) = u;
+  } else {
+    for (int k = 0; k < V; ++k) p[i + k] = uint8_t(byte(v[k]));
+  }
 }
 
 }  // namespace dpt::cuda

@@ -150,7 +150,7 @@ __device__ __forceinline__ bool is_nan(float v) { return (__float_as_uint(v) & 0
 // (padding skipped: PyTorch's clipped window, the same as padding with −inf for max). Max: the
 // first maximum, a NaN replaces it, argmax = the tap kh·k + kw. Avg: summed from the first valid
 // tap, divided by k² (the padding's zeros counted, count_include_pad). A window with no valid tap
-// (pad >= k, which PyTorch refuses) gives max −inf, argmax −1; avg 0.
+// (pad >= k, which PyTorch refuses) gives max −inf, argmax 255 (no tap: store_args); avg 0.
 // V consecutive channels (1, or 4 in one 16-byte access).
 template <int V, class T> __device__ __forceinline__ void ldv(const T* p, size_t i, T (&v)[V]) {
   if constexpr (V == 4) {
@@ -198,7 +198,7 @@ template <int V, class T> __device__ __forceinline__ void stf(T* p, size_t i, co
 
 template <bool MAX, int V, class TX, class TY>
 __global__ void padded_pool_fwd_kernel(const TX* __restrict__ x, TY* __restrict__ y,
-                                       int32_t* __restrict__ argmax, PoolGeom g, Div plane, Div ow_n,
+                                       uint8_t* __restrict__ argmax, PoolGeom g, Div plane, Div ow_n,
                                        int pixels) {
   const int j = channel() * V;
   if (j >= g.c) return;
@@ -238,7 +238,7 @@ __global__ void padded_pool_fwd_kernel(const TX* __restrict__ x, TY* __restrict_
     const size_t o = size_t(p) * size_t(g.c) + size_t(j);
     if (MAX) {
       for (int k = 0; k < V; ++k) best[k] = idx[k] < 0 ? -INFINITY : best[k];
-      stv<V>(argmax, o, idx);
+      store_args<V>(argmax, o, idx);
     } else {
       for (int k = 0; k < V; ++k) best[k] = __fdiv_rn(best[k], area);
     }
@@ -250,7 +250,7 @@ __global__ void padded_pool_fwd_kernel(const TX* __restrict__ x, TY* __restrict_
 // ascending (the CPU's scatter order, so the same sums bit for bit). Max: dy where the window's
 // argmax is this element's tap; avg: dy / k².
 template <bool MAX, int V, class TD, class TO>
-__global__ void padded_pool_bwd_kernel(const TD* __restrict__ dy, const int32_t* __restrict__ argmax,
+__global__ void padded_pool_bwd_kernel(const TD* __restrict__ dy, const uint8_t* __restrict__ argmax,
                                        TO* __restrict__ dx, PoolGeom g, Div plane, Div w_n, Div st,
                                        int oh_n, int ow_n, int pixels) {
   const int j = channel() * V;
@@ -271,8 +271,8 @@ __global__ void padded_pool_bwd_kernel(const TD* __restrict__ dy, const int32_t*
         float d[V];
         ldf<V>(dy, o, d);
         if (MAX) {
-          int32_t am[V];
-          ldv<V>(argmax, o, am);
+          int am[V];
+          load_args<V>(argmax, o, am);
           const int tap = (yh - oh * g.stride) * g.k + (yw - ow * g.stride);
           for (int k = 0; k < V; ++k)
             if (am[k] == tap) s[k] += d[k];
@@ -518,7 +518,7 @@ template <class F> void pool_variant(bool max, bool v4, F&& f) {
 }
 
 // Four channels per thread where c and every pointer allow (the ResNet stem's 64 channels).
-void padded_pool_forward(Operand x, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
+void padded_pool_forward(Operand x, void* y, bool y_bf16, uint8_t* argmax, const PoolGeom& g, bool max,
                          cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.oh() <= 0 || g.ow() <= 0) return;
   const bool v4 = g.c % 4 == 0 && aligned16(x.p) && aligned16(y) && (!max || aligned16(argmax));
@@ -540,7 +540,7 @@ void padded_pool_forward(Operand x, void* y, bool y_bf16, int32_t* argmax, const
   DPT_CHECK_LAUNCH("padded_pool_fwd_kernel");
 }
 
-void padded_pool_backward(Operand dy, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g, bool max,
+void padded_pool_backward(Operand dy, const uint8_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g, bool max,
                           cudaStream_t s) {
   if (g.batch <= 0 || g.c <= 0 || g.h <= 0 || g.w <= 0) return;
   const bool v4 = g.c % 4 == 0 && aligned16(dy.p) && aligned16(dx) && (!max || aligned16(argmax));

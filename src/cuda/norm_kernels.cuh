@@ -96,9 +96,9 @@ void global_avgpool_backward(const float* dy, float* dx, int batch, int hw, int 
 // order (the CPU's scatter order). Each operand float or bf16 (x, dy: .bf16; y, dx: out_bf16):
 // bf16 values are widened as they are read, and an output rounded to bf16 as it is written (max
 // pooling then selects among the bf16 values, the first of equal ones winning).
-void padded_pool_forward(Operand x, void* y, bool y_bf16, int32_t* argmax, const PoolGeom& g, bool max,
+void padded_pool_forward(Operand x, void* y, bool y_bf16, uint8_t* argmax, const PoolGeom& g, bool max,
                          cudaStream_t s);
-void padded_pool_backward(Operand dy, const int32_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
+void padded_pool_backward(Operand dy, const uint8_t* argmax, void* dx, bool dx_bf16, const PoolGeom& g,
                           bool max, cudaStream_t s);
 // Per row b: row_loss[b] (double) = the smoothed loss, row_ok[b] = argmax == label, dlogits as
 // Backend::softmax_xent_smoothed unless nullptr. Then, when stats is set, stats[0] += float(Σ
