@@ -121,9 +121,10 @@ struct OpCost {
 // and stem), for the backward pass (device.recompute): kept (off), or dropped after that read and
 // made again from the batch norm's input just before the backward pass needs them (on: one more
 // affine pass over each, the same bits); automatic: on where they would hold 2^29 values or
-// more at the model's max batch (1 GiB in bf16: resnet50 at batch 256 holds 1.6 GiB of them in
-// bf16 and takes 3% longer a step on an H200 to make them again; resnet18 at batch 512 on 28x28
-// images, 0.2 GiB).
+// more at the model's max batch (1 GiB in bf16). resnet50 at batch 256 holds 998 Mi of them: on
+// an H200 in bf16 its step holds 1.6 GiB less device memory and takes 2.8% longer
+// (bench/results/2026-12-02-h200-activation-memory.md); resnet18(stem=small) at batch 512 on
+// 28x28 images holds far fewer and keeps them.
 enum class Recompute { off, on, automatic };
 Recompute parse_recompute(const std::string& s);  // off | on | auto; throws InputError
 
