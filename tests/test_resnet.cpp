@@ -494,10 +494,12 @@ TEST(ResnetModel, RecomputedReluOutputsGiveTheBitsOfKeptOnes) {
   struct Run {
     std::vector<float> logits, grads1, grads2, stats;
   };
-  auto run = [&](Recompute rc) {
+  auto run = [&](Recompute rc, bool sync_bn) {
     auto be = make_cpu_backend({});
     Model m(*be, plan_model(parse_layer_list("resnet50(classes=3)"), in, 3), 2, {}, rc);
     EXPECT_EQ(m.remade_ops(), rc == Recompute::on ? 1 + 3 * 2 + 4 * 2 + 6 * 2 + 3 * 2 : 0);
+    // sync_bn's path (the sums added over ranks between the passes' halves), with one rank.
+    if (sync_bn) m.set_bn_reduce([](double*, size_t) {});
     m.init_params(5);
     Run r;
     float stats[2] = {0, 0};
@@ -516,19 +518,21 @@ TEST(ResnetModel, RecomputedReluOutputsGiveTheBitsOfKeptOnes) {
     r.stats.assign(stats, stats + 2);
     return r;
   };
-  const Run own = run(Recompute::off), shared = run(Recompute::on);
-  EXPECT_EQ(shared.logits, own.logits);
-  EXPECT_EQ(shared.stats, own.stats);
-  ASSERT_EQ(shared.grads1.size(), own.grads1.size());
-  size_t differ1 = 0, differ2 = 0, nonzero = 0;
-  for (size_t i = 0; i < own.grads1.size(); ++i) {
-    differ1 += shared.grads1[i] != own.grads1[i];
-    differ2 += shared.grads2[i] != own.grads2[i];
-    nonzero += own.grads1[i] != 0.f;
+  for (bool sync_bn : {false, true}) {
+    const Run own = run(Recompute::off, sync_bn), shared = run(Recompute::on, sync_bn);
+    EXPECT_EQ(shared.logits, own.logits) << "sync_bn " << sync_bn;
+    EXPECT_EQ(shared.stats, own.stats) << "sync_bn " << sync_bn;
+    ASSERT_EQ(shared.grads1.size(), own.grads1.size());
+    size_t differ1 = 0, differ2 = 0, nonzero = 0;
+    for (size_t i = 0; i < own.grads1.size(); ++i) {
+      differ1 += shared.grads1[i] != own.grads1[i];
+      differ2 += shared.grads2[i] != own.grads2[i];
+      nonzero += own.grads1[i] != 0.f;
+    }
+    EXPECT_EQ(differ1, 0u) << "sync_bn " << sync_bn;
+    EXPECT_EQ(differ2, 0u) << "sync_bn " << sync_bn;
+    EXPECT_GT(nonzero, own.grads1.size() / 2) << "sync_bn " << sync_bn;  // the gradients reach the stem
   }
-  EXPECT_EQ(differ1, 0u);
-  EXPECT_EQ(differ2, 0u);
-  EXPECT_GT(nonzero, own.grads1.size() / 2);  // the gradients reach the stem
 }
 
 // Recompute::automatic makes them again where they would hold 2^29 values or more at the max
