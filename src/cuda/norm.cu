@@ -196,13 +196,16 @@ template <int V, class T> __device__ __forceinline__ void stf(T* p, size_t i, co
   }
 }
 
-template <bool MAX, int V, class TX, class TY>
+// K > 0: the window's size known at compile time (3: ResNet's stem), so the taps' loads unroll
+// and are issued together (conv.cu's pool_fwd_kernel says why). The same arithmetic.
+template <bool MAX, int V, class TX, class TY, int K = 0>
 __global__ void padded_pool_fwd_kernel(const TX* __restrict__ x, TY* __restrict__ y,
                                        uint8_t* __restrict__ argmax, PoolGeom g, Div plane, Div ow_n,
                                        int pixels) {
   const int j = channel() * V;
   if (j >= g.c) return;
-  const float area = float(g.k * g.k);
+  const int kk = K > 0 ? K : g.k;
+  const float area = float(kk * kk);
   for (int p = int(first_row()); p < pixels; p += int(row_step())) {
     int q, ow;
     const int n = plane.divmod(p, q);
@@ -211,15 +214,17 @@ __global__ void padded_pool_fwd_kernel(const TX* __restrict__ x, TY* __restrict_
     float best[V] = {};
     int idx[V];
     for (int k = 0; k < V; ++k) idx[k] = -1;
-    for (int kh = 0; kh < g.k; ++kh) {
+#pragma unroll(K > 0 ? K : 1)
+    for (int kh = 0; kh < kk; ++kh) {
       const int ih = h0 + kh;
       if (ih < 0 || ih >= g.h) continue;
-      for (int kw = 0; kw < g.k; ++kw) {
+#pragma unroll(K > 0 ? K : 1)
+      for (int kw = 0; kw < kk; ++kw) {
         const int iw = w0 + kw;
         if (iw < 0 || iw >= g.w) continue;
         float v[V];
         ldf<V>(x, ((size_t(n) * size_t(g.h) + size_t(ih)) * size_t(g.w) + size_t(iw)) * size_t(g.c) + size_t(j), v);
-        const int tap = kh * g.k + kw;
+        const int tap = kh * kk + kw;
         for (int k = 0; k < V; ++k) {
           if (idx[k] < 0) {
             best[k] = v[k];
@@ -532,8 +537,12 @@ void padded_pool_forward(Operand x, void* y, bool y_bf16, uint8_t* argmax, const
       pool_variant(max, v4, [&](auto mx, auto vv) {
         constexpr bool MAX = decltype(mx)::value;
         constexpr int V = decltype(vv)::value;
-        padded_pool_fwd_kernel<MAX, V><<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n,
-                                                              int(pixels));
+        if (g.k == 3)
+          padded_pool_fwd_kernel<MAX, V, std::remove_pointer_t<decltype(px)>, std::remove_pointer_t<decltype(py)>, 3>
+              <<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n, int(pixels));
+        else
+          padded_pool_fwd_kernel<MAX, V><<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n,
+                                                                int(pixels));
       });
     });
   });
