@@ -31,14 +31,13 @@ void Model::share_slots() {
     total += B * size_t(op.out.size());
   }
   const bool recompute = recompute_ == Recompute::on || (recompute_ == Recompute::automatic && total >= (size_t(1) << 29));
-  if (!recompute) remade.clear();
-  remade_values_ = recompute ? total : 0;
   size_t need[2] = {0, 0};
-  for (size_t i : remade) {
-    Op& op = *ops_[i];
-    op.slot = bf16_out[i] ? 1 : 0;
-    need[op.slot] = std::max(need[op.slot], B * size_t(op.out.size()));
-  }
+  if (recompute)
+    for (size_t i : remade) {
+      Op& op = *ops_[i];
+      op.slot = bf16_out[i] ? 1 : 0;
+      need[op.slot] = std::max(need[op.slot], B * size_t(op.out.size()));
+    }
   for (int k = 0; k < 2; ++k)
     if (need[k]) relu_slot_[k] = Buffer<float>(be_, need[k], Buffer<float>::Lazy{});
   for (auto& op : ops_)
@@ -60,6 +59,13 @@ void Model::share_slots() {
 int Model::remade_ops() const {
   int n = 0;
   for (const auto& op : ops_) n += op->slot >= 0;
+  return n;
+}
+
+size_t Model::remade_values() const {
+  size_t n = 0;
+  for (const auto& op : ops_)
+    if (op->slot >= 0) n += size_t(max_batch_) * size_t(op->out.size());
   return n;
 }
 

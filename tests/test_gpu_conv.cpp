@@ -90,6 +90,14 @@ void bn_backward_pass(Backend& g, float* dy, const float* x, int64_t rows, int c
   g.bn_backward(dy, x, dy, rows, c, sums, mean, invstd, w, relu_out);
 }
 
+// gpu_with_hints under bf16 with every convolution on cuDNN's paths (DPT_NARROW_CONV=0): a
+// narrow convolution's hinted form takes its bias and ReLU in the GEMM's epilogue, rounded once
+// where the unhinted form rounds twice (NarrowConvolutionsMatchTheCpu holds it to the CPU).
+std::unique_ptr<Backend> cudnn_with_hints() {
+  const ScopedEnv env({{"DPT_NARROW_CONV", "0"}});
+  return gpu_with_hints(Precision::bf16);
+}
+
 }  // namespace
 
 TEST(CudaConv, Im2colAndCol2imAreExact) {
@@ -601,17 +609,12 @@ TEST(CudaConv, Bf16OnlyBatchNormOutputForTheConvolutionAbove) {
 // lower's output in floats, converted for the upper; the upper's cuDNN bf16 input gradient
 // widened, then masked by the ReLU). Every operand the GEMMs see is the same bf16 either way:
 // the same bits for the outputs and the weight and input gradients; the lower's bias gradient
-// adds the same values (to within the order of the sums). cuDNN's paths (DPT_NARROW_CONV=0): the
-// 3-channel lower convolution would otherwise run as columns and GEMMs whose hinted form takes
-// its bias and ReLU in the GEMM's epilogue, rounded once where the unhinted form rounds twice;
-// NarrowConvolutionsMatchTheCpu (test_gpu_bf16) holds that form to the CPU.
+// adds the same values (to within the order of the sums). cuDNN's paths (cudnn_with_hints): the
+// 3-channel lower convolution would otherwise run as columns and GEMMs whose hinted form rounds
+// once where the unhinted form rounds twice.
 TEST(CudaConv, Bf16BetweenConvolutionsWithReLU) {
   SKIP_WITHOUT_GPU();
-  std::unique_ptr<Backend> g;
-  {
-    const ScopedEnv env({{"DPT_NARROW_CONV", "0"}});
-    g = gpu_with_hints(Precision::bf16);
-  }
+  auto g = cudnn_with_hints();
   struct Pair {
     ConvGeom lo, up;
   };
@@ -666,14 +669,10 @@ TEST(CudaConv, Bf16BetweenConvolutionsWithReLU) {
 // for the lower's weight and input gradients, its bias gradient to within the order of the sums.
 // With note_relu_pool too (the lower's output kept before bias and ReLU, which the pooling
 // applies forward and backward): every output and gradient the same bits as with the hints alone.
-// cuDNN's paths (DPT_NARROW_CONV=0), as in Bf16BetweenConvolutionsWithReLU.
+// cuDNN's paths (cudnn_with_hints), as in Bf16BetweenConvolutionsWithReLU.
 TEST(CudaConv, Bf16PoolingBetweenConvolutions) {
   SKIP_WITHOUT_GPU();
-  std::unique_ptr<Backend> g;
-  {
-    const ScopedEnv env({{"DPT_NARROW_CONV", "0"}});
-    g = gpu_with_hints(Precision::bf16);
-  }
+  auto g = cudnn_with_hints();
   auto cpu = make_cpu_backend({});
   struct Case {
     ConvGeom lo, up;

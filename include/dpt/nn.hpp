@@ -197,7 +197,7 @@ class Model {
 
   // The values (at the max batch) of the ReLU outputs the backward pass makes again (Recompute),
   // and how many ops they are.
-  size_t remade_values() const { return remade_values_; }
+  size_t remade_values() const;
   int remade_ops() const;
 
   // The step's observer (none: empty); the model calls it before each op and before the loss.
@@ -238,7 +238,6 @@ class Model {
   // projection shortcuts' kept input gradients (keep_slot_). slot_holds_: whose output a relu
   // slot holds now.
   Recompute recompute_ = Recompute::off;
-  size_t remade_values_ = 0;
   Buffer<float> relu_slot_[2], keep_slot_;
   int slot_holds_[2] = {-1, -1};
   // Backward: where the next batch norm takes its dy from instead of the current gradient buffer

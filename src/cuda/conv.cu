@@ -286,7 +286,6 @@ __global__ void pool_fwd_kernel(const TX* __restrict__ x, TY* y, uint8_t* argmax
 // oh then ow ascending (the CPU's scatter order). Max: dy where the window's argmax is this
 // element; avg: dy / k². V = 4: 16-byte loads of dy, 4-byte ones of argmax and 16-byte stores
 // of dx, the same sums.
-
 // dy and dx are float or bf16 (a convolution's bf16 input gradient kept as it is; an input
 // gradient that only a convolution's ReLU backward reads), widened on load and rounded on store.
 // PRE (note_relu_pool): then the convolution's ReLU backward as its bf16 path runs it

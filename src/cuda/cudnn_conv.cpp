@@ -256,15 +256,15 @@ void CudaBackendImpl::choose_fwd(ConvPlan& p, const ConvGeom& g, const void* x, 
   int n = 0;
   const bool fp32 = precision_ == Precision::fp32;
   const bool timed = !conv_heuristic_ && !capturing();
-  std::optional<StartupTiming> timing;
-  if (timed) timing.emplace();
-  if (timed)
+  if (timed) {
+    const StartupTiming timing;
     DPT_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(cudnn(), p.x, x, p.w, w, p.fwd_desc, p.y, y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf,
                                                            conv_workspace(conv_ws_limit_), conv_ws_limit_));
-  else
+  } else {
     DPT_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(cudnn(), p.x, p.w, p.fwd_desc, p.y,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
+  }
   adopt(p.fwd, p.fwd_desc, perf, n, timed, conv_ws_limit_,
         [&](cudnnConvolutionFwdAlgo_t a) { return fwd_ok(a, fp32); }, "forward", g);
 }
@@ -274,15 +274,15 @@ void CudaBackendImpl::choose_data(ConvPlan& p, const ConvGeom& g, const void* w,
   int n = 0;
   const bool fp32 = precision_ == Precision::fp32;
   const bool timed = !conv_heuristic_ && !capturing();
-  std::optional<StartupTiming> timing;
-  if (timed) timing.emplace();
-  if (timed)
+  if (timed) {
+    const StartupTiming timing;
     DPT_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
         cudnn(), p.w, w, p.y, dy, p.data_desc, p.x, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf,
         conv_workspace(conv_ws_limit_), conv_ws_limit_));
-  else
+  } else {
     DPT_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn(), p.w, p.y, p.data_desc, p.x,
                                                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf));
+  }
   adopt(p.data, p.data_desc, perf, n, timed, conv_ws_limit_,
         [&](cudnnConvolutionBwdDataAlgo_t a) { return data_ok(a, fp32); }, "backward-data", g);
 }
@@ -293,9 +293,8 @@ void CudaBackendImpl::choose_filter(ConvPlan& p, const ConvGeom& g, const void* 
   int n = 0;
   const bool fp32 = precision_ == Precision::fp32;
   const bool timed = !conv_heuristic_ && !capturing();
-  std::optional<StartupTiming> timing;
-  if (timed) timing.emplace();
   if (timed) {
+    const StartupTiming timing;
     void* probe = conv_probe_.get(size_t(g.out) * size_t(g.cols()) * sizeof(float), stream_.get());
     DPT_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         cudnn(), p.x, x, p.y, dy, p.filter_desc, p.w, probe, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf,

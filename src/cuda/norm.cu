@@ -198,7 +198,7 @@ template <int V, class T> __device__ __forceinline__ void stf(T* p, size_t i, co
 
 // K > 0: the window's size known at compile time (3: ResNet's stem), so the taps' loads unroll
 // and are issued together (conv.cu's pool_fwd_kernel says why). The same arithmetic.
-template <bool MAX, int V, class TX, class TY, int K = 0>
+template <bool MAX, int V, int K, class TX, class TY>
 __global__ void padded_pool_fwd_kernel(const TX* __restrict__ x, TY* __restrict__ y,
                                        uint8_t* __restrict__ argmax, PoolGeom g, Div plane, Div ow_n,
                                        int pixels) {
@@ -538,11 +538,11 @@ void padded_pool_forward(Operand x, void* y, bool y_bf16, uint8_t* argmax, const
         constexpr bool MAX = decltype(mx)::value;
         constexpr int V = decltype(vv)::value;
         if (g.k == 3)
-          padded_pool_fwd_kernel<MAX, V, std::remove_pointer_t<decltype(px)>, std::remove_pointer_t<decltype(py)>, 3>
-              <<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n, int(pixels));
+          padded_pool_fwd_kernel<MAX, V, 3><<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n,
+                                                                   int(pixels));
         else
-          padded_pool_fwd_kernel<MAX, V><<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n,
-                                                                int(pixels));
+          padded_pool_fwd_kernel<MAX, V, 0><<<grid, block, 0, s>>>(px, py, MAX ? argmax : nullptr, g, plane, ow_n,
+                                                                   int(pixels));
       });
     });
   });
