@@ -120,6 +120,9 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("checkpoint.every_steps", &c.ckpt_every, "steps between checkpoints (0 = end only)");
   t.add("checkpoint.keep", &c.ckpt_keep, "newest checkpoints kept (0 = all)");
   t.add("checkpoint.at_start", &c.ckpt_at_start, "write one before the first step");
+  t.add("checkpoint.background", &c.ckpt_background,
+        "write checkpoints on a thread of their own while training goes on (the model is copied "
+        "off the device first; the run waits for the last write before it ends)");
   t.add("checkpoint.resume", &c.resume, "auto | none | <file>");
   t.add("checkpoint.start_over", &c.start_over,
         "a fresh run moves another run's checkpoints in checkpoint.dir into a set-aside-<UTC "

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "dpt/check.hpp"
+#include "dpt/ckpt_writer.hpp"
 #include "dpt/log.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/timing.hpp"
@@ -200,10 +201,11 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
   stats_ = Buffer<float>(be, 2);
   on_rank0(comm.mpi(), comm.rank(), "opening the metrics file", [&] { metrics_ = std::make_unique<MetricsWriter>(cfg.metrics_file, true); });
   if (!metrics_) metrics_ = std::make_unique<MetricsWriter>("", false);
+  writer_ = std::make_unique<CheckpointWriter>(cfg.ckpt_background);
   load_initial_state();
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() = default;  // a checkpoint's write in flight is waited for (~CheckpointWriter)
 
 
 std::vector<float> Trainer::params_host() {
@@ -430,6 +432,7 @@ void Trainer::start_epoch() {
         check_health();
         save_checkpoint();
       }
+      finish_checkpoint();
       throw Error("reading the training rows of " + rows_->path() + " failed (see above)" +
                   (last_saved_ == step_ && step_ > 0 ? "; a checkpoint of step " + std::to_string(step_) + " was written" : ""),
                   kExitUsage, true);
@@ -600,9 +603,10 @@ TrainResult Trainer::run() {
   res.graph = runner->captured();
   check_health();
   if (!by_gradients && step_ % cfg_.average_every != 0) average_parameters();  // one final model
-  if (last_saved_ != step_) {
+  {
     timing::Scope timed(timing::Phase::final_ckpt);
-    save_checkpoint();
+    if (last_saved_ != step_) save_checkpoint();
+    if (!cfg_.ckpt_dir.empty()) finish_checkpoint();  // the run ends with its checkpoints on disk
   }
   res.steps = step_;
   res.first_step = first_step;

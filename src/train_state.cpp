@@ -1,10 +1,12 @@
 // The Trainer's state across processes: initial parameters (seeded, model.init or a resumed
 // checkpoint, broadcast from rank 0), the run's id and its claim on the checkpoint folder, and
-// checkpoint writes (gathered whole when sharded, written by rank 0, pruned to this run's own).
+// checkpoint writes (gathered whole when sharded, written by rank 0 on its writer's thread
+// (ckpt_writer.hpp), pruned to this run's own).
 #include <sstream>
 
 #include "dpt/ckpt.hpp"
 #include "dpt/ckpt_folder.hpp"
+#include "dpt/ckpt_writer.hpp"
 #include "dpt/log.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/train.hpp"
@@ -247,7 +249,11 @@ void Trainer::claim_run(const std::string& resumed, const std::string& resumed_i
 
 void Trainer::save_checkpoint() {
   if (cfg_.ckpt_dir.empty()) return;
-  Checkpoint ck;
+  // The write before this one is on disk (or its failure stops every rank here) before the
+  // model is copied again: one checkpoint in host memory at a time.
+  finish_checkpoint();
+  auto ck_ptr = std::make_shared<Checkpoint>();
+  Checkpoint& ck = *ck_ptr;
   const bool root = comm_.rank() == 0;
   // A sharded run's parameters and state are made whole first (collective); then rank 0 alone
   // writes them, in the unsharded layout.
@@ -277,14 +283,33 @@ void Trainer::save_checkpoint() {
     const auto st = opt_->state();
     for (size_t i = 0; i < st.size(); ++i) arena_to_tensors(*model_, "optimizer/" + st[i].name, states[i], ck.tensors);
   }
+  params.clear();
+  params.shrink_to_fit();
+  states.clear();
   on_rank0(comm_.mpi(), comm_.rank(), "writing a checkpoint", [&] {
     const std::string path = checkpoint_path(cfg_.ckpt_dir, step_);
     check_may_write(path, run_id_);
-    write_checkpoint(path, ck);
-    prune_checkpoints(cfg_.ckpt_dir, cfg_.ckpt_keep, run_id_);
+    writer_->start([path, ck_ptr, step = step_, dir = cfg_.ckpt_dir, keep = cfg_.ckpt_keep, run = run_id_] {
+      fault::checkpoint_write(step, path);
+      write_checkpoint(path, *ck_ptr);
+      prune_checkpoints(dir, keep, run);
+    });
     last_checkpoint_ = path;
   });
   last_saved_ = step_;
+}
+
+void Trainer::finish_checkpoint() {
+  on_rank0(comm_.mpi(), comm_.rank(), "finishing a checkpoint's write", [&] {
+    try {
+      writer_->wait();
+    } catch (const Error& e) {
+      if (!writer_->background()) throw;
+      throw Error(std::string(e.what()) + " (written while training went on; the run stops at step " +
+                      std::to_string(step_) + ", and its newest checkpoint is the one before that file)",
+                  e.code());
+    }
+  });
 }
 
 }  // namespace dpt

@@ -160,7 +160,7 @@ int64_t g_from = INT64_MAX;
 }  // namespace detail
 
 namespace {
-enum class Kind { none, sleep, delay, exit, throw_, kill, abort, nan };
+enum class Kind { none, sleep, delay, exit, throw_, kill, abort, nan, ckpt };
 Kind g_kind = Kind::none;
 double g_seconds = 0;
 int g_code = 1;
@@ -168,7 +168,7 @@ int64_t g_step = -1;
 
 [[noreturn]] void malformed(const std::string& v, const std::string& why) {
   throw InputError("DPT_FAULT='" + v + "' (a test hook): " + why +
-                   "; expected rank=<r|*>,step=<s>,kind=sleep:S|delay:S|exit[:code]|throw|kill|abort|nan");
+                   "; expected rank=<r|*>,step=<s>,kind=sleep:S|delay:S|exit[:code]|throw|kill|abort|nan|ckpt");
 }
 }  // namespace
 
@@ -209,6 +209,7 @@ void init(int rank) {
     else if (name == "kill") g_kind = Kind::kill;
     else if (name == "abort") g_kind = Kind::abort;
     else if (name == "nan") g_kind = Kind::nan;
+    else if (name == "ckpt") g_kind = Kind::ckpt;
     else malformed(v, "unknown kind '" + kind + "'");
   } catch (const std::logic_error&) {
     malformed(v, "bad argument in '" + kind + "'");
@@ -226,7 +227,14 @@ void disarm() {
   g_step = -1;
 }
 
+void checkpoint_write(int64_t step, const std::string& path) {
+  if (g_kind != Kind::ckpt || step != g_step) return;
+  throw Error("cannot write checkpoint " + path + ": DPT_FAULT: injected failure of the write of step " +
+              std::to_string(step));
+}
+
 bool detail::fire(int64_t step) {
+  if (g_kind == Kind::ckpt) return false;  // fires in checkpoint_write, not in a step
   if (g_kind == Kind::delay) {
     std::this_thread::sleep_for(std::chrono::duration<double>(g_seconds));
     return false;

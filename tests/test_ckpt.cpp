@@ -1,6 +1,6 @@
 // Checkpoint tests: bit-exact round trip, h5dump readability, rejection of truncated, bit-flipped,
-// foreign and inconsistent files, atomic write under failure and under SIGKILL, and the folder
-// helpers. The sample file left in the build folder is read by ckpt_h5py_check.py (h5py oracle).
+// foreign and inconsistent files, atomic write under failure and under SIGKILL, the folder
+// helpers, and the writer's thread (one write at a time, failures reported, none lost). The sample file left in the build folder is read by ckpt_h5py_check.py (h5py oracle).
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <signal.h>
@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,11 +17,15 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "dpt/check.hpp"
 #include "dpt/ckpt.hpp"
 #include "dpt/ckpt_folder.hpp"
+#include "dpt/ckpt_writer.hpp"
 
 namespace fs = std::filesystem;
 using dpt::Checkpoint;
@@ -623,4 +628,78 @@ TEST(CkptFolder, FreshRunStopsOrSetsAside) {
   EXPECT_EQ(dpt::list_checkpoints(over.set_aside).size(), 3u);
   EXPECT_EQ(read_bytes(over.set_aside + "/ckpt-000000300.h5"), bytes);
   EXPECT_NE(over.run_id, "first");
+}
+
+// ---- CheckpointWriter: a checkpoint's write on a thread of its own ----
+
+// One write at a time, in order, off the caller's thread; a write's failure comes back once,
+// from the next start() (which then does not run its own write) or from wait().
+TEST(CheckpointWriter, OneAtATimeInOrderAndFailuresComeBackOnce) {
+  dpt::CheckpointWriter w(true);
+  ASSERT_EQ(w.background(), dpt::hdf5_threadsafe());
+  if (!w.background()) GTEST_SKIP() << "this HDF5 is not thread-safe: writes run on the caller's thread";
+  std::atomic<int> running{0}, most{0};
+  std::vector<int> order;
+  std::mutex m;
+  const auto caller = std::this_thread::get_id();
+  for (int k = 0; k < 4; ++k)
+    w.start([&, k] {
+      EXPECT_NE(std::this_thread::get_id(), caller);
+      const int now = ++running;
+      most = std::max(most.load(), now);
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      {
+        std::lock_guard<std::mutex> g(m);
+        order.push_back(k);
+      }
+      --running;
+    });
+  w.wait();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(most.load(), 1);
+
+  w.start([] { throw dpt::Error("disk full", dpt::kExitRuntime); });
+  bool ran = false;
+  try {
+    w.start([&] { ran = true; });
+    ADD_FAILURE() << "no exception";
+  } catch (const dpt::Error& e) {
+    EXPECT_STREQ(e.what(), "disk full");
+    EXPECT_EQ(e.code(), dpt::kExitRuntime);
+  }
+  EXPECT_FALSE(ran);
+  EXPECT_NO_THROW(w.wait());  // reported once
+  w.start([] { throw std::runtime_error("not a dpt error"); });
+  EXPECT_THROW(w.wait(), std::runtime_error);
+  EXPECT_NO_THROW(w.wait());
+}
+
+// start() returns while the write goes on, and the destructor waits for it: a checkpoint in
+// flight when its writer goes (a run stopping on an error) reaches the disk whole.
+TEST(CheckpointWriter, ReturnsAtOnceAndTheDestructorFinishesTheWrite) {
+  const std::string p = dpt::checkpoint_path(test_dir(), 9);
+  const Checkpoint ck = make_ckpt({5, 4, 3}, 9);
+  std::atomic<bool> release{false};
+  {
+    dpt::CheckpointWriter w(true);
+    if (!w.background()) GTEST_SKIP() << "this HDF5 is not thread-safe";
+    w.start([&] {
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      dpt::write_checkpoint(p, ck);
+    });
+    EXPECT_FALSE(fs::exists(p));  // start() came back before the write
+    release = true;
+  }
+  expect_same(ck, dpt::read_checkpoint(p));
+}
+
+// background = false: the write runs inside start(), on the caller's thread, and throws there.
+TEST(CheckpointWriter, OnTheCallersThreadWhenNotInTheBackground) {
+  dpt::CheckpointWriter w(false);
+  EXPECT_FALSE(w.background());
+  std::thread::id on;
+  w.start([&] { on = std::this_thread::get_id(); });
+  EXPECT_EQ(on, std::this_thread::get_id());
+  EXPECT_THROW(w.start([] { throw dpt::Error("disk full"); }), dpt::Error);
+  EXPECT_NO_THROW(w.wait());
 }

@@ -267,6 +267,31 @@ TEST_F(Faults, ErrorOnOneRankMidRunAbortsEveryRank) {
   EXPECT_NE(r.out.find("injected error on rank 1"), std::string::npos) << r.out;
 }
 
+// A checkpoint whose write fails (DPT_FAULT kind=ckpt: rank 0's write of step 10's) stops every
+// rank with exit 3, naming the file: with checkpoint.background (the default) at the next
+// checkpoint, step 15, and with background = false at once. Step 5's checkpoint stays the
+// newest; no later one appears, and no temporary file is left.
+TEST_F(Faults, FailedCheckpointWriteStopsEveryRankAndKeepsTheOneBefore) {
+  for (const std::string bg : {"true", "false"}) {
+    const std::string name = "ckfail-" + bg;
+    Outcome r = sh("env DPT_FAULT=rank=0,step=10,kind=ckpt " +
+                   mpirun(2, "--config " + ini(name) + ck_args(name) + " --checkpoint.background " + bg));
+    EXPECT_EQ(r.code, 3) << r.out;
+    EXPECT_LT(r.seconds, 20) << r.out;
+    const std::string file = (ckdir(name) / "ckpt-000000010.h5").string();
+    EXPECT_NE(r.out.find("cannot write checkpoint " + file + ": DPT_FAULT: injected failure"), std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("written while training went on; the run stops at step 15") != std::string::npos,
+              bg == "true") << r.out;
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(ckdir(name))) files.push_back(e.path().filename().string());
+    EXPECT_EQ(files, std::vector<std::string>{"ckpt-000000005.h5"});
+    EXPECT_TRUE(none_left(dir));
+    std::printf("[ fault ] checkpoint.background = %s, the write of step 10 fails: exit %d after %.1f s\n",
+                bg.c_str(), r.code, r.seconds);
+  }
+}
+
 // ---- no lost work ----
 
 TEST_F(Faults, Sigusr1ToMpirunCheckpointsExits6AndResumesBitwise) {

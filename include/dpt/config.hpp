@@ -71,6 +71,7 @@ struct Config {
   int64_t ckpt_every = 0;
   int ckpt_keep = 3;
   bool ckpt_at_start = false;
+  bool ckpt_background = true;  // the file written on a thread of its own while the steps go on
   std::string resume = "auto";  // auto|none|<file>
   bool start_over = false;      // a fresh run sets the folder's old checkpoints aside
   // [log]

@@ -113,10 +113,15 @@ class Trainer {
   double t_last_ = 0;  // seconds since t0_ at the last logged step
   int64_t s_last_ = 0; // step at the last logged step
   std::unique_ptr<class MetricsWriter> metrics_;
+  std::unique_ptr<class CheckpointWriter> writer_;  // rank 0 writes the files (checkpoint.background)
 
   void load_initial_state();
   void report_memory();
+  // Collective. The model copied off the device now; rank 0 writes the file (on the writer's
+  // thread with checkpoint.background) after the write before it has finished.
   void save_checkpoint();
+  // Collective: rank 0's write in flight finished, or its failure thrown on every rank.
+  void finish_checkpoint();
   void claim_run(const std::string& resumed, const std::string& resumed_id);
   void average_parameters();
   bool bn_apart_ = false;  // training passes moved the ranks' running statistics apart

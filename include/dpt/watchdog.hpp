@@ -9,6 +9,7 @@
 // training.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace dpt {
 
@@ -49,7 +50,9 @@ class Phase {
 // kinds: sleep:S (stall S seconds inside the step, before its reduction), delay:S (every step
 // from `step` on takes S seconds longer: slows a run down for signal tests), exit[:code]
 // (_exit without MPI_Finalize), throw (an error on this rank only), kill (SIGKILL to itself),
-// abort (SIGABRT), nan (NaN in this rank's gradients before the reduction).
+// abort (SIGABRT), nan (NaN in this rank's gradients before the reduction), ckpt (the write of
+// the checkpoint of step `step` fails, where the file is written: rank 0, on the writer's thread
+// with checkpoint.background).
 namespace fault {
 
 namespace detail {
@@ -61,6 +64,9 @@ void init(int rank);  // parses DPT_FAULT; throws InputError on a malformed valu
 // Inside step `step` (1-based; 0 = start-up): fires this rank's fault, if due. Returns true when
 // the caller should poison this step's gradients. One compare when no fault is set.
 inline bool in_step(int64_t step) { return step >= detail::g_from && detail::fire(step); }
+// Where a checkpoint's file is written: throws the injected failure for the checkpoint of step
+// `step` (at `path`), if due.
+void checkpoint_write(int64_t step, const std::string& path);
 // True when this rank has a fault that must see every step run on the host (no graph replay).
 bool any();
 // No fault from now on (in-process tests that arm one with init()).
