@@ -2,6 +2,7 @@
 // checkpoint, broadcast from rank 0), the run's id and its claim on the checkpoint folder, and
 // checkpoint writes (gathered whole when sharded, written by rank 0 on its writer's thread
 // (ckpt_writer.hpp), pruned to this run's own).
+#include <iterator>
 #include <sstream>
 
 #include "dpt/ckpt.hpp"
@@ -247,25 +248,41 @@ void Trainer::claim_run(const std::string& resumed, const std::string& resumed_i
   if (cfg_.progress) log::info("run " + run_id_ + (resumed.empty() ? std::string(" starts at step 0") : " continues at step " + std::to_string(step_)));
 }
 
+namespace {
+
+// What rank 0 hands its writer: the checkpoint's attributes, the arenas as copied off the device
+// and the running statistics; the arenas become per-layer tensors on the writer's thread (conv
+// weights reordered to PyTorch's layout), as the file is written.
+struct PendingCheckpoint {
+  Checkpoint ck;
+  std::vector<float> params;
+  std::vector<std::vector<float>> states;
+  std::vector<std::string> state_names;
+  std::vector<Tensor> bn;
+};
+
+}  // namespace
+
 void Trainer::save_checkpoint() {
   if (cfg_.ckpt_dir.empty()) return;
   // The write before this one is on disk (or its failure stops every rank here) before the
   // model is copied again: one checkpoint in host memory at a time.
   finish_checkpoint();
-  auto ck_ptr = std::make_shared<Checkpoint>();
-  Checkpoint& ck = *ck_ptr;
+  auto pending = std::make_shared<PendingCheckpoint>();
   const bool root = comm_.rank() == 0;
   // A sharded run's parameters and state are made whole first (collective); then rank 0 alone
   // writes them, in the unsharded layout.
-  std::vector<float> params;
-  std::vector<std::vector<float>> states;
   average_bn_stats();  // collective
   if (sharded() || root) {
     watchdog::Phase phase("copying the model off the device for a checkpoint");
-    params = params_host();
-    for (auto& s : opt_->state()) states.push_back(state_host(s.data));
+    pending->params = params_host();
+    for (auto& s : opt_->state()) {
+      pending->states.push_back(state_host(s.data));
+      pending->state_names.push_back(s.name);
+    }
   }
   if (root) {
+    Checkpoint& ck = pending->ck;
     ck.step = step_;
     ck.epoch = epoch_;
     ck.step_in_epoch = step_in_epoch_;
@@ -278,20 +295,27 @@ void Trainer::save_checkpoint() {
     ck.config = cfg_.resolved;
     ck.run_id = run_id_;
     describe_model(cfg_, *model_, ck);
-    arena_to_tensors(*model_, "model", params, ck.tensors);
-    bn_to_tensors(be_, *model_, ck.tensors);
-    const auto st = opt_->state();
-    for (size_t i = 0; i < st.size(); ++i) arena_to_tensors(*model_, "optimizer/" + st[i].name, states[i], ck.tensors);
+    bn_to_tensors(be_, *model_, pending->bn);
+  } else {
+    pending.reset();  // a sharded run's gathered copy: rank 0's alone is written
   }
-  params.clear();
-  params.shrink_to_fit();
-  states.clear();
   on_rank0(comm_.mpi(), comm_.rank(), "writing a checkpoint", [&] {
     const std::string path = checkpoint_path(cfg_.ckpt_dir, step_);
     check_may_write(path, run_id_);
-    writer_->start([path, ck_ptr, step = step_, dir = cfg_.ckpt_dir, keep = cfg_.ckpt_keep, run = run_id_] {
+    // The model's layer slices are fixed from its construction on, and the writer is destroyed
+    // (its write finished) before the model.
+    writer_->start([path, pending, model = model_.get(), step = step_, dir = cfg_.ckpt_dir,
+                    keep = cfg_.ckpt_keep, run = run_id_] {
+      PendingCheckpoint& p = *pending;
+      std::vector<Tensor>& out = p.ck.tensors;
+      arena_to_tensors(*model, "model", p.params, out);
+      std::move(p.bn.begin(), p.bn.end(), std::back_inserter(out));
+      for (size_t i = 0; i < p.states.size(); ++i)
+        arena_to_tensors(*model, "optimizer/" + p.state_names[i], p.states[i], out);
+      p.params = {};
+      p.states = {};
       fault::checkpoint_write(step, path);
-      write_checkpoint(path, *ck_ptr);
+      write_checkpoint(path, p.ck);
       prune_checkpoints(dir, keep, run);
     });
     last_checkpoint_ = path;

@@ -113,7 +113,9 @@ class Trainer {
   double t_last_ = 0;  // seconds since t0_ at the last logged step
   int64_t s_last_ = 0; // step at the last logged step
   std::unique_ptr<class MetricsWriter> metrics_;
-  std::unique_ptr<class CheckpointWriter> writer_;  // rank 0 writes the files (checkpoint.background)
+  // Rank 0 writes the files (checkpoint.background). Declared after model_, so destroyed (its
+  // write in flight finished) before the model whose layer slices that write reads.
+  std::unique_ptr<class CheckpointWriter> writer_;
 
   void load_initial_state();
   void report_memory();
