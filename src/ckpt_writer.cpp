@@ -17,14 +17,10 @@ bool hdf5_threadsafe() {
 CheckpointWriter::CheckpointWriter(bool background) : background_(background && hdf5_threadsafe()) {}
 
 CheckpointWriter::~CheckpointWriter() {
-  if (!thread_.joinable()) return;
-  thread_.join();
-  if (error_) {
-    try {
-      std::rethrow_exception(error_);
-    } catch (const std::exception& e) {
-      log::error(e.what());
-    }
+  try {
+    wait();
+  } catch (const std::exception& e) {  // nobody left to report it to: said here
+    log::error(e.what());
   }
 }
 

@@ -606,7 +606,7 @@ TrainResult Trainer::run() {
   {
     timing::Scope timed(timing::Phase::final_ckpt);
     if (last_saved_ != step_) save_checkpoint();
-    if (!cfg_.ckpt_dir.empty()) finish_checkpoint();  // the run ends with its checkpoints on disk
+    finish_checkpoint();  // the run ends with its checkpoints on disk
   }
   res.steps = step_;
   res.first_step = first_step;

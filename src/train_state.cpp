@@ -324,6 +324,7 @@ void Trainer::save_checkpoint() {
 }
 
 void Trainer::finish_checkpoint() {
+  if (cfg_.ckpt_dir.empty()) return;
   on_rank0(comm_.mpi(), comm_.rank(), "finishing a checkpoint's write", [&] {
     try {
       writer_->wait();

@@ -358,7 +358,7 @@ def judge_at_a_kink(c, start, data, perturb, ck1, t_first, exact, inputs, failur
         except Mismatch:
             continue
         print(f"  note: {c['name']}: step 1 agrees with float64 torch where one ReLU input at its kink is "
-              f"taken the other way: {module} (call {call + 1} of forward pass {pass_id + 1}), unit {i}, "
+              f"taken the other way: {module} (its use {call + 1} in forward pass {pass_id + 1}), unit {i}, "
               f"input {x:+.2e} ({rel:.1e} of its tensor's largest |value|); against torch unchanged: {failure}",
               flush=True)
         return worst, (pass_id, module, call, i)

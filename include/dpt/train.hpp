@@ -122,7 +122,8 @@ class Trainer {
   // Collective. The model copied off the device now; rank 0 writes the file (on the writer's
   // thread with checkpoint.background) after the write before it has finished.
   void save_checkpoint();
-  // Collective: rank 0's write in flight finished, or its failure thrown on every rank.
+  // Collective (none without checkpoint.dir): rank 0's write in flight finished, or its failure
+  // thrown on every rank.
   void finish_checkpoint();
   void claim_run(const std::string& resumed, const std::string& resumed_id);
   void average_parameters();
