@@ -20,6 +20,12 @@
 // channel's partials in block order the same way. The block count depends on the shape only,
 // not on the device.
 //
+// Launches. Every kernel here waits for the kernel before it in its first statement and lets the
+// next one be scheduled in its second (early_launch.cuh), and is launched with launch_early():
+// a batch norm is three kernels forward and three backward, each a few microseconds at
+// resnet18(stem=small)'s sizes, and their boundaries cost as much again (the step at batch 256:
+// 3.22-3.24 ms launched plainly, DPT_PDL=0; 3.17-3.20 launched early, 2026-12-03).
+//
 // Fast math. The build compiles CUDA with --use_fast_math: single-precision division, sqrt, exp
 // and log become approximate, denormals flush to zero, and nvcc contracts a·b + c into an FMA.
 // Double precision is untouched, so per-channel statistics are computed in double and rounded
@@ -37,6 +43,7 @@
 #include "channel_tiles.cuh"
 #include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
+#include "early_launch.cuh"
 #include "norm_kernels.cuh"
 
 namespace dpt::cuda {
@@ -80,12 +87,18 @@ template <Mask M, int W> __device__ __forceinline__ void mask_w(const void* relu
 // double as the CPU's, go to partial column-major: partial[col·chunks + chunk] (the totals
 // then read each column's partials contiguously). The forward pass reads x only. A thread adds
 // its rows in ascending order, a load at a time: loading two or four rows ahead (more
-// registers, fewer blocks per SM) measured slower on the H200 (2026-12-02).
+// registers, fewer blocks per SM) measured slower on the H200 (2026-12-02). Four blocks per SM
+// at most 64 registers a thread: the backward kernels took 72-80, three blocks per SM, and the
+// 512 blocks of kReduceBlocks ran in two waves on the H200's 132 SMs (396 resident, then 116);
+// capped, they spill 8-104 bytes a thread and run in one (resnet18(stem=small)'s bf16 step at
+// batch 256 3.29-3.31 -> 3.22-3.24 ms, 2026-12-03).
 template <int W, bool BWD, Mask M, class TX, class TD>
-__global__ void bn_partial_kernel(const TD* __restrict__ a, const TX* __restrict__ x,
-                                  const float* __restrict__ mean, const void* __restrict__ relu_out,
-                                  int64_t rows, int c, int64_t chunk_rows, int64_t chunks,
-                                  double* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads, 4)
+    bn_partial_kernel(const TD* __restrict__ a, const TX* __restrict__ x, const float* __restrict__ mean,
+                      const void* __restrict__ relu_out, int64_t rows, int c, int64_t chunk_rows, int64_t chunks,
+                      double* __restrict__ partial) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   const int j0 = channel() * W;
   const int64_t r0 = int64_t(blockIdx.x) * chunk_rows;
   const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
@@ -205,6 +218,8 @@ enum class Finish { sums, train, backward };
 template <Finish F>
 __global__ void bn_totals_kernel(const double* __restrict__ partial, int64_t chunks, int c, double count,
                                  double* __restrict__ sums, TrainArgs t, BackwardArgs bw) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   __shared__ double sh[2][kThreads];
   for (int j = blockIdx.x; j < c; j += gridDim.x) {
     const double* p0 = partial + size_t(j) * size_t(chunks);
@@ -239,6 +254,8 @@ __global__ void bn_totals_kernel(const double* __restrict__ partial, int64_t chu
 // The same per-channel work from sums already totalled (and maybe added over ranks): one thread
 // per channel.
 __global__ void bn_train_coef_kernel(const double* __restrict__ sums, int c, TrainArgs t) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
     train_channel(sums[j], sums[c + j], sums[2 * c], c, j, t);
 }
@@ -246,6 +263,8 @@ __global__ void bn_train_coef_kernel(const double* __restrict__ sums, int c, Tra
 // backward_channel's work: the parameter gradients (bn_param_grads), or the input gradient's
 // coefficients (bn_backward).
 __global__ void bn_backward_channels_kernel(const double* __restrict__ sums, int c, BackwardArgs bw) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x)
     backward_channel(sums[j], sums[c + j], sums[2 * c], c, j, bw);
 }
@@ -262,6 +281,8 @@ __device__ __forceinline__ float affine(float x, float scale, float shift, bool 
 template <int W, class TX>
 __global__ void bn_train_pass(const TX* x, float* y, __nv_bfloat16* y16, bool relu, int64_t rows, int c,
                               const float* __restrict__ coef) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   const int j0 = channel() * W;
   if (j0 >= c) return;
   float scale[W], shift[W];
@@ -284,6 +305,8 @@ __global__ void bn_train_pass(const TX* x, float* y, __nv_bfloat16* y16, bool re
 template <int W, class TA, class TB>
 __global__ void residual_sum_bn_pass(const TA* a, BnTerm ta, const TB* b, BnTerm tb, float* y, __nv_bfloat16* y16,
                                      int64_t rows, int c, bool relu) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   const int j0 = channel() * W;
   if (j0 >= c) return;
   float sa[W] = {}, ha[W] = {}, sb[W] = {}, hb[W] = {};
@@ -319,6 +342,8 @@ template <class TX>
 __global__ void bn_infer_kernel(const TX* x, float* y, bool relu, int64_t rows, int c,
                                 const float* __restrict__ running_mean, const float* __restrict__ running_var,
                                 const float* __restrict__ w, const float* __restrict__ b, float eps) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   const int j = channel();
   if (j >= c) return;
   const double invstd = 1.0 / sqrt(double(running_var[j]) + double(eps));
@@ -335,6 +360,8 @@ __global__ void bn_infer_kernel(const TX* x, float* y, bool relu, int64_t rows, 
 template <int W, Mask M, class TX, class TD, class TO>
 __global__ void bn_backward_pass(const TD* dy, const TX* x, const void* relu_out, TO* dx, int64_t rows, int c,
                                  const float* __restrict__ coef) {
+  wait_for_prior_kernel();
+  allow_next_kernel();
   const int j0 = channel() * W;
   if (j0 >= c) return;
   float k[W], m[W], off[W], mu[W];
@@ -392,15 +419,12 @@ void reduce(const TD* a, const TX* x, const float* mean, const void* relu_out, i
     const Tiles tl = bn_tiles(c, vec, "bn sums");
     const int64_t chunk_rows = (rows + chunks - 1) / chunks;
     const dim3 grid(unsigned(chunks), unsigned(tl.count)), block = block_of(tl);
-    if (vec)
-      bn_partial_kernel<kVec, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
-    else
-      bn_partial_kernel<1, BWD, M><<<grid, block, 0, s>>>(a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
-    DPT_CHECK_LAUNCH("bn_partial_kernel");
+    launch_early("bn_partial_kernel", vec ? bn_partial_kernel<kVec, BWD, M, TX, TD> : bn_partial_kernel<1, BWD, M, TX, TD>,
+                 grid, block, s, a, x, mean, relu_out, rows, c, chunk_rows, chunks, partial);
   }
   const unsigned blocks = unsigned(std::clamp<int64_t>(c, 1, 65535));
-  bn_totals_kernel<F><<<blocks, kThreads, 0, s>>>(partial, chunks, c, double(rows), sums, t, bw);
-  DPT_CHECK_LAUNCH("bn_totals_kernel");
+  launch_early("bn_totals_kernel", bn_totals_kernel<F>, dim3(blocks), dim3(kThreads), s, partial, chunks, c, double(rows),
+               sums, t, bw);
 }
 
 // f(p) with p the operand's typed pointer.
@@ -439,10 +463,10 @@ void train_pass(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, con
   const Tiles t = bn_tiles(c, vec, "bn_forward");
   const dim3 grid = pass_grid(t, rows), block = block_of(t);
   typed(x, [&](auto xp) {
-    if (vec) bn_train_pass<kVec><<<grid, block, 0, s>>>(xp, y, o16, relu, rows, c, coef);
-    else bn_train_pass<1><<<grid, block, 0, s>>>(xp, y, o16, relu, rows, c, coef);
+    using TX = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+    launch_early("bn_train_pass", vec ? bn_train_pass<kVec, TX> : bn_train_pass<1, TX>, grid, block, s, xp, y, o16, relu,
+                 rows, c, coef);
   });
-  DPT_CHECK_LAUNCH("bn_train_pass");
 }
 
 // The input-gradient pass over coef (backward_channel's, already in place).
@@ -456,13 +480,15 @@ void backward_pass(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, Bn
       typed(dx, [&](auto o) {
         masked(relu_out, relu_out_bf16, [&](auto mask) {
           constexpr Mask M = decltype(mask)::value;
-          if (vec) bn_backward_pass<kVec, M><<<grid, block, 0, s>>>(d, xp, relu_out, o, rows, c, coef);
-          else bn_backward_pass<1, M><<<grid, block, 0, s>>>(d, xp, relu_out, o, rows, c, coef);
+          using TD = std::remove_const_t<std::remove_pointer_t<decltype(d)>>;
+          using TX = std::remove_const_t<std::remove_pointer_t<decltype(xp)>>;
+          using TO = std::remove_pointer_t<decltype(o)>;
+          launch_early("bn_backward_pass", vec ? bn_backward_pass<kVec, M, TX, TD, TO> : bn_backward_pass<1, M, TX, TD, TO>,
+                       grid, block, s, d, xp, relu_out, o, rows, c, coef);
         });
       });
     });
   });
-  DPT_CHECK_LAUNCH("bn_backward_pass");
 }
 
 }  // namespace
@@ -488,8 +514,7 @@ void bn_forward(BnIn x, float* y, void* y16, bool relu, int64_t rows, int c, con
                 float* running_mean, float* running_var, float* coef, cudaStream_t s) {
   if (c <= 0) return;
   const TrainArgs t{w, b, eps, momentum, save_mean, save_invstd, running_mean, running_var, coef};
-  bn_train_coef_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, t);
-  DPT_CHECK_LAUNCH("bn_train_coef_kernel");
+  launch_early("bn_train_coef_kernel", bn_train_coef_kernel, dim3(grid_for(size_t(c))), dim3(kThreads), s, sums, c, t);
   train_pass(x, y, y16, relu, rows, c, coef, s);
 }
 
@@ -516,11 +541,12 @@ void residual_sum_bn(Operand body, BnTerm tb, Operand shortcut, BnTerm ts, float
   const dim3 grid = pass_grid(t, rows), block = block_of(t);
   typed(body, [&](auto pa) {
     typed(shortcut, [&](auto pb) {
-      if (vec) residual_sum_bn_pass<kVec><<<grid, block, 0, s>>>(pa, tb, pb, ts, y, o16, rows, c, relu);
-      else residual_sum_bn_pass<1><<<grid, block, 0, s>>>(pa, tb, pb, ts, y, o16, rows, c, relu);
+      using TA = std::remove_const_t<std::remove_pointer_t<decltype(pa)>>;
+      using TB = std::remove_const_t<std::remove_pointer_t<decltype(pb)>>;
+      launch_early("residual_sum_bn_pass", vec ? residual_sum_bn_pass<kVec, TA, TB> : residual_sum_bn_pass<1, TA, TB>,
+                   grid, block, s, pa, tb, pb, ts, y, o16, rows, c, relu);
     });
   });
-  DPT_CHECK_LAUNCH("residual_sum_bn_pass");
 }
 
 void bn_infer(BnIn x, float* y, bool relu, int64_t rows, int c, const float* running_mean,
@@ -538,8 +564,8 @@ void bn_param_grads(const double* sums, const float* invstd, int c, float* dw, f
                     bool accumulate, cudaStream_t s) {
   if (c <= 0) return;
   const BackwardArgs bw{nullptr, invstd, nullptr, nullptr, dw, db, accumulate};
-  bn_backward_channels_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, bw);
-  DPT_CHECK_LAUNCH("bn_backward_channels_kernel");
+  launch_early("bn_backward_channels_kernel", bn_backward_channels_kernel, dim3(grid_for(size_t(c))), dim3(kThreads), s,
+               sums, c, bw);
 }
 
 void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOut dx, int64_t rows, int c,
@@ -547,8 +573,8 @@ void bn_backward(BnIn dy, BnIn x, const void* relu_out, bool relu_out_bf16, BnOu
                  cudaStream_t s) {
   if (c <= 0 || rows <= 0) return;
   const BackwardArgs bw{mean, invstd, w, coef, nullptr, nullptr, false};
-  bn_backward_channels_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(sums, c, bw);
-  DPT_CHECK_LAUNCH("bn_backward_channels_kernel");
+  launch_early("bn_backward_channels_kernel", bn_backward_channels_kernel, dim3(grid_for(size_t(c))), dim3(kThreads), s,
+               sums, c, bw);
   backward_pass(dy, x, relu_out, relu_out_bf16, dx, rows, c, coef, s);
 }
 
