@@ -295,20 +295,27 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   const int chunk = model_->max_batch();
   std::vector<int64_t> rows(static_cast<size_t>(chunk));
   double sums[3] = {0, 0, double(end - begin)};
-  float host_stats[2];
+  // Each chunk's [Σ loss, #correct] goes to a slot of its own on the device, read back once at
+  // the end and summed here in chunk order: the host never waits for the device between chunks.
+  const size_t chunks = size_t((end - begin + chunk - 1) / chunk);
+  if (eval_stats_.size() < 2 * chunks) eval_stats_ = Buffer<float>(be_, 2 * chunks);
+  std::vector<float> host_stats(2 * chunks);
   // A big test set takes long in total but each chunk is bounded: the clock restarts per chunk.
   watchdog::Phase phase("evaluating", step_);
   timing::Scope timed(timing::Phase::eval);
-  for (int64_t r0 = begin; r0 < end; r0 += chunk, phase.restart()) {
+  if (chunks) be_.fill(eval_stats_.data(), 2 * chunks, 0.f);
+  size_t k = 0;
+  for (int64_t r0 = begin; r0 < end; r0 += chunk, ++k, phase.restart()) {
     const int n = int(std::min<int64_t>(chunk, end - r0));
     for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
-    be_.fill(stats_.data(), 2, 0.f);
     be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
     model_->forward(x_.data(), n);
-    model_->loss(y_.data(), n, 0.f, stats_.data(), false, false);
-    be_.download(host_stats, stats_.data(), sizeof host_stats);
-    sums[0] += host_stats[0];
-    sums[1] += host_stats[1];
+    model_->loss(y_.data(), n, 0.f, eval_stats_.data() + 2 * k, false, false);
+  }
+  be_.download(host_stats.data(), eval_stats_.data(), host_stats.size() * sizeof(float));
+  for (size_t i = 0; i < chunks; ++i) {
+    sums[0] += host_stats[2 * i];
+    sums[1] += host_stats[2 * i + 1];
   }
   host_sum(comm_.mpi(), sums, 3);
   EvalResult r;

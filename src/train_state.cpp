@@ -248,6 +248,25 @@ void Trainer::claim_run(const std::string& resumed, const std::string& resumed_i
   if (cfg_.progress) log::info("run " + run_id_ + (resumed.empty() ? std::string(" starts at step 0") : " continues at step " + std::to_string(step_)));
 }
 
+// The parameters and optimizer-state arrays in host memory, in the arena's layout, and the
+// pages of them that the backend locked (released before the memory is freed).
+struct HostArenas {
+  Backend* be = nullptr;
+  std::vector<float> params;
+  std::vector<std::vector<float>> states;
+  std::vector<std::string> state_names;
+  std::vector<void*> pinned;
+  ~HostArenas() {
+    for (void* p : pinned) be->unpin_host(p);
+  }
+  void pin(Backend& b) {
+    be = &b;
+    if (b.pin_host(params.data(), params.size() * sizeof(float))) pinned.push_back(params.data());
+    for (auto& s : states)
+      if (b.pin_host(s.data(), s.size() * sizeof(float))) pinned.push_back(s.data());
+  }
+};
+
 namespace {
 
 // What rank 0 hands its writer: the checkpoint's attributes, the arenas as copied off the device
@@ -255,13 +274,36 @@ namespace {
 // weights reordered to PyTorch's layout), as the file is written.
 struct PendingCheckpoint {
   Checkpoint ck;
-  std::vector<float> params;
-  std::vector<std::vector<float>> states;
-  std::vector<std::string> state_names;
+  std::shared_ptr<const HostArenas> arenas;
   std::vector<Tensor> bn;
 };
 
 }  // namespace
+
+// Sharded: gathered over the ranks into a new copy each time. Unsharded: the arenas are one
+// download each, into host memory kept from the first checkpoint on and page-locked where the
+// backend can (the checkpoint of resnet18(stem=small) held the steps 49 ms on one H200 with
+// new pageable memory each time).
+std::shared_ptr<HostArenas> Trainer::stage_arenas() {
+  if (sharded() || !staging_) {
+    auto a = std::make_shared<HostArenas>();
+    a->params = params_host();
+    for (auto& s : opt_->state()) {
+      a->states.push_back(state_host(s.data));
+      a->state_names.push_back(s.name);
+    }
+    if (sharded()) return a;
+    a->pin(be_);
+    staging_ = a;
+    return a;
+  }
+  HostArenas& a = *staging_;
+  be_.download(a.params.data(), model_->params(), a.params.size() * sizeof(float));
+  const auto& st = opt_->state();
+  for (size_t i = 0; i < st.size(); ++i)
+    be_.download(a.states[i].data(), st[i].data, a.states[i].size() * sizeof(float));
+  return staging_;
+}
 
 void Trainer::save_checkpoint() {
   if (cfg_.ckpt_dir.empty()) return;
@@ -275,11 +317,7 @@ void Trainer::save_checkpoint() {
   average_bn_stats();  // collective
   if (sharded() || root) {
     watchdog::Phase phase("copying the model off the device for a checkpoint");
-    pending->params = params_host();
-    for (auto& s : opt_->state()) {
-      pending->states.push_back(state_host(s.data));
-      pending->state_names.push_back(s.name);
-    }
+    pending->arenas = stage_arenas();
   }
   if (root) {
     Checkpoint& ck = pending->ck;
@@ -308,12 +346,12 @@ void Trainer::save_checkpoint() {
                     keep = cfg_.ckpt_keep, run = run_id_] {
       PendingCheckpoint& p = *pending;
       std::vector<Tensor>& out = p.ck.tensors;
-      arena_to_tensors(*model, "model", p.params, out);
+      const HostArenas& a = *p.arenas;
+      arena_to_tensors(*model, "model", a.params, out);
       std::move(p.bn.begin(), p.bn.end(), std::back_inserter(out));
-      for (size_t i = 0; i < p.states.size(); ++i)
-        arena_to_tensors(*model, "optimizer/" + p.state_names[i], p.states[i], out);
-      p.params = {};
-      p.states = {};
+      for (size_t i = 0; i < a.states.size(); ++i)
+        arena_to_tensors(*model, "optimizer/" + a.state_names[i], a.states[i], out);
+      p.arenas.reset();
       fault::checkpoint_write(step, path);
       write_checkpoint(path, p.ck);
       prune_checkpoints(dir, keep, run);

@@ -191,6 +191,11 @@ class Backend {
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   // backend -> host; returns when the data is on the host (waits for pending work).
   virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  // Host memory that download() will fill again and again (a checkpoint's staging arenas): the
+  // cuda backend page-locks it, so the copies run at the link's speed; false where it did not
+  // (then it stays pageable, and download still works). unpin_host before the memory is freed.
+  virtual bool pin_host(void* p, size_t bytes) { (void)p; (void)bytes; return false; }
+  virtual void unpin_host(void* p) noexcept { (void)p; }
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill(float* p, size_t n, float v) = 0;
   virtual void scale(float* p, size_t n, float a) = 0;

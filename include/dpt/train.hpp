@@ -89,6 +89,7 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<class GradSync> sync_;  // sync = gradients
   Buffer<float> x_, stats_;  // x (max_batch, in_dim); stats [Σ loss, #correct]
+  Buffer<float> eval_stats_; // (2 × chunks) an evaluation's [Σ loss, #correct] per chunk
   AugmentSpec augment_;      // data.augment
   TensorShape image_;        // the training images' shape (augmentation)
   Buffer<float> xa_;         // (max_batch, in_dim): x augmented (allocated only with data.augment)
@@ -116,12 +117,17 @@ class Trainer {
   // Rank 0 writes the files (checkpoint.background). Declared after model_, so destroyed (its
   // write in flight finished) before the model whose layer slices that write reads.
   std::unique_ptr<class CheckpointWriter> writer_;
+  // Rank 0 of an unsharded run: the host copy of the arenas that every checkpoint refills
+  // (allocated and page-locked once; the writer is done with it before the next checkpoint).
+  std::shared_ptr<struct HostArenas> staging_;
 
   void load_initial_state();
   void report_memory();
   // Collective. The model copied off the device now; rank 0 writes the file (on the writer's
   // thread with checkpoint.background) after the write before it has finished.
   void save_checkpoint();
+  // The arenas copied off the device for a checkpoint (collective when sharded).
+  std::shared_ptr<HostArenas> stage_arenas();
   // Collective (none without checkpoint.dir): rank 0's write in flight finished, or its failure
   // thrown on every rank.
   void finish_checkpoint();

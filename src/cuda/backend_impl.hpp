@@ -251,6 +251,8 @@ class CudaBackendImpl final : public CudaBackend {
   void free_bytes(void* p) noexcept override;
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
+  bool pin_host(void* p, size_t bytes) override;
+  void unpin_host(void* p) noexcept override;
   void copy(void* dst, const void* src, size_t bytes) override;
   void fill(float* p, size_t n, float v) override;
   void scale(float* p, size_t n, float a) override;

@@ -299,6 +299,17 @@ void CudaBackendImpl::download(void* dst, const void* src, size_t bytes) {
   DPT_CHECK_CUDA(cudaStreamSynchronize(stream_.get()));
 }
 
+bool CudaBackendImpl::pin_host(void* p, size_t bytes) {
+  if (!p || bytes == 0) return false;
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+  cudaGetLastError();  // not pinned (a locked-memory limit, say): the copies stay pageable
+  return false;
+}
+
+void CudaBackendImpl::unpin_host(void* p) noexcept {
+  if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 // A source kept in bf16 only (a gradient of the residual stream) is copied as it is, into dst's
 // twin, and dst is bf16 only too; floats are written from it where dst has no twin.
 void CudaBackendImpl::copy(void* dst, const void* src, size_t bytes) {
