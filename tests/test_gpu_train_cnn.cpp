@@ -60,6 +60,11 @@ const char* kList =
 // "Within 3 points" of test accuracy, the boundary included: on the 300-sample test set 3 points
 // are 9 samples, and 0.8333 - 0.8033 is 0.030000000000000027 in doubles.
 constexpr double kThreePoints = 0.03 + 1e-9;
+// The residual network's TF32 and bf16 runs end 0.7 to 3.3 points above the CPU's fp32 run on the
+// H200 (one and two ranks, 2026-12-01 to 12-03): 2 to 10 of the 300 test samples, as batch norm
+// at 32 samples turns roundings into another trajectory. 5 points (15 samples) leave room for
+// that; a wrong gradient or layout ends near chance (1 in 6), far outside.
+constexpr double kFivePoints = 0.05 + 1e-9;
 
 const char* kResList =
     "conv(8,3,pad=1,bias=false) bn relu res(conv(8,3,pad=1,bias=false) bn relu conv(8,3,pad=1,bias=false) bn) relu "
@@ -220,7 +225,7 @@ TEST(ResnetGpuTraining, SameCurveAsTheCpuBackend) {
 // CNN's. Later single-batch losses decorrelate faster than the CNN's: batch norm at 32 samples
 // turns the roundings into different normalisations, and on the H200 single steps differed from
 // the CPU's by up to 21% in TF32 and bf16 while the curves ended within 0.01 of each other. So
-// the last quarter's mean loss within 20% and the test accuracy within 3 points: a wrong
+// the last quarter's mean loss within 20% and the test accuracy within 5 points: a wrong
 // gradient or layout stalls or diverges (a loss near ln 6 = 1.79 against ~0.4).
 TEST(ResnetGpuTraining, Tf32AndBf16FollowTheCpuCurve) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
@@ -238,7 +243,7 @@ TEST(ResnetGpuTraining, Tf32AndBf16FollowTheCpuCurve) {
     EXPECT_NEAR(g.losses[0], cpu.losses[0], first * cpu.losses[0]) << p;
     for (size_t s = 0; s < cpu.losses.size(); ++s) ASSERT_TRUE(std::isfinite(g.losses[s])) << p << " step " << s + 1;
     EXPECT_NEAR(tail_mean(g.losses), tail_mean(cpu.losses), 0.2 * tail_mean(cpu.losses)) << p;
-    EXPECT_NEAR(g.eval.accuracy, cpu.eval.accuracy, kThreePoints) << p;
+    EXPECT_NEAR(g.eval.accuracy, cpu.eval.accuracy, kFivePoints) << p;
     std::printf("resnet %s: step 1 loss %.6f (cpu %.6f), last %.6f (cpu %.6f), accuracy %.4f (cpu %.4f)\n", p,
                 g.losses[0], cpu.losses[0], g.losses.back(), cpu.losses.back(), g.eval.accuracy, cpu.eval.accuracy);
   }

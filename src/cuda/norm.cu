@@ -1,8 +1,7 @@
 // The CUDA backend's kernels for residual networks beside batch norm (bn.cu): the residual sum,
 // global average pooling, padded max/avg pooling and its gather-form backward, and the
 // label-smoothed softmax cross-entropy. Kernels first, launchers after. Channel tiles:
-// channel_tiles.cuh. The residual sums and their backward launch early (early_launch.cuh), as
-// batch norm's kernels do, which come before and after them in a block.
+// channel_tiles.cuh.
 //
 // Determinism. A reduction runs in a fixed order; backward passes of pooling are gathers (one
 // thread per input element), never atomics.
@@ -22,7 +21,6 @@
 #include "channel_tiles.cuh"
 #include "device_util.cuh"
 #include "dpt/cuda_check.hpp"
-#include "early_launch.cuh"
 #include "norm_kernels.cuh"
 
 namespace dpt::cuda {
@@ -57,8 +55,6 @@ __device__ __forceinline__ float sum_act(float a, float b, bool relu) {
 template <class TA, class TB>
 __global__ void residual_sum_kernel(const TA* __restrict__ a, const TB* __restrict__ b, float* __restrict__ y,
                                     __nv_bfloat16* __restrict__ y16, size_t n, bool relu) {
-  wait_for_prior_kernel();  // launched early (early_launch.cuh): nothing before this
-  allow_next_kernel();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float v = sum_act(ld(a, i), ld(b, i), relu);
     if (y) y[i] = v;
@@ -69,8 +65,6 @@ __global__ void residual_sum_kernel(const TA* __restrict__ a, const TB* __restri
 template <class TA, class TB>
 __global__ void residual_sum4_kernel(const TA* __restrict__ a, const TB* __restrict__ b, float4* __restrict__ y,
                                      __nv_bfloat162* __restrict__ y16, size_t n4, bool relu) {
-  wait_for_prior_kernel();  // launched early (early_launch.cuh): nothing before this
-  allow_next_kernel();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     const float4 p = ld4(a, i), q = ld4(b, i);
     const float4 v = {sum_act(p.x, q.x, relu), sum_act(p.y, q.y, relu), sum_act(p.z, q.z, relu),
@@ -93,8 +87,6 @@ template <bool M16> __device__ __forceinline__ float mask_at(const void* mask, s
 // d16 (unless nullptr): the masked d written there in bf16 instead of over d's floats.
 template <bool M16>
 __global__ void residual_bwd_kernel(float* d, const void* mask, float* keep, __nv_bfloat16* d16, size_t n) {
-  wait_for_prior_kernel();  // launched early (early_launch.cuh): nothing before this
-  allow_next_kernel();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float v = mask_at<M16>(mask, i) > 0.f ? d[i] : 0.f;
     if (d16) d16[i] = __float2bfloat16_rn(v);
@@ -105,8 +97,6 @@ __global__ void residual_bwd_kernel(float* d, const void* mask, float* keep, __n
 
 template <bool M16>
 __global__ void residual_bwd4_kernel(float4* d, const void* mask, float4* keep, __nv_bfloat162* d16, size_t n4) {
-  wait_for_prior_kernel();  // launched early (early_launch.cuh): nothing before this
-  allow_next_kernel();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     float4 m;
     if constexpr (M16) m = ld4(static_cast<const __nv_bfloat16*>(mask), i);
@@ -362,8 +352,6 @@ __global__ void xent_smoothed_rows(const float* __restrict__ logits, const int32
 // out = a + b.
 template <class TA, class TB, class TO>
 __global__ void sum_io_kernel(const TA* a, const TB* b, TO* out, size_t n, bool by8) {
-  wait_for_prior_kernel();  // launched early (early_launch.cuh): nothing before this
-  allow_next_kernel();
   const size_t step = size_t(gridDim.x) * blockDim.x;
   if (by8) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n / 8; i += step) {
@@ -382,8 +370,6 @@ __global__ void sum_io_kernel(const TA* a, const TB* b, TO* out, size_t n, bool 
 // (same type): each element is read before it is written, by the same thread.
 template <class TD, class TM, class TO, class TK>
 __global__ void residual_bwd_io_kernel(const TD* d, const TM* mask, TO* out, TK* keep, size_t n, bool by8) {
-  wait_for_prior_kernel();  // launched early (early_launch.cuh): nothing before this
-  allow_next_kernel();
   const size_t step = size_t(gridDim.x) * blockDim.x;
   if (by8) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n / 8; i += step) {
@@ -422,11 +408,8 @@ void sum_io(Operand a, Operand b, void* out, bool out_bf16, size_t n, cudaStream
   as_typed(a.p, a.bf16, [&](auto* pa) {
     as_typed(b.p, b.bf16, [&](auto* pb) {
       as_typed_out(out, out_bf16, [&](auto* po) {
-        using A = std::remove_const_t<std::remove_pointer_t<decltype(pa)>>;
-        using B = std::remove_const_t<std::remove_pointer_t<decltype(pb)>>;
-        using O = std::remove_pointer_t<decltype(po)>;
-        launch_early("sum_io_kernel", sum_io_kernel<A, B, O>, dim3(grid_for(by8 ? n / 8 + 1 : n)), dim3(kThreads), s,
-                     pa, pb, po, n, by8);
+        sum_io_kernel<<<grid_for(by8 ? n / 8 + 1 : n), kThreads, 0, s>>>(pa, pb, po, n, by8);
+        DPT_CHECK_LAUNCH("sum_io_kernel");
       });
     });
   });
@@ -440,12 +423,8 @@ void residual_backward_io(Operand d, Operand mask, void* out, bool out_bf16, voi
     as_typed(mask.p, mask.bf16, [&](auto* pm) {
       as_typed_out(out, out_bf16, [&](auto* po) {
         as_typed_out(keep, keep_bf16, [&](auto* pk) {
-          using D = std::remove_const_t<std::remove_pointer_t<decltype(pd)>>;
-          using M = std::remove_const_t<std::remove_pointer_t<decltype(pm)>>;
-          using O = std::remove_pointer_t<decltype(po)>;
-          using K = std::remove_pointer_t<decltype(pk)>;
-          launch_early("residual_bwd_io_kernel", residual_bwd_io_kernel<D, M, O, K>,
-                       dim3(grid_for(by8 ? n / 8 + 1 : n)), dim3(kThreads), s, pd, pm, po, pk, n, by8);
+          residual_bwd_io_kernel<<<grid_for(by8 ? n / 8 + 1 : n), kThreads, 0, s>>>(pd, pm, po, pk, n, by8);
+          DPT_CHECK_LAUNCH("residual_bwd_io_kernel");
         });
       });
     });
@@ -476,17 +455,15 @@ void residual_sum(Operand body, Operand shortcut, float* y, void* y16, size_t n,
     };
     size_t done = 0;
     if (fits(a) && fits(b) && aligned16(y) && reinterpret_cast<uintptr_t>(y16) % 8 == 0 && n >= 4) {
-      using A = std::remove_const_t<std::remove_pointer_t<decltype(a)>>;
-      using B = std::remove_const_t<std::remove_pointer_t<decltype(b)>>;
-      launch_early("residual_sum4_kernel", residual_sum4_kernel<A, B>, dim3(grid_for(n / 4)), dim3(kThreads), s, a, b,
-                   reinterpret_cast<float4*>(y), reinterpret_cast<__nv_bfloat162*>(o16), n / 4, relu);
+      residual_sum4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(a, b, reinterpret_cast<float4*>(y),
+                                                                 reinterpret_cast<__nv_bfloat162*>(o16), n / 4, relu);
+      DPT_CHECK_LAUNCH("residual_sum4_kernel");
       done = n / 4 * 4;
     }
     if (done < n) {
-      using A = std::remove_const_t<std::remove_pointer_t<decltype(a)>>;
-      using B = std::remove_const_t<std::remove_pointer_t<decltype(b)>>;
-      launch_early("residual_sum_kernel", residual_sum_kernel<A, B>, dim3(grid_for(n - done)), dim3(kThreads), s,
-                   a + done, b + done, y ? y + done : nullptr, o16 ? o16 + done : nullptr, n - done, relu);
+      residual_sum_kernel<<<grid_for(n - done), kThreads, 0, s>>>(a + done, b + done, y ? y + done : nullptr,
+                                                                  o16 ? o16 + done : nullptr, n - done, relu);
+      DPT_CHECK_LAUNCH("residual_sum_kernel");
     }
   };
   auto f32 = [](const void* p) { return static_cast<const float*>(p); };
@@ -506,15 +483,17 @@ void residual_backward(float* d, const void* mask, bool mask_bf16, float* keep, 
     constexpr bool M16 = decltype(m16)::value;
     if (aligned16(d) && aligned16(keep) && reinterpret_cast<uintptr_t>(mask) % (M16 ? 8 : 16) == 0 &&
         reinterpret_cast<uintptr_t>(d16) % 8 == 0 && n >= 4) {
-      launch_early("residual_bwd4_kernel", residual_bwd4_kernel<M16>, dim3(grid_for(n / 4)), dim3(kThreads), s,
-                   reinterpret_cast<float4*>(d), mask, reinterpret_cast<float4*>(keep),
-                   reinterpret_cast<__nv_bfloat162*>(o16), n / 4);
+      residual_bwd4_kernel<M16><<<grid_for(n / 4), kThreads, 0, s>>>(reinterpret_cast<float4*>(d), mask,
+                                                                      reinterpret_cast<float4*>(keep),
+                                                                      reinterpret_cast<__nv_bfloat162*>(o16), n / 4);
+      DPT_CHECK_LAUNCH("residual_bwd4_kernel");
       done = n / 4 * 4;
     }
     if (done < n) {
       const void* mrest = static_cast<const char*>(mask) + done * (M16 ? 2 : 4);
-      launch_early("residual_bwd_kernel", residual_bwd_kernel<M16>, dim3(grid_for(n - done)), dim3(kThreads), s,
-                   d + done, mrest, keep + done, o16 ? o16 + done : nullptr, n - done);
+      residual_bwd_kernel<M16><<<grid_for(n - done), kThreads, 0, s>>>(d + done, mrest, keep + done,
+                                                                       o16 ? o16 + done : nullptr, n - done);
+      DPT_CHECK_LAUNCH("residual_bwd_kernel");
     }
   };
   if (mask_bf16) run(std::true_type{});
