@@ -404,18 +404,16 @@ std::vector<float> allgather_host(MPI_Comm c, const std::vector<float>& mine, in
 }
 }  // namespace
 
-std::vector<float> GradSync::gather_params() {
-  std::vector<float> full(plan_.layout.total);
-  be_.download(full.data(), model_.params(), full.size() * sizeof(float));
-  if (!plan_.sharded) return full;
-  return arena_of_compacts(allgather_host(comm_.mpi(), compact_of_arena(full), world_));
+void GradSync::gather_params(std::vector<float>& out) {
+  out.resize(plan_.layout.total);
+  be_.download(out.data(), model_.params(), out.size() * sizeof(float));
+  if (plan_.sharded) out = arena_of_compacts(allgather_host(comm_.mpi(), compact_of_arena(out), world_));
 }
 
-std::vector<float> GradSync::gather_state(const float* state) {
-  std::vector<float> mine(plan_.state_size);
-  be_.download(mine.data(), state, mine.size() * sizeof(float));
-  if (!plan_.sharded) return mine;
-  return arena_of_compacts(allgather_host(comm_.mpi(), mine, world_));
+void GradSync::gather_state(const float* state, std::vector<float>& out) {
+  out.resize(plan_.state_size);
+  be_.download(out.data(), state, out.size() * sizeof(float));
+  if (plan_.sharded) out = arena_of_compacts(allgather_host(comm_.mpi(), out, world_));
 }
 
 void GradSync::scatter_state(const std::vector<float>& whole, float* state) {

@@ -208,17 +208,27 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
 Trainer::~Trainer() = default;  // a checkpoint's write in flight is waited for (~CheckpointWriter)
 
 
+void Trainer::params_into(std::vector<float>& out) {
+  if (sync_) return sync_->gather_params(out);
+  out.resize(model_->num_params());
+  be_.download(out.data(), model_->params(), out.size() * sizeof(float));
+}
+
+void Trainer::state_into(const float* state, std::vector<float>& out) {
+  if (sync_) return sync_->gather_state(state, out);
+  out.resize(opt_->size());
+  be_.download(out.data(), state, out.size() * sizeof(float));
+}
+
 std::vector<float> Trainer::params_host() {
-  if (sync_) return sync_->gather_params();
-  std::vector<float> h(model_->num_params());
-  be_.download(h.data(), model_->params(), h.size() * sizeof(float));
+  std::vector<float> h;
+  params_into(h);
   return h;
 }
 
 std::vector<float> Trainer::state_host(const float* state) {
-  if (sync_) return sync_->gather_state(state);
-  std::vector<float> h(opt_->size());
-  be_.download(h.data(), state, h.size() * sizeof(float));
+  std::vector<float> h;
+  state_into(state, h);
   return h;
 }
 

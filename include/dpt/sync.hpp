@@ -80,9 +80,10 @@ class GradSync {
 
   // Host copies of arenas this rank holds sharded, made whole (collective over the ranks):
   // the parameters (the fp32 master: outside its chunks a rank's arena may be stale in bf16),
-  // and an optimizer-state array (this rank's compact layout) in the arena's layout.
-  std::vector<float> gather_params();
-  std::vector<float> gather_state(const float* state);
+  // and an optimizer-state array (this rank's compact layout) in the arena's layout. Written into
+  // out; unsharded, into the memory out already holds when it has the arena's size.
+  void gather_params(std::vector<float>& out);
+  void gather_state(const float* state, std::vector<float>& out);
   // The inverse for a resume: this rank's compact state from a whole arena-layout array.
   void scatter_state(const std::vector<float>& whole, float* state);
 

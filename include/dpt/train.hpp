@@ -62,6 +62,9 @@ class Trainer {
   // layout: collective over the ranks when the optimizer is sharded.
   std::vector<float> params_host();
   std::vector<float> state_host(const float* state);
+  // The same into out: unsharded, into the memory out already holds when it has the size.
+  void params_into(std::vector<float>& out);
+  void state_into(const float* state, std::vector<float>& out);
   bool sharded() const;
   // Global batch: batch_per_rank × ranks × accumulate.
   int64_t global_batch() const;
