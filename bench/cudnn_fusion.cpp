@@ -35,35 +35,22 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "cuda_bench.hpp"
+#include "cudnn_conv_ops.hpp"
+
 namespace {
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+namespace cudnn_graph = dpt::cudnn_graph;
+using bench::Dev;
+using bench::download;
+using bench::upload;
 
-uint16_t to_bf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return uint16_t(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-float round_bf16(float f) { return from_bf16(to_bf16(f)); }
+float round_bf16(float f) { return dpt::bf16_value(dpt::bf16_bits(f)); }
 
 std::vector<float> random(size_t n, uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);
@@ -77,32 +64,6 @@ std::vector<float> random(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t b) : bytes(std::max<size_t>(b, 256)) { CK(cudaMalloc(&p, bytes)); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void poison() { CK(cudaMemset(p, 0xff, bytes)); }  // bf16 and fp32 NaN
-};
-void up16(Dev& d, const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
-  CK(cudaMemcpy(d.p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-}
-std::vector<float> down16(const Dev& d, size_t n) {
-  std::vector<uint16_t> h(n);
-  CK(cudaMemcpy(h.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = from_bf16(h[i]);
-  return v;
-}
-std::vector<float> down32(const Dev& d, size_t n) {
-  std::vector<float> v(n);
-  CK(cudaMemcpy(v.data(), d.p, n * 4, cudaMemcpyDeviceToHost));
-  return v;
-}
 double rel_err(const std::vector<float>& a, const std::vector<double>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -139,10 +100,8 @@ class Graphs {
   const std::string& why() const { return why_; }
 
   cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t t) {
-    cudnnBackendDescriptor_t d = nullptr;
-    if (cudnnBackendCreateDescriptor(t, &d) != CUDNN_STATUS_SUCCESS) return fail("create descriptor");
-    owned_.push_back(d);
-    return d;
+    cudnnBackendDescriptor_t d = cudnn_graph::make(owned_, t);
+    return d ? d : fail("create descriptor");
   }
   void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n,
            const void* v, const char* what) {
@@ -154,90 +113,36 @@ class Graphs {
     if (st != CUDNN_STATUS_SUCCESS) return fail((std::string(what) + ": " + cudnnGetErrorString(st)).c_str());
     return d;
   }
-  // NHWC-ordered strides for dims (n, c, h, w); (1, c, 1, 1) per-channel vectors alike.
+  // NHWC strides for dims (n, c, h, w); (1, c, 1, 1) per-channel vectors alike.
   cudnnBackendDescriptor_t tensor(int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w, cudnnDataType_t dt,
                                   bool virt = false) {
-    cudnnBackendDescriptor_t d = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const int64_t dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c}, align = 16;
-    set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor type");
-    set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims, "tensor dims");
-    set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides, "tensor strides");
-    set(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
-    set(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, "tensor alignment");
-    set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt, "tensor virtual");
-    return finalize(d, "tensor");
+    if (!ok_) return nullptr;
+    cudnnBackendDescriptor_t d = cudnn_graph::nhwc_tensor(owned_, uid, n, c, h, w, dt, virt);
+    return d ? d : fail("tensor");
   }
+  // The convolution operation of direction dir (0 forward, 1 input gradient, 2 weight gradient).
   cudnnBackendDescriptor_t conv_op(int dir, const Shape& s, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w,
                                    cudnnBackendDescriptor_t y) {
+    if (!ok_) return nullptr;
     cudnnBackendDescriptor_t conv = make(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-    const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-    const int64_t dims = 2, dil[2] = {1, 1}, str[2] = {s.stride, s.stride}, pad[2] = {s.pad, s.pad};
-    set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "conv type");
-    set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "conv mode");
-    set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims, "conv dims");
-    set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil, "conv dilations");
-    set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str, "conv strides");
-    set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv padding");
-    set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad, "conv padding");
-    finalize(conv, "convolution");
-    struct Attrs {
-      cudnnBackendDescriptorType_t type;
-      cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
-    };
-    static const Attrs kOps[3] = {
-        {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
-        {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
-        {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
-         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
-    };
-    const Attrs& at = kOps[dir];
-    const float alpha = 1.f, beta = 0.f;
-    cudnnBackendDescriptor_t op = make(at.type);
-    set(op, at.x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "conv x");
-    set(op, at.w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w, "conv w");
-    set(op, at.y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "conv y");
-    set(op, at.conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv, "conv descriptor");
-    set(op, at.alpha, CUDNN_TYPE_FLOAT, 1, &alpha, "conv alpha");
-    set(op, at.beta, CUDNN_TYPE_FLOAT, 1, &beta, "conv beta");
-    return finalize(op, "convolution operation");
+    if (!cudnn_graph::set_conv_desc(conv, s.stride, s.pad)) return fail("convolution");
+    cudnnBackendDescriptor_t op = make(cudnn_graph::conv_op_attrs(dir).type);
+    return cudnn_graph::set_conv_op(op, dir, x, w, y, conv) ? op : fail("convolution operation");
   }
-  cudnnBackendDescriptor_t pw_desc(cudnnPointwiseMode_t mode) {
+  // A pointwise operation of mode (fp32 math) on its tensors, each under its attribute:
+  // {XDESC, x}, {BDESC, b} (binary modes), {YDESC, y}; a backward activation {DYDESC, dy},
+  // {XDESC, x}, {DXDESC, dx}.
+  using Io = std::pair<cudnnBackendAttributeName_t, cudnnBackendDescriptor_t>;
+  cudnnBackendDescriptor_t pw(cudnnPointwiseMode_t mode, std::initializer_list<Io> io) {
     cudnnBackendDescriptor_t pd = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
     set(pd, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
     set(pd, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
-    return finalize(pd, "pointwise");
-  }
-  // y = mode(x[, b]).
-  cudnnBackendDescriptor_t pw(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-                              cudnnBackendDescriptor_t y) {
-    cudnnBackendDescriptor_t pd = pw_desc(mode);
+    finalize(pd, "pointwise");
     cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
     set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pd, "pointwise op");
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "pointwise x");
-    if (b) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b, "pointwise b");
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y, "pointwise y");
+    for (const auto& [attr, t] : io) set(op, attr, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t, "pointwise tensor");
     return finalize(op, "pointwise operation");
-  }
-  // dx = mode(dy, x), a backward activation.
-  cudnnBackendDescriptor_t pw_bwd(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t dy, cudnnBackendDescriptor_t x,
-                                  cudnnBackendDescriptor_t dx) {
-    cudnnBackendDescriptor_t pd = pw_desc(mode);
-    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pd, "pointwise op");
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dy, "pointwise dy");
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x, "pointwise x");
-    set(op, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dx, "pointwise dx");
-    return finalize(op, "pointwise backward operation");
   }
   cudnnBackendDescriptor_t genstats(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t sum,
                                     cudnnBackendDescriptor_t sq) {
@@ -253,34 +158,12 @@ class Graphs {
   }
   cudnnBackendDescriptor_t graph(const std::vector<cudnnBackendDescriptor_t>& ops) {
     cudnnBackendDescriptor_t g = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    // OPERATIONGRAPH_HANDLE, deprecated in 9.x but read (as src/cuda/cudnn_engines.cpp sets it).
-    set(g, static_cast<cudnnBackendAttributeName_t>(800), CUDNN_TYPE_HANDLE, 1, &h_, "graph handle");
+    set(g, cudnn_graph::kGraphHandle, CUDNN_TYPE_HANDLE, 1, &h_, "graph handle");
     set(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops.size()), ops.data(), "graph ops");
     return finalize(g, "operation graph");
   }
   std::vector<cudnnBackendDescriptor_t> offered(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode) {
-    std::vector<cudnnBackendDescriptor_t> cfgs;
-    if (!ok_) return cfgs;
-    cudnnBackendDescriptor_t heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph, "heuristics graph");
-    set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
-    if (!finalize(heur, "heuristics")) return cfgs;
-    int64_t n = 0;
-    if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr) !=
-            CUDNN_STATUS_SUCCESS ||
-        n <= 0)
-      return cfgs;
-    for (int64_t i = 0; i < n; ++i) cfgs.push_back(make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-    int64_t got = 0;
-    if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got,
-                                 cfgs.data()) != CUDNN_STATUS_SUCCESS)
-      got = 0;
-    cfgs.resize(size_t(std::max<int64_t>(0, std::min(got, n))));
-    return cfgs;
-  }
-  void reset_error() {
-    ok_ = true;
-    why_.clear();
+    return ok_ ? cudnn_graph::offered(owned_, graph, mode) : std::vector<cudnnBackendDescriptor_t>{};
   }
 
  private:
@@ -295,6 +178,8 @@ class Graphs {
   std::string why_;
 };
 
+constexpr auto kXD = CUDNN_ATTR_OPERATION_POINTWISE_XDESC, kBD = CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+               kYD = CUDNN_ATTR_OPERATION_POINTWISE_YDESC;
 enum Uid : int64_t { kX = 1, kW, kY, kS, kB, kSum, kSq, kDY, kDX, kXR, kDW, kV1 = 100, kV2, kV3, kV4 };
 enum Variant { kFwd, kFwdStats, kSbrFwdStats, kDgrad, kDgradDrelu, kWgrad, kSbrWgrad, kVariants };
 const char* kNames[kVariants] = {"fwd", "fwd+stats", "sbr+fwd+stats", "dgrad", "dgrad+drelu", "wgrad", "sbr+wgrad"};
@@ -315,9 +200,9 @@ cudnnBackendDescriptor_t pattern(Graphs& g, Variant v, const Shape& s, cudnnData
     cudnnBackendDescriptor_t v1 = g.tensor(kV1, s.n, s.c, s.h, s.w, mid, true);
     cudnnBackendDescriptor_t v2 = g.tensor(kV2, s.n, s.c, s.h, s.w, mid, true);
     cudnnBackendDescriptor_t v3 = g.tensor(kV3, s.n, s.c, s.h, s.w, mid, true);
-    ops.push_back(g.pw(CUDNN_POINTWISE_MUL, x, sc, v1));
-    ops.push_back(g.pw(CUDNN_POINTWISE_ADD, v1, bi, v2));
-    ops.push_back(g.pw(CUDNN_POINTWISE_RELU_FWD, v2, nullptr, v3));
+    ops.push_back(g.pw(CUDNN_POINTWISE_MUL, {{kXD, x}, {kBD, sc}, {kYD, v1}}));
+    ops.push_back(g.pw(CUDNN_POINTWISE_ADD, {{kXD, v1}, {kBD, bi}, {kYD, v2}}));
+    ops.push_back(g.pw(CUDNN_POINTWISE_RELU_FWD, {{kXD, v2}, {kYD, v3}}));
     uids.insert(uids.end(), {kX, kS, kB});
     return v3;
   };
@@ -344,8 +229,10 @@ cudnnBackendDescriptor_t pattern(Graphs& g, Variant v, const Shape& s, cudnnData
     case kDgradDrelu: {
       cudnnBackendDescriptor_t t = g.tensor(kV4, s.n, s.c, s.h, s.w, mid, true);
       ops.push_back(g.conv_op(1, s, t, W(), DY()));
-      ops.push_back(g.pw_bwd(CUDNN_POINTWISE_RELU_BWD, t, g.tensor(kXR, s.n, s.c, s.h, s.w, bf),
-                             g.tensor(kDX, s.n, s.c, s.h, s.w, bf)));
+      ops.push_back(g.pw(CUDNN_POINTWISE_RELU_BWD, {{CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, t},
+                                                    {kXD, g.tensor(kXR, s.n, s.c, s.h, s.w, bf)},
+                                                    {CUDNN_ATTR_OPERATION_POINTWISE_DXDESC,
+                                                     g.tensor(kDX, s.n, s.c, s.h, s.w, bf)}}));
       uids = {kW, kDY, kXR, kDX};
       break;
     }
@@ -468,7 +355,7 @@ struct Bench {
         const auto t0 = std::chrono::steady_clock::now();
         int64_t wsz = 0, n = 0;
         cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
-        if (cudnnBackendSetAttribute(plan, static_cast<cudnnBackendAttributeName_t>(400), CUDNN_TYPE_HANDLE, 1, &h) !=
+        if (cudnnBackendSetAttribute(plan, cudnn_graph::kPlanHandle, CUDNN_TYPE_HANDLE, 1, &h) !=
                 CUDNN_STATUS_SUCCESS ||
             cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                      &cfgs[i]) != CUDNN_STATUS_SUCCESS ||
@@ -610,7 +497,8 @@ int main(int argc, char** argv) {
     std::vector<float> hr(static_cast<size_t>(nx));  // relu(x·s + b) rounded to bf16: the prologue's result
     for (int64_t i = 0; i < nx; ++i)
       hr[size_t(i)] = round_bf16(std::max(0.f, hx[size_t(i)] * hs[size_t(i % s.c)] + hb[size_t(i % s.c)]));
-    up16(x, hx), up16(w, hw), up16(sc, hs), up16(bi, hb), up16(dy, hdy), up16(xr, hxr), up16(rx, hr);
+    upload(x, hx, true), upload(w, hw, true), upload(sc, hs, true), upload(bi, hb, true);
+    upload(dy, hdy, true), upload(xr, hxr, true), upload(rx, hr, true);
     const std::map<int64_t, void*> ptrs = {{kX, x.p},   {kW, w.p},   {kY, y.p},    {kS, sc.p},
                                            {kB, bi.p},  {kSum, sum.p}, {kSq, sq.p}, {kDY, dy.p},
                                            {kDX, dx.p}, {kXR, xr.p},  {kDW, dw.p}};
@@ -632,7 +520,7 @@ int main(int argc, char** argv) {
           std::vector<float> o;
           if (p.plan) {
             out.poison();
-            if (pb.run(p)) o = down16(out, n);
+            if (pb.run(p)) o = download(out, n, true);
             cudnnBackendDestroyDescriptor(p.plan);
           }
           return o;
@@ -640,8 +528,8 @@ int main(int argc, char** argv) {
         if (v == kFwdStats || v == kSbrFwdStats) {
           y.poison(), sum.poison(), sq.poison();
           if (b.run(best)) {
-            const std::vector<float> hy = down16(y, size_t(ny)), hsum = down32(sum, size_t(s.k)),
-                                     hsq = down32(sq, size_t(s.k));
+            const std::vector<float> hy = download(y, size_t(ny), true), hsum = download(sum, size_t(s.k), false),
+                                     hsq = download(sq, size_t(s.k), false);
             std::vector<double> rs(size_t(s.k)), rq(size_t(s.k));
             for (int64_t i = 0; i < ny; ++i) {
               const double t = hy[size_t(i)];
@@ -660,7 +548,7 @@ int main(int argc, char** argv) {
         } else if (v == kDgradDrelu) {
           dx.poison();
           if (b.run(best)) {
-            const std::vector<float> got = down16(dx, size_t(nx));
+            const std::vector<float> got = download(dx, size_t(nx), true);
             std::vector<float> pd = plain_on(kDgrad, x.p, dx, size_t(nx));
             if (!pd.empty()) {
               std::vector<double> ref(static_cast<size_t>(nx));
@@ -671,7 +559,7 @@ int main(int argc, char** argv) {
         } else if (v == kSbrWgrad) {
           dw.poison();
           if (b.run(best)) {
-            const std::vector<float> got = down16(dw, size_t(nw));
+            const std::vector<float> got = download(dw, size_t(nw), true);
             const std::vector<float> pw = plain_on(kWgrad, rx.p, dw, size_t(nw));
             if (!pw.empty()) r.err = rel_err(got, std::vector<double>(pw.begin(), pw.end()));
           }

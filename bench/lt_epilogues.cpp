@@ -18,20 +18,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "cuda_bench.hpp"
+
 namespace {
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));        \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 #define CKB(x)                                                                                \
   do {                                                                                        \
     cublasStatus_t s_ = (x);                                                                  \
@@ -46,48 +39,9 @@ struct Args {
   std::string precision = "bf16";
 };
 
-uint16_t to_bf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return uint16_t(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { CK(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
-
-// Operands of the precision's type (bf16 or fp32), from host floats.
-void upload(Dev& d, const std::vector<float>& v, bool bf16) {
-  if (bf16) {
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = to_bf16(v[i]);
-    CK(cudaMemcpy(d.p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-  } else {
-    CK(cudaMemcpy(d.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-  }
-}
-std::vector<float> download(const Dev& d, size_t n, bool bf16) {
-  std::vector<float> v(n);
-  if (bf16) {
-    std::vector<uint16_t> h(n);
-    CK(cudaMemcpy(h.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; ++i) v[i] = from_bf16(h[i]);
-  } else {
-    CK(cudaMemcpy(v.data(), d.p, n * 4, cudaMemcpyDeviceToHost));
-  }
-  return v;
-}
+using bench::Dev;
+using bench::download;
+using bench::upload;
 
 std::vector<float> random(size_t n, uint64_t seed, float scale) {
   std::vector<float> v(n);

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from torch_cnn import build
-from torch_step import time_ms
+from torch_step import capture, time_ms
 
 
 def conv_list(layers, shape, batch):
@@ -76,32 +76,6 @@ class Convs:
         self.all_bwd()
 
 
-def graphed(fn):
-    """fn warmed up on a side stream (the autotuner runs there), then captured in a CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-def per_op_ms(fn, reps):
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        fn()
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", required=True)
@@ -135,7 +109,7 @@ def main():
         c = Convs(convs)
         row = dict(base, algorithms="deterministic" if det else "any")
         for part, fn in (("fwd", c.all_fwd), ("bwd", c.all_bwd), ("step", c.step)):
-            ms, lo, hi = time_ms(graphed(fn), a.steps, a.repeat, 10, True)
+            ms, lo, hi = time_ms(capture(fn), a.steps, a.repeat, 10, True)
             row[part + "_ms"], row[part + "_ms_min"], row[part + "_ms_max"] = round(ms, 5), round(lo, 5), round(hi, 5)
         # Forward flops once, backward twice (the first convolution's input gradient included: an
         # upper count of at most 2% for these networks).
@@ -146,8 +120,9 @@ def main():
                 w, xs, st, pd = c.shapes[i]
                 print(json.dumps({"bench": "torch-conv-bound-op", "index": i, "weight": w, "input": xs,
                                   "stride": st, "pad": pd,
-                                  "fwd_ms": round(per_op_ms(lambda: Convs.fwd(op), a.per_conv), 5),
-                                  "bwd_ms": round(per_op_ms(lambda: Convs.bwd(op), a.per_conv), 5)}), flush=True)
+                                  "fwd_ms": round(time_ms(lambda: Convs.fwd(op), a.per_conv, 1, 3, True)[0], 5),
+                                  "bwd_ms": round(time_ms(lambda: Convs.bwd(op), a.per_conv, 1, 3, True)[0], 5)}),
+                      flush=True)
         del c
 
 

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_cnn import preset
+from torch_step import capture
 
 
 def idx(path, offset):
@@ -113,16 +114,7 @@ def run(mode, a, data, device):
     idx_t.copy_(torch.arange(a.batch, device=device))
     lr_t.fill_(0.0)
     if mode == "graph":
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        run_step = g.replay
+        run_step = capture(step, 3)
     else:
         for _ in range(3):
             step()

@@ -69,6 +69,21 @@ def step_fn(model, opt, x, y, bf16, dev, set_to_none=True, zero=True, cache=True
     return step
 
 
+def capture(fn, warmup=3):
+    """fn warmed up on a side stream (cuDNN's autotuner runs there), then captured in a CUDA graph:
+    returns its replay (PyTorch's CUDA graphs notes)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 def graphed(model, opt, x, y, bf16):
     # PyTorch's CUDA graphs notes, whole-network capture: warm up on a side stream, set the
     # gradients to None, capture one step (backward allocates them in the graph's pool and each

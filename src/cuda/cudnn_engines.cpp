@@ -18,6 +18,7 @@
 #include <string>
 
 #include "backend_impl.hpp"
+#include "cudnn_conv_ops.hpp"
 #include "dpt/cuda_check.hpp"
 #include "dpt/log.hpp"
 
@@ -25,120 +26,37 @@ namespace dpt::cuda_impl {
 
 namespace {
 
-constexpr int64_t kAlignment = 16;
 constexpr int kMaxTimed = 16;  // configurations timed per direction (PyTorch's benchmark_limit is 10)
-// The graph's handle attributes, deprecated in cuDNN 9.x but still read (cudnn-frontend sets
-// them); named by value so that the deprecation does not warn.
-constexpr auto kGraphHandle = static_cast<cudnnBackendAttributeName_t>(800);  // OPERATIONGRAPH_HANDLE
-constexpr auto kPlanHandle = static_cast<cudnnBackendAttributeName_t>(400);   // EXECUTION_PLAN_HANDLE
+using cudnn_graph::kAlignment;
+using cudnn_graph::kGraphHandle;
+using cudnn_graph::kPlanHandle;
+using cudnn_graph::make;
+using cudnn_graph::nhwc_tensor;
+using cudnn_graph::offered;
 enum : int64_t { kUidX = 1, kUidW = 2, kUidY = 3 };
-
-// A descriptor owned by a list (destroyed with it), or nullptr when cuDNN refuses to make it.
-cudnnBackendDescriptor_t make(std::vector<cudnnBackendDescriptor_t>& owned, cudnnBackendDescriptorType_t t) {
-  cudnnBackendDescriptor_t d = nullptr;
-  if (cudnnBackendCreateDescriptor(t, &d) != CUDNN_STATUS_SUCCESS) return nullptr;
-  owned.push_back(d);
-  return d;
-}
 
 bool set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n,
          const void* v) {
   return cudnnBackendSetAttribute(d, a, t, n, v) == CUDNN_STATUS_SUCCESS;
 }
 
-// NHWC bf16: dims (n, c, h, w), strides (h·w·c, 1, w·c, c).
-cudnnBackendDescriptor_t tensor(std::vector<cudnnBackendDescriptor_t>& owned, int64_t uid, int64_t n, int64_t c,
-                                int64_t h, int64_t w) {
-  cudnnBackendDescriptor_t d = make(owned, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const cudnnDataType_t dt = CUDNN_DATA_BFLOAT16;
-  const int64_t dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c};
-  if (!d || !set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt) ||
-      !set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims) ||
-      !set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides) ||
-      !set(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid) ||
-      !set(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &kAlignment) ||
-      cudnnBackendFinalize(d) != CUDNN_STATUS_SUCCESS)
-    return nullptr;
-  return d;
-}
-
 // The operation graph of one convolution in direction dir: nullptr where cuDNN refuses it.
 cudnnBackendDescriptor_t conv_graph(std::vector<cudnnBackendDescriptor_t>& owned, cudnnHandle_t h, ConvDir dir,
                                     const ConvGeom& g) {
-  cudnnBackendDescriptor_t x = tensor(owned, kUidX, g.batch, g.c, g.h, g.w);
-  cudnnBackendDescriptor_t w = tensor(owned, kUidW, g.out, g.c, g.k, g.k);
-  cudnnBackendDescriptor_t y = tensor(owned, kUidY, g.batch, g.out, g.oh(), g.ow());
+  cudnnBackendDescriptor_t x = nhwc_tensor(owned, kUidX, g.batch, g.c, g.h, g.w);
+  cudnnBackendDescriptor_t w = nhwc_tensor(owned, kUidW, g.out, g.c, g.k, g.k);
+  cudnnBackendDescriptor_t y = nhwc_tensor(owned, kUidY, g.batch, g.out, g.oh(), g.ow());
   cudnnBackendDescriptor_t conv = make(owned, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   if (!x || !w || !y || !conv) return nullptr;
-  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  const int64_t dims = 2, dil[2] = {1, 1}, str[2] = {g.stride, g.stride}, pad[2] = {g.pad, g.pad};
-  if (!set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp) ||
-      !set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode) ||
-      !set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims) ||
-      !set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil) ||
-      !set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str) ||
-      !set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad) ||
-      !set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad) ||
-      cudnnBackendFinalize(conv) != CUDNN_STATUS_SUCCESS)
-    return nullptr;
-  // The operation's attributes per direction: its x (dx), w (dw), y (dy), convolution, alpha, beta.
-  struct OpAttrs {
-    cudnnBackendDescriptorType_t type;
-    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
-  };
-  static const OpAttrs kOps[3] = {
-      {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
-      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
-      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
-       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
-  };
-  const OpAttrs& at = kOps[dir == ConvDir::fwd ? 0 : dir == ConvDir::data ? 1 : 2];
-  const float alpha = 1.f, beta = 0.f;
-  cudnnBackendDescriptor_t op = make(owned, at.type);
-  const bool ok = op && set(op, at.x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x) &&
-                  set(op, at.w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w) &&
-                  set(op, at.y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y) &&
-                  set(op, at.conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv) &&
-                  set(op, at.alpha, CUDNN_TYPE_FLOAT, 1, &alpha) && set(op, at.beta, CUDNN_TYPE_FLOAT, 1, &beta);
-  if (!ok || cudnnBackendFinalize(op) != CUDNN_STATUS_SUCCESS) return nullptr;
+  if (!cudnn_graph::set_conv_desc(conv, g.stride, g.pad)) return nullptr;
+  const int d = dir == ConvDir::fwd ? 0 : dir == ConvDir::data ? 1 : 2;
+  cudnnBackendDescriptor_t op = make(owned, cudnn_graph::conv_op_attrs(d).type);
+  if (!cudnn_graph::set_conv_op(op, d, x, w, y, conv)) return nullptr;
   cudnnBackendDescriptor_t graph = make(owned, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   if (!graph || !set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op) ||
       !set(graph, kGraphHandle, CUDNN_TYPE_HANDLE, 1, &h) || cudnnBackendFinalize(graph) != CUDNN_STATUS_SUCCESS)
     return nullptr;
   return graph;
-}
-
-// The engine configurations cuDNN's heuristics offer for the graph in one mode, best first.
-std::vector<cudnnBackendDescriptor_t> offered(std::vector<cudnnBackendDescriptor_t>& owned,
-                                              cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode) {
-  cudnnBackendDescriptor_t heur = make(owned, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  if (!heur || !set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph) ||
-      !set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode) ||
-      cudnnBackendFinalize(heur) != CUDNN_STATUS_SUCCESS)
-    return {};
-  int64_t n = 0;
-  if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr) !=
-          CUDNN_STATUS_SUCCESS ||
-      n <= 0)
-    return {};
-  std::vector<cudnnBackendDescriptor_t> cfgs;
-  for (int64_t i = 0; i < n; ++i)
-    if (cudnnBackendDescriptor_t c = make(owned, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)) cfgs.push_back(c);
-  int64_t got = 0;
-  if (cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                               int64_t(cfgs.size()), &got, cfgs.data()) != CUDNN_STATUS_SUCCESS)
-    return {};
-  cfgs.resize(size_t(std::max<int64_t>(0, std::min<int64_t>(got, int64_t(cfgs.size())))));
-  return cfgs;
 }
 
 // The configuration's engine: its global index, and whether its results are deterministic.
