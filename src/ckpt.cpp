@@ -305,6 +305,9 @@ void write_root_attrs(hid_t file, const Checkpoint& ck) {
   write_string_attr(file, "optimizer", ck.optimizer);
   write_string_attr(file, "config", ck.config);
   if (!ck.run_id.empty()) write_string_attr(file, "run_id", ck.run_id);
+  if (!ck.data_train.empty()) write_string_attr(file, "data_train", ck.data_train);
+  if (ck.schedule_steps > 0)
+    write_attr(file, "schedule_steps", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.schedule_steps);
   if (ck.model.empty()) {
     write_ints_attr(file, "layers", ck.layers);
   } else {
@@ -538,6 +541,8 @@ uint32_t read_header(const Reader& r, hid_t file, Checkpoint& ck) {
   ck.optimizer = read_string(r, file, "optimizer");
   ck.config = read_string(r, file, "config");
   if (H5Aexists(file, "run_id") > 0) ck.run_id = read_string(r, file, "run_id");
+  if (H5Aexists(file, "data_train") > 0) ck.data_train = read_string(r, file, "data_train");
+  if (H5Aexists(file, "schedule_steps") > 0) ck.schedule_steps = read_count(r, file, "schedule_steps", 1, big);
   // The MLP widths form, or a layer list with its input shape (checked with the tensors).
   const htri_t list = H5Aexists(file, "model");
   if (list < 0) r.ok(-1, "cannot look up attribute 'model'");

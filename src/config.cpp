@@ -2,7 +2,9 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -25,6 +27,13 @@ std::string show(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
   return s;
+}
+// Doubles in their shortest text that reads back to the same value: a changed lr is a changed
+// value in the resolved configuration, however small the change.
+std::string show(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 template <class T> std::string show(T v) {
   std::ostringstream os;
@@ -123,10 +132,16 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("checkpoint.background", &c.ckpt_background,
         "write checkpoints on a thread of their own while training goes on (the model is copied "
         "off the device first; the run waits for the last write before it ends)");
-  t.add("checkpoint.resume", &c.resume, "auto | none | <file>");
+  t.add("checkpoint.resume", &c.resume,
+        "auto | none | <file>: auto continues the newest valid checkpoint in checkpoint.dir when it "
+        "is this configuration's run (a changed key that alters what the run computes stops at "
+        "start-up, naming it)");
   t.add("checkpoint.start_over", &c.start_over,
         "a fresh run moves another run's checkpoints in checkpoint.dir into a set-aside-<UTC "
         "time>/ subfolder (else it stops at start-up)");
+  t.add("checkpoint.accept_changes", &c.accept_changes,
+        "keys (comma-separated, e.g. train.lr,data.train) whose change from the resumed "
+        "checkpoint's configuration this run accepts");
   t.add("log.metrics", &c.metrics_file, "metrics JSON Lines file (rank 0)");
   t.add("log.every_steps", &c.log_every, "steps between progress lines and metrics");
   t.add("log.progress", &c.progress, "print progress lines");
@@ -354,22 +369,48 @@ void validate(const Config& c) {
     bad("checkpoint.start_over", "true", c,
         "starting over and resuming from " + c.resume + " (checkpoint.resume) contradict each other");
   if (c.train_file.empty()) bad("data.train", "", c, "a training set is required");
+  const auto keys = key_values(c);
+  for (const std::string& k : split_list(c.accept_changes)) {
+    const bool known = std::any_of(keys.begin(), keys.end(), [&](const auto& kv) { return kv.first == k; });
+    if (!known)
+      bad("checkpoint.accept_changes", c.accept_changes, c,
+          "'" + k + "' is not a key (keys are section.name, as in --help: e.g. train.lr, data.train)");
+  }
 }
 
-std::string to_ini(const Config& cfg) {
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    const size_t a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
+    if (a != std::string::npos) out.push_back(item.substr(a, b - a + 1));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> key_values(const Config& cfg) {
   Config c = cfg;  // the table binds to fields; work on a copy
   TextKeys keys(c);
   Table t;
   build_table(t, c, keys);
-  std::map<std::string, std::vector<std::pair<std::string, std::string>>> sections;
-  std::vector<std::string> order;
+  std::vector<std::pair<std::string, std::string>> out;
   for (auto& [name, value] : t.shown) {
     // With a layer list the activation is not a key of the model: writing it would set it.
     if (name == "model.activation" && !c.layer_list.empty()) continue;
+    out.emplace_back(name, value());
+  }
+  return out;
+}
+
+std::string to_ini(const Config& cfg) {
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> sections;
+  std::vector<std::string> order;
+  for (auto& [name, value] : key_values(cfg)) {
     auto dot = name.find('.');
     std::string sec = name.substr(0, dot);
     if (!sections.count(sec)) order.push_back(sec);
-    sections[sec].emplace_back(name.substr(dot + 1), value());
+    sections[sec].emplace_back(name.substr(dot + 1), value);
   }
   std::ostringstream os;
   for (auto& sec : order) {

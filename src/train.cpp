@@ -472,7 +472,9 @@ void Trainer::prepare_run(int64_t per_epoch) {
   per_epoch_ = per_epoch;
   total_steps_ = int64_t(cfg_.epochs) * per_epoch;
   if (cfg_.steps > 0) total_steps_ = std::min(total_steps_, cfg_.steps);
-  LrSchedule sched(cfg_, comm_.size(), per_epoch, total_steps_);
+  // A resumed run keeps its schedule's horizon when its length changes (resume.hpp).
+  horizon_ = cfg_.schedule_steps > 0 ? cfg_.schedule_steps : total_steps_;
+  LrSchedule sched(cfg_, comm_.size(), per_epoch, horizon_);
   std::vector<float> lr(size_t(std::max<int64_t>(total_steps_, 1)));
   for (size_t i = 0; i < lr.size(); ++i) lr[i] = float(sched.at(int64_t(i) + 1));
   lr_host_.assign(lr.begin(), lr.end());
@@ -550,6 +552,7 @@ TrainResult Trainer::run() {
   // The first epoch's rows are in place before the backend decides whether it can capture.
   const bool training = epoch_ < cfg_.epochs && step_ < total_steps_;
   res.already_complete = !training;
+  if (training) write_start_record();
   if (training) start_epoch();
   const bool capture = be_.can_capture(rows_->data()) && (comm_.size() == 1 || !reduce || comm_.capturable()) &&
                        !fault::any() && !probe_;
@@ -626,6 +629,7 @@ TrainResult Trainer::run() {
     finish_checkpoint();  // the run ends with its checkpoints on disk
   }
   res.steps = step_;
+  res.last_eval_step = last_eval_step_;
   res.first_step = first_step;
   res.epoch = epoch_;
   res.checkpoint = last_checkpoint_.empty() ? resumed_from_ : last_checkpoint_;
@@ -663,6 +667,13 @@ extern "C" void on_stop_signal(int) { g_stop = 1; }
 void install_stop_signals() {
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGUSR1, on_stop_signal);
+  // Ctrl-C stops as SIGTERM does (a checkpoint, then exit 6); a second Ctrl-C ends the process
+  // at once (SA_RESETHAND restores the default action after the first).
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
 }
 
 bool stop_requested() { return g_stop != 0; }

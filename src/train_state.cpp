@@ -120,7 +120,10 @@ void Trainer::load_initial_state() {
   // read a second time below.
   Checkpoint found;
   bool have_found = false;
-  if (cfg_.resume == "auto" && !cfg_.start_over) {
+  if (cfg_.resume_planned) {  // plan_resume found it, judged it and kept rank 0's copy
+    path = cfg_.resume_path;
+    if (cfg_.resume_checkpoint) found = *cfg_.resume_checkpoint, have_found = true;
+  } else if (cfg_.resume == "auto" && !cfg_.start_over) {
     on_rank0(c, comm_.rank(), "finding the checkpoint to resume", [&] {
       if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir, &found);
       have_found = !path.empty();
@@ -174,6 +177,7 @@ void Trainer::load_initial_state() {
         log::warn("resuming with global batch " + std::to_string(G) + " (saved with " +
                   std::to_string(ck.global_batch) + "): the epoch position is rounded down");
       log::info("resuming from " + file + " at step " + std::to_string(ck.step));
+      for (const std::string& n : cfg_.resume_notes) log::info("  " + n);
     });
     params.resize(model_->num_params());
     be_.upload(model_->params(), params.data(), params.size() * sizeof(float));
@@ -215,7 +219,7 @@ void Trainer::load_initial_state() {
       }
     }
   }
-  if (resuming) resumed_from_ = path;
+  if (resuming) resumed_from_ = on_disk_ = path;
   if (rows_) claim_run(resuming ? path : "", resumed_id);
   // Ranks agree on the initial parameters whatever their seeds: rank 0's win.
   comm_.broadcast(model_->params(), model_->num_params(), DType::f32, 0);
@@ -240,12 +244,18 @@ void Trainer::claim_run(const std::string& resumed, const std::string& resumed_i
                 " checkpoint(s) of other runs: left alone (this run prunes only its own)");
   });
   bcast_string(comm_.mpi(), run_id_);
+}
+
+// Rank 0: the run's start record in the metrics, once it is known to train (a run resumed
+// where it is already complete trains nothing and adds nothing to the metrics).
+void Trainer::write_start_record() {
   if (comm_.rank() != 0) return;
+  const bool resumed = !resumed_from_.empty();
   std::ostringstream js;
   js << "{\"run\": \"" << run_id_ << "\", \"start\": \"" << utc_now() << "\", \"resumed_from_step\": " << step_
      << ", \"world_size\": " << comm_.size() << ", \"global_batch\": " << global_batch() << "}";
   metrics_->write(js.str());
-  if (cfg_.progress) log::info("run " + run_id_ + (resumed.empty() ? std::string(" starts at step 0") : " continues at step " + std::to_string(step_)));
+  if (cfg_.progress) log::info("run " + run_id_ + (resumed ? " continues at step " + std::to_string(step_) : std::string(" starts at step 0")));
 }
 
 // The parameters and optimizer-state arrays in host memory, in the arena's layout, and the
@@ -330,6 +340,8 @@ void Trainer::save_checkpoint() {
     ck.optimizer = cfg_.optimizer;
     ck.config = cfg_.resolved;
     ck.run_id = run_id_;
+    ck.data_train = cfg_.data_identity;
+    ck.schedule_steps = horizon_;
     describe_model(cfg_, *model_, ck);
     bn_to_tensors(be_, *model_, pending->bn);
   } else {
@@ -364,10 +376,13 @@ void Trainer::finish_checkpoint() {
   on_rank0(comm_.mpi(), comm_.rank(), "finishing a checkpoint's write", [&] {
     try {
       writer_->wait();
+      on_disk_ = last_checkpoint_.empty() ? resumed_from_ : last_checkpoint_;
     } catch (const Error& e) {
       if (!writer_->background()) throw;
       throw Error(std::string(e.what()) + " (written while training went on; the run stops at step " +
-                      std::to_string(step_) + ", and its newest checkpoint is the one before that file)",
+                      std::to_string(step_) + ", and " +
+                      (on_disk_.empty() ? std::string("no checkpoint of this run is on disk")
+                                        : "its newest checkpoint on disk is " + on_disk_) + ")",
                   e.code());
     }
   });

@@ -7,6 +7,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 
 namespace cli {
@@ -34,6 +38,22 @@ inline Outcome sh(const std::string& cmd, int limit_s, const std::string& cwd = 
 inline std::string mpirun(int ranks, const std::string& opts = "--bind-to none") {
   return std::string(DPT_MPIEXEC) + " -np " + std::to_string(ranks) +
          (::geteuid() == 0 ? " --allow-run-as-root" : "") + " --oversubscribe " + opts + " ";
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// name -> bytes of every checkpoint file directly in a folder.
+inline std::map<std::string, std::string> snapshot(const std::filesystem::path& d) {
+  std::map<std::string, std::string> m;
+  if (!std::filesystem::exists(d)) return m;
+  for (const auto& e : std::filesystem::directory_iterator(d))
+    if (e.is_regular_file() && e.path().extension() == ".h5") m[e.path().filename().string()] = slurp(e.path());
+  return m;
 }
 
 }  // namespace cli

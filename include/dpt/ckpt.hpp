@@ -32,6 +32,11 @@ struct Checkpoint {
   uint64_t seed = 0;
   std::string optimizer;     // e.g. "adam"
   std::string config;        // the resolved INI text
+  // What the run trained on and how far its schedule reaches (resume.hpp): root attributes
+  // `data_train` (data.train's identity, data_identity()) and `schedule_steps` (the lr
+  // schedule's horizon); "" and 0 in files of older versions.
+  std::string data_train;
+  int64_t schedule_steps = 0;
   std::string run_id;        // the run that wrote it (root attribute `run_id`; "" in files of
                              // older versions): a run prunes and overwrites only its own
   // The model: the MLP widths form in `layers` (root attribute `layers`), or a layer list in

@@ -3,10 +3,14 @@
 // Knows nothing of training; other layers read the plain Config struct.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dpt {
+
+struct Checkpoint;  // ckpt.hpp
 
 struct Config {
   // [model]
@@ -74,6 +78,7 @@ struct Config {
   bool ckpt_background = true;  // the file written on a thread of its own while the steps go on
   std::string resume = "auto";  // auto|none|<file>
   bool start_over = false;      // a fresh run sets the folder's old checkpoints aside
+  std::string accept_changes;   // keys whose change a resumed run accepts (comma-separated)
   // [log]
   std::string metrics_file;
   int64_t log_every = 50;
@@ -84,6 +89,15 @@ struct Config {
   std::string source;    // the INI path, or "(command line)"
   std::vector<std::string> cli_keys;  // keys given on the command line (they override the file)
   std::string resolved;  // the resolved configuration as INI text
+
+  // Decided at start-up by plan_resume (resume.hpp), not keys. planned = false (a Trainer made
+  // without it, as tests and benchmarks do): the Trainer finds checkpoint.resume itself.
+  bool resume_planned = false;
+  std::string resume_path;     // the checkpoint this run continues ("" = a fresh run)
+  std::shared_ptr<const Checkpoint> resume_checkpoint;  // rank 0: that file, read once
+  std::vector<std::string> resume_notes;  // rank 0: what changed since it and goes on, a line each
+  std::string data_identity;   // data.train's identity (data_identity()), stored in checkpoints
+  int64_t schedule_steps = 0;  // the lr schedule's horizon in steps (0 = this run's last step)
 };
 
 // Command-line actions besides training.
@@ -108,11 +122,16 @@ bool has_flag(int argc, const char* const* argv, const std::string& flag);
 // The value of --config in argv ("" if absent), found before the full parse so rank 0 can read it.
 std::string find_config_path(int argc, const char* const* argv);
 
+// "a, b,c" -> {"a", "b", "c"} (blank items dropped).
+std::vector<std::string> split_list(const std::string& text);
+
 // Checks across keys (impossible combinations); throws InputError.
 void validate(const Config& cfg);
 
 // Resolved configuration as INI text (sorted by section), printed at start-up and stored in
 // checkpoints.
 std::string to_ini(const Config& cfg);
+// The same as (dotted key, value text) pairs in the table's order: what a resumed run compares.
+std::vector<std::pair<std::string, std::string>> key_values(const Config& cfg);
 
 }  // namespace dpt

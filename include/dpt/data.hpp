@@ -57,6 +57,11 @@ Dataset load_rows(const std::string& path, const std::vector<int64_t>& rows);
 // Rank r's evaluation rows (eval_shard) of the file, read alone; first_row and file_rows set.
 Dataset load_eval_shard(const std::string& path, int rank, int world);
 
+// The file's identity, as a line: rows, sample shape, feature type, classes, scale and offset,
+// and a CRC32 of the labels and features of 64 rows spread over it (the first and last among
+// them). A copy of the file has the same identity wherever it is; another file's differs.
+std::string data_identity(const std::string& path);
+
 // Writes a dataset in the layout (features uint8 or float32, labels int32). Atomic: temporary
 // file + rename.
 void write_dataset(const std::string& path, const Dataset& ds);

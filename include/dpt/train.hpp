@@ -31,6 +31,7 @@ struct TrainResult {
   double seconds = 0;          // wall time of the loop on this run
   double samples_per_s = 0;    // global samples per second over the loop
   EvalResult last_eval;        // last evaluation on the test set (n = 0 if none)
+  int64_t last_eval_step = -1; // the step it evaluated
   std::vector<double> losses;  // global mean loss of every logged step (log.every_steps)
   bool stopped_by_signal = false;
   bool graph = false;          // the step was captured and replayed as one graph
@@ -111,7 +112,9 @@ class Trainer {
   std::string run_id_;          // this run's (every rank): checkpoints and metrics records carry it
   std::string resumed_from_;    // the checkpoint this run continues ("" = a fresh run)
   std::string last_checkpoint_; // rank 0: the newest one this run wrote
+  std::string on_disk_;         // rank 0: the newest one known written whole ("" = none)
   int64_t total_steps_ = 0;
+  int64_t horizon_ = 0;       // the lr schedule's horizon (cfg.schedule_steps, else total_steps_)
   int64_t per_epoch_ = 1;     // optimizer steps per epoch
   std::chrono::steady_clock::time_point t0_;
   double t_last_ = 0;  // seconds since t0_ at the last logged step
@@ -135,6 +138,7 @@ class Trainer {
   // thrown on every rank.
   void finish_checkpoint();
   void claim_run(const std::string& resumed, const std::string& resumed_id);
+  void write_start_record();
   void average_parameters();
   bool bn_apart_ = false;  // training passes moved the ranks' running statistics apart
   bool step_enqueued_ = false;  // enqueue_step ran in this step (not a replay of its graph)

@@ -11,6 +11,7 @@
 #include "dpt/ckpt.hpp"
 #include "dpt/data.hpp"
 #include "dpt/log.hpp"
+#include "dpt/resume.hpp"
 #include "dpt/timing.hpp"
 #include "dpt/train.hpp"
 #include "dpt/version.hpp"
@@ -66,16 +67,21 @@ void print_summary(const TrainResult& r, const Config& cfg) {
   std::snprintf(buf, sizeof buf, "done: %s in %.2f s, %.0f samples/s%s", steps.c_str(), r.seconds,
                 r.samples_per_s, r.stopped_by_signal ? " (stopped by signal after a checkpoint)" : "");
   log::info(buf);
+  // The last evaluation, then (after a signal) the checkpoint: the last line says where the run is.
+  if (r.last_eval.n && r.last_eval_step == last) {
+    std::snprintf(buf, sizeof buf, "final test accuracy %.4f, loss %.4f", r.last_eval.accuracy, r.last_eval.loss);
+    log::info(buf);
+  } else if (r.last_eval.n) {
+    std::snprintf(buf, sizeof buf, "last evaluation at step %lld (not of the final model): test accuracy %.4f, loss %.4f",
+                  static_cast<long long>(r.last_eval_step), r.last_eval.accuracy, r.last_eval.loss);
+    log::info(buf);
+  }
   if (r.stopped_by_signal)
     log::info(r.checkpoint.empty()
                   ? "stopped by signal at step " + std::to_string(last) +
                         " with no checkpoint.dir: nothing was saved"
                   : "stopped by signal at step " + std::to_string(last) + ": its checkpoint is " +
                         r.checkpoint + "; run the same command again to resume from it (checkpoint.resume = auto)");
-  if (r.last_eval.n) {
-    std::snprintf(buf, sizeof buf, "final test accuracy %.4f, loss %.4f", r.last_eval.accuracy, r.last_eval.loss);
-    log::info(buf);
-  }
 }
 
 // The end of a run that worked: what holds device memory goes with the process (DPT_FAST_EXIT),
@@ -134,6 +140,22 @@ int main(int argc, char** argv) {
         watchdog::set_timeout(inv.cfg.timeout_s);
       }))
     return kExitUsage;
+  // A training run's checkpoint to continue, judged before any data is read: another run's
+  // checkpoint stops every rank here (exit 2), and the global batch's split is decided before
+  // the shard reader plans its rows.
+  if (!inv.eval_only) {
+    if (int rc = stage(world, [&] {
+          timing::Scope timed(timing::Phase::config);
+          watchdog::Phase phase("judging the checkpoint to resume", 0);
+          if (!inv.eval_checkpoint.empty())
+            throw InputError("--checkpoint " + inv.eval_checkpoint + " is the checkpoint --eval evaluates, and --eval "
+                             "is not given. To continue training it: --checkpoint.resume " + inv.eval_checkpoint +
+                             "; to start a new run from its weights: --model.init " + inv.eval_checkpoint +
+                             "; to evaluate it: --eval --checkpoint " + inv.eval_checkpoint);
+          plan_resume(inv.cfg, world);
+        }))
+      return rc;
+  }
   const Config& cfg = inv.cfg;
   // data.read = all: every rank loads both files whole. shard: a rank reads only the training
   // rows its batches use (epoch by epoch) and only its evaluation rows of the test set. Read on
