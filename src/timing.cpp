@@ -23,8 +23,8 @@ double& at(Phase p) { return g_sec[int(p)]; }
 
 // The top-level phases, one after the other on the main thread.
 constexpr Phase kSerial[] = {Phase::to_main, Phase::mpi_init, Phase::config,    Phase::backend,
-                             Phase::comm,    Phase::data_wait, Phase::model,    Phase::loop,
-                             Phase::around};
+                             Phase::comm,    Phase::data_wait, Phase::model,    Phase::first_rows,
+                             Phase::loop,    Phase::around};
 
 }  // namespace
 
@@ -97,8 +97,11 @@ void report(MPI_Comm c, bool print) {
   s += row("backend", m(Phase::backend), "device, CUDA context, streams, cuBLAS/cuBLASLt handles (cpu: OpenBLAS)");
   s += row("transport", m(Phase::comm), "NCCL communicator, or MPI");
   s += row("datasets (wait)", m(Phase::data_wait),
-           "the wait once backend and transport are up; reading them took " + secs(m(Phase::data_load)));
+           "the wait once backend and transport are up; reading them (data.read = shard: the file's "
+           "layout and the test rows) took " + secs(m(Phase::data_load)));
   s += row("model", m(Phase::model), "built, initialised or read, broadcast");
+  s += row("first epoch's rows", m(Phase::first_rows),
+           "data.read = shard: read before the first step (each later epoch's while the one before trains)");
   s += row("training loop", m(Phase::loop),
            "first two steps " + secs(m(Phase::first_steps)) + " (GEMM plans, graph capture), evaluations " +
                secs(m(Phase::eval)) + ", periodic checkpoints " + secs(m(Phase::checkpoint)));

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <new>
 #include <fstream>
 #include <sstream>
 
@@ -72,14 +73,45 @@ RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train) {
   return load_run_data(cfg, comm.rank(), comm.size(), with_train);
 }
 
+namespace {
+// Reads a dataset into host memory; out of memory names the file, what it needs and the ways out
+// rather than ending as a bare std::bad_alloc.
+template <class F> auto in_host_memory(const char* key, const std::string& path, bool shard, F&& read) {
+  try {
+    return read();
+  } catch (const std::bad_alloc&) {
+    std::string size;
+    try {
+      const DatasetInfo in = probe_dataset(path);
+      const double bytes = double(in.n) * double(in.dim) * (in.feature_type == "uint8" ? 1 : 4) + 4.0 * double(in.n);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, " (%lld rows x %lld %s features: %.2f GiB)", static_cast<long long>(in.n),
+                    static_cast<long long>(in.dim), in.feature_type.c_str(), bytes / double(1u << 30));
+      size = buf;
+    } catch (const std::exception&) {
+    }
+    throw Error(std::string("out of host memory reading ") + key + " " + path + size +
+                (shard ? "" : "; with data.read = all every rank holds the whole file: data.read = shard holds only "
+                              "the rows a rank trains on (an epoch at a time)") +
+                "; or run fewer ranks per node, store features as uint8 (a quarter of float32), or ask the "
+                "scheduler for more memory");
+  }
+}
+}  // namespace
+
 RunData load_run_data(const Config& cfg, int rank, int world, bool with_train) {
   RunData d;
   const bool shard = cfg.data_read == "shard";
-  if (with_train && shard) d.rows = std::make_unique<TrainRows>(cfg.train_file, rank_order(cfg, rank, world));
-  else if (with_train) d.train = load_dataset(cfg.train_file);
+  const std::string& tr = cfg.train_file;
+  if (with_train && shard)
+    d.rows = in_host_memory("data.train", tr, shard, [&] { return std::make_unique<TrainRows>(tr, rank_order(cfg, rank, world)); });
+  else if (with_train)
+    d.train = in_host_memory("data.train", tr, shard, [&] { return load_dataset(tr); });
   d.has_test = !cfg.test_file.empty();
+  const std::string& te = cfg.test_file;
   if (d.has_test)
-    d.test = shard ? load_eval_shard(cfg.test_file, rank, world) : load_dataset(cfg.test_file);
+    d.test = in_host_memory("data.test", te, shard,
+                            [&] { return shard ? load_eval_shard(te, rank, world) : load_dataset(te); });
   return d;
 }
 
@@ -244,23 +276,34 @@ void Trainer::report_memory() {
     m.optimizer = size_t(opt_->state_arrays()) * opt_->size() * sizeof(float);
   }
   const int W = comm_.size();
-  uint64_t mine[4] = {m.params, m.grads, m.optimizer, m.comm};
-  std::vector<uint64_t> all(size_t(4 * W));
+  // The datasets this rank holds in host memory (data.read = shard: the current epoch's rows,
+  // twice that while the next epoch's are read).
+  const auto bytes = [](const Dataset& d) { return d.u8.size() + 4 * (d.f32.size() + d.labels.size()); };
+  uint64_t data = test_ ? bytes(*test_) : 0;
+  if (rows_ && !rows_->sharded()) data += bytes(rows_->data());
+  if (rows_ && rows_->sharded()) {  // not read yet: its size from the file's layout
+    const DatasetInfo& in = rows_->info();
+    data += 2 * uint64_t(rows_->rows_per_epoch()) * uint64_t(in.dim * (in.feature_type == "uint8" ? 1 : 4) + 4);
+  }
+  constexpr int kFields = 5;
+  uint64_t mine[kFields] = {m.params, m.grads, m.optimizer, m.comm, data};
+  std::vector<uint64_t> all(size_t(kFields * W));
   {
     watchdog::Phase phase("waiting in gather of memory use");
-    DPT_CHECK_MPI(MPI_Gather(mine, 4, MPI_UINT64_T, all.data(), 4, MPI_UINT64_T, 0, comm_.mpi()));
+    DPT_CHECK_MPI(MPI_Gather(mine, kFields, MPI_UINT64_T, all.data(), kFields, MPI_UINT64_T, 0, comm_.mpi()));
   }
   if (comm_.rank() != 0) return;
   auto mib = [](uint64_t b) { return fmt("%.1f", double(b) / (1 << 20)); };
   bool same = true;
-  for (int r = 1; r < W; ++r) same = same && std::equal(all.begin(), all.begin() + 4, all.begin() + 4 * r);
+  for (int r = 1; r < W; ++r) same = same && std::equal(all.begin(), all.begin() + kFields, all.begin() + kFields * r);
   for (int r = 0; r < (same ? 1 : W); ++r) {
-    const uint64_t* v = all.data() + 4 * r;
+    const uint64_t* v = all.data() + kFields * r;
     const std::string who = W == 1 ? "" : same ? " per rank" : " rank " + std::to_string(r);
     log::info("memory" + who + ": parameters " + mib(v[0]) +
               " MiB, gradients " + mib(v[1]) + " MiB, optimizer state " + mib(v[2]) + " MiB" +
               (plan_->sharded ? " (sharded over " + std::to_string(W) + " ranks)" : "") +
-              ", communication buffers " + mib(v[3]) + " MiB");
+              ", communication buffers " + mib(v[3]) + " MiB; datasets in host memory " + mib(v[4]) + " MiB" +
+              (rows_ && rows_->sharded() ? " (data.read = shard: an epoch's rows, and the next's as they are read)" : ""));
   }
 }
 
@@ -553,7 +596,11 @@ TrainResult Trainer::run() {
   const bool training = epoch_ < cfg_.epochs && step_ < total_steps_;
   res.already_complete = !training;
   if (training) write_start_record();
-  if (training) start_epoch();
+  if (training) {
+    const double t = timing::now();
+    start_epoch();
+    if (rows_->sharded()) res.first_rows_s = timing::now() - t;
+  }
   const bool capture = be_.can_capture(rows_->data()) && (comm_.size() == 1 || !reduce || comm_.capturable()) &&
                        !fault::any() && !probe_;
   auto runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);

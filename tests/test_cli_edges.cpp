@@ -165,3 +165,29 @@ TEST_F(Edges, ThreadsFollowTheAllocation) {
     EXPECT_NE(r.out.find(c.want), std::string::npos) << "missing '" << c.want << "' in:\n" << r.out;
   }
 }
+
+// A training set larger than the memory a process may take ends with a message naming the file,
+// its size and what to change, exit 3, never a bare std::bad_alloc. The address-space limit
+// (ulimit -v) walks up from 256 MiB in steps smaller than the file, so one of them falls where
+// the libraries fit and the dataset does not, whatever this build maps (CUDA libraries or not);
+// limits below that fail at once, before main.
+TEST_F(Edges, OutOfHostMemoryNamesTheDataset) {
+  Outcome g = sh(kBin + "/dpdata synth blobs --n 40000 --dim 2000 --classes 4 --spread 0.5 --seed 3 --out " +
+                 (dir / "big.h5").string());
+  ASSERT_EQ(g.code, 0) << g.out;  // 40000 x 2000 float32: 305 MiB
+  std::string seen;
+  for (long kib = 256 << 10; kib <= 4 << 20 && seen.empty(); kib += 128 << 10) {
+    Outcome r = in_dir("bash -c 'ulimit -v " + std::to_string(kib) + "; " + kBin +
+                       "/dptrain --config run.ini --data.train big.h5 --data.test \"\" --model.layers 2000,32,4 "
+                       "--checkpoint.dir \"\"'");
+    ASSERT_NE(r.code, 0) << "trained within " << kib << " KiB before running out at the dataset:\n" << r.out;
+    if (r.out.find("out of host memory") == std::string::npos) continue;
+    seen = r.out;
+    EXPECT_EQ(r.code, 3) << r.out;
+    for (const char* w : {"reading data.train big.h5 (40000 rows x 2000 float32 features: 0.30 GiB)", "data.read = shard"})
+      EXPECT_NE(r.out.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.out;
+    EXPECT_EQ(r.out.find("std::bad_alloc"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(seen.empty()) << "no limit between 256 MiB and 4 GiB ran out of memory at the dataset";
+  fs::remove(dir / "big.h5");
+}

@@ -18,6 +18,7 @@ enum class Phase {
   comm,        // the transport: NCCL's communicator (none for one rank), or MPI
   data_wait,   // the main thread's wait for the datasets once backend and transport are up
   model,       // the model and optimizer built, initialised (or read) and broadcast
+  first_rows,  // data.read = shard: the first epoch's training rows, read before its first step
   loop,        // the training loop (Trainer::run's own clock)
   around,      // Trainer::run outside its loop: learning rates, the first epoch's order and the
                // dataset's copy to the device, the last device wait, the final checkpoint

@@ -29,6 +29,7 @@ struct TrainResult {
   int64_t steps = 0;           // optimizer steps taken in total (including before a resume)
   int64_t epoch = 0;           // epoch the next step would belong to
   double seconds = 0;          // wall time of the loop on this run
+  double first_rows_s = 0;     // data.read = shard: reading the first epoch's rows, before the loop
   double samples_per_s = 0;    // global samples per second over the loop
   EvalResult last_eval;        // last evaluation on the test set (n = 0 if none)
   int64_t last_eval_step = -1; // the step it evaluated

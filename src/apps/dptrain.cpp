@@ -214,8 +214,9 @@ int main(int argc, char** argv) {
     } else {
       const double t0 = timing::now();
       TrainResult r = trainer->run();
+      timing::add(timing::Phase::first_rows, r.first_rows_s);
       timing::add(timing::Phase::loop, r.seconds);
-      timing::add(timing::Phase::around, timing::now() - t0 - r.seconds);
+      timing::add(timing::Phase::around, timing::now() - t0 - r.seconds - r.first_rows_s);
       print_summary(r, cfg);
       rc = r.stopped_by_signal ? kExitSignal : kExitOk;
     }
