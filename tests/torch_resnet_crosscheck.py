@@ -79,7 +79,7 @@ PARAM_ATOL = 1e-4  # of the tensor's max |value|
 LATE_RTOL = 2e-2
 FINAL_RTOL = 0.25
 # --device cuda keeps these tolerances: dptrain's fp32 on the GPU is FMA math without TF32 and
-# without Winograd or FFT convolutions (src/cuda/cudnn_conv.cpp), and batch statistics summed in
+# without Winograd or FFT convolutions (src/cuda/conv/cudnn_conv.cpp), and batch statistics summed in
 # double by its own kernels, so it should differ from torch's fp32 by summation order only.
 # Summation order can still put a ReLU input that lies a few 1e-7 of its tensor's spread from 0
 # on the other side of the kink, and that one unit's gradient, passed or stopped, moves step 1's

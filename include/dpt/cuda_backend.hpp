@@ -1,6 +1,6 @@
 // What the CUDA backend exposes beyond Backend, for the NCCL transport: the device and its two
 // streams. Collectives run on comm_stream(); the compute stream and the comm stream are ordered
-// against each other only by events (see src/cuda/nccl_comm.cpp). Include only from CUDA
+// against each other only by events (see src/cuda/comm/nccl_comm.cpp). Include only from CUDA
 // translation units (src/cuda/).
 #pragma once
 #include <cuda_runtime_api.h>

@@ -10,7 +10,7 @@
 #include "dpt/check.hpp"
 
 namespace dpt {
-// ncclGetErrorString + ncclGetLastError; defined in src/cuda/nccl_comm.cpp so that this header
+// ncclGetErrorString + ncclGetLastError; defined in src/cuda/comm/nccl_comm.cpp so that this header
 // does not need nccl.h (rc is an ncclResult_t).
 std::string nccl_error_string(int rc);
 }  // namespace dpt

@@ -1,5 +1,5 @@
 // The layer-wise optimizers' (LARS, LAMB) arithmetic of one tensor and one element, shared by
-// the CPU loops (src/backend/layerwise.cpp) and the CUDA kernels (src/cuda/layerwise.cu), so
+// the CPU loops (src/backend/layerwise.cpp) and the CUDA kernels (src/cuda/optim/layerwise.cu), so
 // both backends follow the one set of formulas README.md states.
 #pragma once
 #include <cmath>

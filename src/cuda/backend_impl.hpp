@@ -22,7 +22,7 @@
 
 #include "dpt/cuda_backend.hpp"
 #include "dpt/data.hpp"
-#include "norm_kernels.cuh"
+#include "norm/norm_kernels.cuh"
 
 namespace dpt::cuda_impl {
 

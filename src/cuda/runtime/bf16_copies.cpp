@@ -9,7 +9,7 @@
 
 #include "backend_impl.hpp"
 #include "dpt/check.hpp"
-#include "cudnn_kernels.cuh"
+#include "conv/cudnn_kernels.cuh"
 #include "kernels.cuh"
 
 namespace dpt::cuda_impl {

@@ -5,7 +5,7 @@
 #include "conv_kernels.cuh"
 #include "dpt/check.hpp"
 #include "cudnn_kernels.cuh"
-#include "norm_kernels.cuh"
+#include "norm/norm_kernels.cuh"
 #include "kernels.cuh"
 
 namespace dpt::cuda_impl {
