@@ -17,3 +17,14 @@ add_test(NAME docs_readme_figures
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/docs/readme_figures.py
                  ${CMAKE_SOURCE_DIR}/README.md)
 set_tests_properties(docs_readme_figures PROPERTIES TIMEOUT 60)
+
+# docs/formats.md's Python examples run as written: the h5py one writes a file dpdata accepts,
+# and the torchvision one loads a resnet18(stem=small) checkpoint strictly. Needs python3-h5py
+# and python3-torchvision; skips (exit 77) without them. About 10 s.
+add_test(NAME docs_formats_snippets
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/docs/formats_snippets.py
+                 --build ${CMAKE_BINARY_DIR} --doc ${CMAKE_SOURCE_DIR}/docs/formats.md)
+set_tests_properties(docs_formats_snippets PROPERTIES
+  TIMEOUT 120
+  SKIP_RETURN_CODE 77
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
