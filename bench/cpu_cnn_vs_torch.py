@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """dptrain (2 CPU ranks) vs PyTorch on inputs/cnn.ini's convolutional network, side by side.
 
-The requirement this checks (the issue): on this 2-core machine, inputs/cnn.ini's network
+The requirement this checks: on this 2-core machine, inputs/cnn.ini's network
 (conv(32,3,pad=1) relu maxpool(2) conv(64,3,pad=1) relu maxpool(2) flatten linear(256) relu
 dropout(0.25) linear(10); Nesterov SGD lr 0.05 momentum 0.9 weight decay 5e-4; global batch
 128) trained by `mpirun -np 2 ./dptrain --config inputs/cnn.ini` reaches >= 1.0x the samples/s

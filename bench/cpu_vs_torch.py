@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """dptrain (2 CPU ranks) vs PyTorch on the same MLP, measured side by side in one run.
 
-The requirement this checks (the issue): on this 2-core machine, the default MLP
+The requirement this checks: on this 2-core machine, the default MLP
 (inputs/run.ini: 784-256-128-10 ReLU, Nesterov SGD lr 0.05 momentum 0.9, global batch 64)
 trained by 2 CPU ranks (BLAS threads x ranks = cores) reaches >= 1.5x the samples/s of
 Debian's python3-torch (best thread count) training the same MLP with the same optimizer and

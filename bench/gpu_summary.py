@@ -140,7 +140,7 @@ def scale12(out):
         print("    peer note: %s" % e)
 
     # The trainer's start-up lines on each rank's bytes (optimizer state per rank with sharding:
-    # the target is total / N + padding, within 1%).
+    # the target is total / N + padding, within 1%).
     log = os.path.join(out, "s12-scaling.log")
     mem = sorted({l.strip() for l in open(log, errors="replace") if l.startswith("memory")}) if os.path.exists(log) else []
     print("\n  memory lines of the trainer's start-up (distinct): %s" % ("none" if not mem else ""))

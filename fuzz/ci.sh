@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanitizer half of the test suite (called by scripts/test.sh after the main ctest):
+# The sanitizer half of the test suite (scripts/test.sh --full and CI run it after the main ctest):
 #  1. the fast unit tests (core, layers, data, data_order, ckpt, parallel) built with
 #     AddressSanitizer and UndefinedBehaviorSanitizer (DPT_SANITIZE, CPU only) into build-asan/
 #     and run by ctest;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks (as root, or with sudo) and builds into build/
-# (CUDA backend included where nvcc and NCCL are found). Safe to run again.
+# (CUDA backend included where nvcc and NCCL are found; DPT_CMAKE_ARGS=-DDPT_WITH_CUDA=OFF leaves it
+# out, read when build/ is first configured). Safe to run again.
 #   bash scripts/setup.sh           the main job: the packages that build and run dptrain and
 #                                   dpdata, and those two built (scripts/run-default.sh)
 #   bash scripts/setup.sh --tests   also the test packages; everything built: tests, bench-scaling,

@@ -61,10 +61,24 @@ struct TextKeys {
 };
 
 void build_table(Table& t, Config& c, TextKeys& k) {
+  // Boost wraps the help column at 40 characters: each indented line below fits in it.
   t.add("model.layers", &k.layers,
-        "MLP widths, input first (784,256,128,10), or a layer list: conv(C,K[,stride=S][,pad=P]) "
-        "maxpool(K[,stride=S]) avgpool(K[,stride=S]) relu tanh sigmoid gelu flatten linear(N) "
-        "dropout(p), separated by spaces");
+        "MLP widths, input first (Linear layers, model.activation between them); or a layer "
+        "list separated by spaces:\n"
+        "  conv(C,K[,stride=S,pad=P,bias=false])\n"
+        "  maxpool|avgpool(K[,stride=S,pad=P])\n"
+        "  avgpool(global) linear(N) dropout(p)\n"
+        "  relu tanh sigmoid gelu flatten\n"
+        "  bn (batch norm)\n"
+        "  res(body[ | shortcut]): residual\n"
+        "    block, body(x) + shortcut(x)\n"
+        "    (identity shortcut if omitted)\n"
+        "e.g. conv(32,3,pad=1) bn relu maxpool(2) flatten linear(10). Or a preset, the whole "
+        "list: resnet18, resnet34 or resnet50 (torchvision's), with optional arguments "
+        "stem=small (a 3x3 stride-1 stem, no max pool, for 28x28 or 32x32 images) and "
+        "classes=N:\n"
+        "  resnet18(stem=small,classes=10)\n"
+        "More: docs/models.md");
   t.add("model.activation", &c.activation, "relu | tanh | sigmoid | gelu (MLP widths only)");
   t.add("model.input_shape", &k.input_shape, "C,H,W of a flat dataset's samples (layer lists, augmentation)");
   t.add("model.init", &c.init, "checkpoint to start from (its model weights)");

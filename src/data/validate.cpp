@@ -294,6 +294,11 @@ void check_features(const std::string& path, hid_t file, hid_t dset, DatasetInfo
   if (!t.ok()) bad(path, n + ": unreadable type");
   if (is_u8(t.get())) info.feature_type = "uint8";
   else if (is_f32(t.get())) info.feature_type = "float32";
+  else if (H5Tget_class(t.get()) == H5T_FLOAT)  // numpy's default float64, most often
+    bad(path, n + ": has type " + type_name(t.get()) + "; expected uint8 or float32. Write it as "
+              "float32, e.g. with h5py and numpy: f.create_dataset(\"features\", "
+              "data=x.astype(np.float32)) (numpy's floats are float64 unless asked otherwise), or as "
+              "uint8 with a scale attribute (docs/formats.md)");
   else bad(path, n + ": has type " + type_name(t.get()) + "; expected uint8 or float32");
   const auto dims = dims_of(path, dset, n);
   if (dims.size() < 2)

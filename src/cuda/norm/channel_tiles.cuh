@@ -23,7 +23,7 @@ constexpr int kTileMax = 32;             // columns per tile at most: one warp's
 constexpr int kMaxTiles = 65535;         // gridDim.y
 // A reduction's blocks, about 4 per SM of an H200: fewer blocks spread each block's closing tree
 // (and its share of the totals) over more rows. resnet18(stem=small)'s bf16 step, measured as
-// variants of one build in one session on the H200 (2026-12-02): 6.83 ms with 512 blocks, 7.30
+// variants of one build in one run on the H200 (2026-12-02): 6.83 ms with 512 blocks, 7.30
 // and 7.40 with 1,024, 7.41 with 2,048; loading rows ahead did not help (7.00 with two ahead
 // and 1,024 blocks, 6.83 with two ahead in the forward sums and 512).
 constexpr int64_t kReduceBlocks = 512;
