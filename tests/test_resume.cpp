@@ -47,6 +47,13 @@ void expect_all(const Outcome& r, const std::vector<std::string>& words) {
   for (const std::string& w : words) EXPECT_NE(r.out.find(w), std::string::npos) << "missing '" << w << "' in:\n" << r.out;
 }
 
+// Runs cmd in the background with its output in log, sends it `sig` once a progress line is
+// there, and returns what `wait` said ("rc=N").
+Outcome signal_after_first_step(const std::string& cmd, const std::string& log, const char* sig) {
+  return sh("bash -c '" + cmd + " > " + log + " 2>&1 & p=$!; for i in $(seq 300); do grep -q \"^step\" " + log +
+            " && break; sleep 0.1; done; kill -" + sig + " $p; wait $p; echo rc=$?'");
+}
+
 class Resume : public ::testing::Test {
  protected:
   fs::path dir;
@@ -180,8 +187,7 @@ TEST_F(Resume, AnotherRankCountKeepsTheGlobalBatch) {
 TEST_F(Resume, CtrlCOnOneProcessCheckpoints) {
   const std::string run = std::string(DPT_BINARY_DIR) + "/dptrain --config " + path("run.ini") +
                           " --train.epochs 100000 --checkpoint.every_steps 0 --log.every_steps 40";
-  Outcome a = sh("bash -c '" + run + " > " + path("one.log") + " 2>&1 & p=$!; for i in $(seq 300); do " +
-                 "grep -q \"^step\" " + path("one.log") + " && break; sleep 0.1; done; kill -INT $p; wait $p; echo rc=$?'");
+  Outcome a = signal_after_first_step(run, path("one.log"), "INT");
   const std::string log = slurp(dir / "one.log");
   ASSERT_NE(a.out.find("rc=6"), std::string::npos) << a.out << log;
   const auto files = snapshot(dir / "ck");
@@ -201,8 +207,7 @@ TEST_F(Resume, CtrlCOnOneProcessCheckpoints) {
 TEST_F(Resume, SigusrToMpirunCheckpointsAndExits6) {
   const std::string run = mpirun(2) + DPT_BINARY_DIR + "/dptrain --config " + path("run.ini") +
                           " --train.epochs 100000 --checkpoint.every_steps 0 --log.every_steps 40";
-  Outcome a = sh("bash -c '" + run + " > " + path("mp.log") + " 2>&1 & p=$!; for i in $(seq 300); do " +
-                 "grep -q \"^step\" " + path("mp.log") + " && break; sleep 0.1; done; kill -USR1 $p; wait $p; echo rc=$?'");
+  Outcome a = signal_after_first_step(run, path("mp.log"), "USR1");
   const std::string log = slurp(dir / "mp.log");
   EXPECT_NE(a.out.find("rc=6"), std::string::npos) << a.out << log;
   const auto files = snapshot(dir / "ck");

@@ -94,7 +94,7 @@ struct Config {
   // without it, as tests and benchmarks do): the Trainer finds checkpoint.resume itself.
   bool resume_planned = false;
   std::string resume_path;     // the checkpoint this run continues ("" = a fresh run)
-  std::shared_ptr<const Checkpoint> resume_checkpoint;  // rank 0: that file, read once
+  std::shared_ptr<Checkpoint> resume_checkpoint;  // rank 0: that file, read once (the Trainer takes it)
   std::vector<std::string> resume_notes;  // rank 0: what changed since it and goes on, a line each
   std::string data_identity;   // data.train's identity (data_identity()), stored in checkpoints
   int64_t schedule_steps = 0;  // the lr schedule's horizon in steps (0 = this run's last step)

@@ -122,7 +122,8 @@ void Trainer::load_initial_state() {
   bool have_found = false;
   if (cfg_.resume_planned) {  // plan_resume found it, judged it and kept rank 0's copy
     path = cfg_.resume_path;
-    if (cfg_.resume_checkpoint) found = *cfg_.resume_checkpoint, have_found = true;
+    // Taken, not copied: its tensors are the model's size, and held nowhere after the load.
+    if (cfg_.resume_checkpoint) found = std::move(*cfg_.resume_checkpoint), have_found = true;
   } else if (cfg_.resume == "auto" && !cfg_.start_over) {
     on_rank0(c, comm_.rank(), "finding the checkpoint to resume", [&] {
       if (!cfg_.ckpt_dir.empty()) path = find_latest_valid(cfg_.ckpt_dir, &found);
