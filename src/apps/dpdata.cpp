@@ -105,6 +105,28 @@ int cmd_npy(const Args& args) {
   return write_imported(out, dpt::import_npy(features, labels, o), notes);
 }
 
+int cmd_csv(const Args& args) {
+  std::string file, out, label;
+  int classes = 0;
+  dpt::ImportOptions o;
+  po::options_description opts("csv options (a header row; every column but the label is a feature)");
+  opts.add_options()
+      ("file", po::value(&file)->required(), "CSV file, comma-separated, with a header row")
+      ("out", po::value(&out)->required(), "output HDF5 file")
+      ("label", po::value(&label)->required(),
+       "the label column: its header name, or its index from 0; integers or class names")
+      ("num-classes", po::value(&classes), "number of classes (default: the largest label + 1, or the names)");
+  po::positional_options_description pos;
+  pos.add("file", 1).add("out", 1);
+  po::variables_map vm;
+  if (!parse("dpdata csv FILE.csv OUT.h5 --label COLUMN [--num-classes K]", opts, args, vm, pos)) return 0;
+  if (vm.count("num-classes")) o.num_classes = classes;
+  check_not_an_input(out, {file});
+  std::vector<std::string> notes;
+  o.notes = &notes;
+  return write_imported(out, dpt::import_csv(file, label, o), notes);
+}
+
 int cmd_fashion_mnist(const Args& args) {
   std::string dir, out_dir;
   po::options_description opts("fashion-mnist options");
@@ -246,6 +268,7 @@ const Command kCommands[] = {
     {"fashion-mnist", "import Debian's Fashion-MNIST into <out-dir>/fashion-mnist-{train,test}.h5",
      cmd_fashion_mnist},
     {"npy", "import a NumPy pair: FEATURES.npy LABELS.npy OUT.h5 [--num-classes K]", cmd_npy},
+    {"csv", "import a CSV file with a header row: FILE.csv OUT.h5 --label COLUMN", cmd_csv},
     {"synth", "generate a synthetic dataset: odd-even (bit parity) or blobs", cmd_synth},
     {"info", "print rows, shape, types, scale/offset, class histogram of FILE", cmd_info},
     {"validate", "exit 0 if FILE loads, else print why and exit 2", cmd_validate},
