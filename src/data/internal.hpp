@@ -39,7 +39,6 @@ int check_num_classes(const std::string& where, double v);  // v in [1, 1e6], as
 [[noreturn]] void non_finite_feature(const std::string& where, const std::string& row);
 // Refuses a 4-D shape that looks channels-last; `fix` says how to transpose it.
 void check_channels_first(const std::string& where, const std::vector<hsize_t>& dims, const std::string& fix);
-std::string shape_text(const std::vector<hsize_t>& dims);  // "(60000, 1, 28, 28)"
 
 // reader.cpp: a Dataset with info's shape and no rows yet.
 Dataset empty_like(const std::string& path, const DatasetInfo& info);

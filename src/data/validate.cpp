@@ -358,8 +358,6 @@ void check_channels_first(const std::string& where, const std::vector<hsize_t>& 
                    "last dimension is 1, 3 or 4 and the second is not");
 }
 
-std::string shape_text(const std::vector<hsize_t>& d) { return shape_str(d); }
-
 Opened open_checked(const std::string& path, bool whole) {
   Opened o;
   o.file = open_file(path, /*sparse=*/!whole);
