@@ -183,8 +183,19 @@ TEST_F(Cli, MissingDataFile) {
   expect_rejected("--config " + ini("", "d.ini") + " --data.train /nonexistent/train.h5", {"/nonexistent/train.h5"});
 }
 
+// The MLP shorthand gives the input width first: widths that do not start with the data's width
+// (only the hidden and output widths given, or widths for other data) are refused with the list
+// to give; an output narrower than the classes likewise.
 TEST_F(Cli, DatasetWidthDoesNotMatchModel) {
-  expect_rejected("--config " + ini("", "w.ini") + " --model.layers 20,8,4", {"model.layers", "16"});
+  const std::string train = (dir / "train.h5").string();
+  expect_rejected("--config " + ini("", "w.ini") + " --model.layers 20,8,4",
+                  {"model.layers = 20,8,4 starts with input width 20, but data.train (" + train +
+                       ") has 16 features per row: give model.layers = 16,20,8,4", "or 16,8,4 if 20"});
+  expect_rejected("--config " + ini("", "w.ini") + " --model.layers 32,3",
+                  {"give model.layers = 16,32,4 (the first width is the input width), or 16,4 if 32"});
+  expect_rejected("--config " + ini("", "w.ini") + " --model.layers 16,32,3",
+                  {"model.layers = 16,32,3 ends with 3 outputs, but data.train (" + train +
+                       ") has 4 classes: give model.layers = 16,32,4"});
 }
 
 TEST_F(Cli, LabelsOutOfRange) {

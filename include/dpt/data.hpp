@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +25,7 @@ struct Dataset {
   std::vector<uint8_t> u8;    // n × dim when is_u8
   std::vector<float> f32;     // n × dim otherwise
   std::vector<int32_t> labels;  // n, each in [0, num_classes)
+  std::vector<std::string> class_names;  // optional: name of class i (a CSV's named labels)
   // Part of a file: row i here is row first_row + i of a file of file_rows rows (0: all of it).
   int64_t first_row = 0, file_rows = 0;
   // Changes whenever the contents are replaced in place (TrainRows' epoch switch), so a backend
@@ -71,6 +73,22 @@ Dataset synth_odd_even(int64_t n, int bits, uint64_t seed);  // binary digits ->
 Dataset synth_blobs(int64_t n, int dim, int classes, float spread, uint64_t seed);
 // Fashion-MNIST / MNIST idx files (.gz or plain).
 Dataset import_idx(const std::string& images, const std::string& labels);
+
+// Users' own arrays (`dpdata npy`, `dpdata csv`), held to the checks and messages of the HDF5
+// reader. Lines worth telling the user (a conversion, a default taken, the class names) are
+// appended to notes.
+struct ImportOptions {
+  std::optional<int> num_classes;  // unset: max label + 1
+  bool channels_last = false;      // npy: 4-D features are N x H x W x C; transposed to N x C x H x W
+  std::vector<std::string>* notes = nullptr;
+};
+// A NumPy .npy pair (format versions 1.0, 2.0, 3.0): features N x D or N x C x H x W of uint8
+// (stored as is, read as value / 255), float32 or float64 (narrowed to float32); labels N
+// integers (int8 to int64, uint8 to uint32).
+Dataset import_npy(const std::string& features, const std::string& labels, const ImportOptions& o);
+// A CSV file with a header row: the column `label` (a header name, or a 0-based index when no
+// header has that name) holds integer labels or class names; every other column is a feature.
+Dataset import_csv(const std::string& path, const std::string& label, const ImportOptions& o);
 
 // ---- data order ----
 // Deterministic 64-bit generator (SplitMix64): the same stream on every platform and rank.

@@ -64,6 +64,69 @@ int cmd_import_idx(const Args& args) {
   return 0;
 }
 
+// Refuses an output path that names one of the inputs: the rename would replace it.
+void check_not_an_input(const std::string& out, const std::vector<std::string>& inputs) {
+  std::error_code ec;
+  for (const std::string& in : inputs)
+    if (std::filesystem::equivalent(out, in, ec))
+      throw dpt::InputError("the output '" + out + "' is the input '" + in + "'; name a new .h5 file");
+}
+
+// Writes an imported dataset (temporary file + rename), reads it back through the loader's
+// checks, and reports what was done.
+int write_imported(const std::string& out, const dpt::Dataset& ds, const std::vector<std::string>& notes) {
+  for (const std::string& line : notes) std::printf("%s\n", line.c_str());
+  dpt::write_dataset(out, ds);
+  dpt::probe_dataset(out);
+  report_written(out, ds);
+  return 0;
+}
+
+int cmd_npy(const Args& args) {
+  std::string features, labels, out;
+  int classes = 0;
+  dpt::ImportOptions o;
+  po::options_description opts("npy options (a NumPy pair, as np.save writes it)");
+  opts.add_options()
+      ("features", po::value(&features)->required(), "N x D or N x C x H x W array: uint8, float32 or float64")
+      ("labels", po::value(&labels)->required(), "N integer labels: int8 to int64, uint8 to uint32")
+      ("out", po::value(&out)->required(), "output HDF5 file")
+      ("num-classes", po::value(&classes), "number of classes (default: the largest label + 1)")
+      ("channels-last", po::bool_switch(&o.channels_last), "features are N x H x W x C: transpose them");
+  po::positional_options_description pos;
+  pos.add("features", 1).add("labels", 1).add("out", 1);
+  po::variables_map vm;
+  if (!parse("dpdata npy FEATURES.npy LABELS.npy OUT.h5 [--num-classes K] [--channels-last]", opts, args, vm, pos))
+    return 0;
+  if (vm.count("num-classes")) o.num_classes = classes;
+  check_not_an_input(out, {features, labels});
+  std::vector<std::string> notes;
+  o.notes = &notes;
+  return write_imported(out, dpt::import_npy(features, labels, o), notes);
+}
+
+int cmd_csv(const Args& args) {
+  std::string file, out, label;
+  int classes = 0;
+  dpt::ImportOptions o;
+  po::options_description opts("csv options (a header row; every column but the label is a feature)");
+  opts.add_options()
+      ("file", po::value(&file)->required(), "CSV file, comma-separated, with a header row")
+      ("out", po::value(&out)->required(), "output HDF5 file")
+      ("label", po::value(&label)->required(),
+       "the label column: its header name, or its index from 0; integers or class names")
+      ("num-classes", po::value(&classes), "number of classes (default: the largest label + 1, or the names)");
+  po::positional_options_description pos;
+  pos.add("file", 1).add("out", 1);
+  po::variables_map vm;
+  if (!parse("dpdata csv FILE.csv OUT.h5 --label COLUMN [--num-classes K]", opts, args, vm, pos)) return 0;
+  if (vm.count("num-classes")) o.num_classes = classes;
+  check_not_an_input(out, {file});
+  std::vector<std::string> notes;
+  o.notes = &notes;
+  return write_imported(out, dpt::import_csv(file, label, o), notes);
+}
+
 int cmd_fashion_mnist(const Args& args) {
   std::string dir, out_dir;
   po::options_description opts("fashion-mnist options");
@@ -204,6 +267,8 @@ const Command kCommands[] = {
     {"import-idx", "import MNIST-style idx files (--images, --labels, --out)", cmd_import_idx},
     {"fashion-mnist", "import Debian's Fashion-MNIST into <out-dir>/fashion-mnist-{train,test}.h5",
      cmd_fashion_mnist},
+    {"npy", "import a NumPy pair: FEATURES.npy LABELS.npy OUT.h5 [--num-classes K]", cmd_npy},
+    {"csv", "import a CSV file with a header row: FILE.csv OUT.h5 --label COLUMN", cmd_csv},
     {"synth", "generate a synthetic dataset: odd-even (bit parity) or blobs", cmd_synth},
     {"info", "print rows, shape, types, scale/offset, class histogram of FILE", cmd_info},
     {"validate", "exit 0 if FILE loads, else print why and exit 2", cmd_validate},

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dpt/data.hpp"
 #include "dpt/h5.hpp"
@@ -28,6 +29,16 @@ struct Opened {
 
 // validate.cpp: opens path and checks it against the layout (whole: all of it is to be read).
 Opened open_checked(const std::string& path, bool whole = true);
+
+// validate.cpp: checks every way into the layout shares (the HDF5 reader and the importers), so a
+// problem reads the same whichever file it came from. `where` names the file and the object
+// ("dataset file 'a.h5': /labels", "labels file 'y.npy'"), `row` the row ("row 7", "line 9").
+int check_num_classes(const std::string& where, double v);  // v in [1, 1e6], as an int
+[[noreturn]] void label_out_of_range(const std::string& where, const std::string& row, int64_t label,
+                                     int num_classes);
+[[noreturn]] void non_finite_feature(const std::string& where, const std::string& row);
+// Refuses a 4-D shape that looks channels-last; `fix` says how to transpose it.
+void check_channels_first(const std::string& where, const std::vector<hsize_t>& dims, const std::string& fix);
 
 // reader.cpp: a Dataset with info's shape and no rows yet.
 Dataset empty_like(const std::string& path, const DatasetInfo& info);

@@ -24,8 +24,8 @@ std::vector<int32_t> checked_labels(const std::string& path, const std::vector<i
   std::vector<int32_t> out(raw.size());
   for (size_t i = 0; i < raw.size(); ++i) {
     if (raw[i] < 0 || raw[i] >= num_classes)
-      bad(path, "/labels: row " + std::to_string(file_row(i)) + " has label " + std::to_string(raw[i]) +
-                    ", outside [0, num_classes = " + std::to_string(num_classes) + ")");
+      label_out_of_range("dataset file '" + path + "': /labels", "row " + std::to_string(file_row(i)), raw[i],
+                         num_classes);
     out[i] = int32_t(raw[i]);
   }
   return out;
@@ -37,7 +37,7 @@ void check_finite_features(const std::string& path, const std::vector<float>& f3
                            Row file_row) {
   for (size_t i = 0; i < f32.size(); ++i)
     if (!std::isfinite(f32[i]))
-      bad(path, "/features: row " + std::to_string(file_row(i / size_t(dim))) + " holds a non-finite value");
+      non_finite_feature("dataset file '" + path + "': /features", "row " + std::to_string(file_row(i / size_t(dim))));
 }
 
 int64_t same_row(size_t i) { return int64_t(i); }

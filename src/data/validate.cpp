@@ -262,27 +262,7 @@ int read_num_classes(const std::string& path, hid_t file) {
   }
   const double v = read_number_attr(path, root.get(), "root", "num_classes", &present);
   if (!present) bad(path, "root attribute 'num_classes': missing");
-  if (!(v >= 1 && v <= 1e6)) {  // NaN fails too; the value is printed as read (casting 5e58 is UB)
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    bad(path, std::string("root attribute 'num_classes': ") + buf + " is outside [1, 1000000]");
-  }
-  return int(v);
-}
-
-// An N x H x W x C image file (channels last, as numpy, TensorFlow and PIL lay images out) would
-// load as H channels of W x C images and fail deep in a pooling layer, or worse, train on garbage.
-// Refused when the last dimension is 1, 3 or 4 (grey, RGB, RGBA) and the second is not, so a real
-// N x C x H x W file (C of 1, 3 or 4, or a W that is not) still loads.
-void check_channels_first(const std::string& path, const std::vector<hsize_t>& d) {
-  auto channels = [](hsize_t x) { return x == 1 || x == 3 || x == 4; };
-  if (d.size() != 4 || !channels(d[3]) || channels(d[1])) return;
-  const std::string nchw = shape_str({d[0], d[3], d[1], d[2]});
-  bad(path, "/features: shape " + shape_str(d) + " looks like N x H x W x C (channels last, NHWC); dptrain "
-            "expects N x C x H x W (channels first), here " + nchw + ". Transpose it, e.g. with h5py and "
-            "numpy: x = f[\"features\"][...].transpose(0, 3, 1, 2), then write x as /features of a new file "
-            "(with /labels, num_classes and any scale/offset attributes). Refused because the last dimension "
-            "is 1, 3 or 4 and the second is not");
+  return check_num_classes("dataset file '" + path + "': root attribute 'num_classes'", v);
 }
 
 // Checks /features: type, rank >= 2, sizes, storage; fills the feature half of `info`. The
@@ -305,7 +285,9 @@ void check_features(const std::string& path, hid_t file, hid_t dset, DatasetInfo
     bad(path, n + ": has rank " + std::to_string(dims.size()) + " " + shape_str(dims) +
                   "; expected N x D or N x C x H x W (rank >= 2)");
   if (dims[0] == 0) bad(path, n + ": has no rows (N = 0)");
-  check_channels_first(path, dims);
+  check_channels_first("dataset file '" + path + "': " + n, dims,
+                       "Transpose it, e.g. with h5py and numpy: x = f[\"features\"][...].transpose(0, 3, 1, 2), then "
+                       "write x as /features of a new file (with /labels, num_classes and any scale/offset attributes)");
   uint64_t dim = 1, bytes = 0;
   for (size_t i = 1; i < dims.size(); ++i)
     if (!mul_ok(dim, dims[i], dim)) bad(path, n + ": dimensions " + shape_str(dims) + " overflow");
@@ -346,6 +328,40 @@ void check_labels(const std::string& path, hid_t file, hid_t dset, DatasetInfo& 
 }  // namespace
 
 namespace data_internal {
+
+// ---------------------------------------------------------------- checks the importers share
+
+int check_num_classes(const std::string& where, double v) {
+  if (!(v >= 1 && v <= 1e6)) {  // NaN fails too; the value is printed as read (casting 5e58 is UB)
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    throw InputError(where + ": " + buf + " is outside [1, 1000000]");
+  }
+  return int(v);
+}
+
+[[noreturn]] void label_out_of_range(const std::string& where, const std::string& row, int64_t label,
+                                     int num_classes) {
+  throw InputError(where + ": " + row + " has label " + std::to_string(label) + ", outside [0, num_classes = " +
+                   std::to_string(num_classes) + ")");
+}
+
+[[noreturn]] void non_finite_feature(const std::string& where, const std::string& row) {
+  throw InputError(where + ": " + row + " holds a non-finite value");
+}
+
+// An N x H x W x C image file (channels last, as numpy, TensorFlow and PIL lay images out) would
+// load as H channels of W x C images and fail deep in a pooling layer, or worse, train on garbage.
+// Refused when the last dimension is 1, 3 or 4 (grey, RGB, RGBA) and the second is not, so a real
+// N x C x H x W file (C of 1, 3 or 4, or a W that is not) still loads.
+void check_channels_first(const std::string& where, const std::vector<hsize_t>& d, const std::string& fix) {
+  auto channels = [](hsize_t x) { return x == 1 || x == 3 || x == 4; };
+  if (d.size() != 4 || !channels(d[3]) || channels(d[1])) return;
+  const std::string nchw = shape_str({d[0], d[3], d[1], d[2]});
+  throw InputError(where + ": shape " + shape_str(d) + " looks like N x H x W x C (channels last, NHWC); dptrain "
+                   "expects N x C x H x W (channels first), here " + nchw + ". " + fix + ". Refused because the "
+                   "last dimension is 1, 3 or 4 and the second is not");
+}
 
 Opened open_checked(const std::string& path, bool whole) {
   Opened o;

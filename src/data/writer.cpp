@@ -39,13 +39,29 @@ Hid features_dcpl(const std::string& path, const Dataset&, const std::vector<hsi
   return created(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, path, "properties");
 }
 
+// Root attribute class_names: variable-length UTF-8 strings, name i for class i (h5py reads a
+// list of str).
+void write_class_names(const std::string& path, hid_t file, const std::vector<std::string>& names) {
+  std::vector<const char*> ptrs;
+  for (const std::string& n : names) ptrs.push_back(n.c_str());
+  const hsize_t count = ptrs.size();
+  Hid type = created(H5Tcopy(H5T_C_S1), H5Tclose, path, "class_names type");
+  if (H5Tset_size(type.get(), H5T_VARIABLE) < 0 || H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0)
+    throw Error("writing '" + path + "': class_names type: " + hdf5_error_string());
+  Hid space = created(H5Screate_simple(1, &count, nullptr), H5Sclose, path, "class_names space");
+  Hid a = created(H5Acreate2(file, "class_names", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                  path, "class_names");
+  if (H5Awrite(a.get(), type.get(), ptrs.data()) < 0)
+    throw Error("writing '" + path + "': attribute class_names: " + hdf5_error_string());
+}
+
 void check_writable(const std::string& path, const Dataset& ds) {
   int64_t shape_dim = 1;
   for (int64_t s : ds.sample_shape) shape_dim *= s;
   const size_t count = size_t(ds.n) * size_t(ds.dim);
   if (ds.n < 1 || ds.dim < 1 || (!ds.sample_shape.empty() && shape_dim != ds.dim) ||
       (ds.is_u8 ? ds.u8.size() : ds.f32.size()) != count || ds.labels.size() != size_t(ds.n) ||
-      ds.num_classes < 1)
+      ds.num_classes < 1 || ds.class_names.size() > size_t(ds.num_classes))
     throw Error("writing '" + path + "': inconsistent dataset (n, dim, shape or sizes disagree)");
   for (size_t i = 0; i < ds.labels.size(); ++i)
     if (ds.labels[i] < 0 || ds.labels[i] >= ds.num_classes)
@@ -80,6 +96,7 @@ void write_contents(const std::string& path, hid_t file, const Dataset& ds) {
     throw Error("writing '" + path + "': /labels: " + hdf5_error_string());
   const int32_t nc = ds.num_classes;
   write_scalar_attr(path, file, "num_classes", H5T_STD_I32LE, H5T_NATIVE_INT32, &nc);
+  if (!ds.class_names.empty()) write_class_names(path, file, ds.class_names);
 }
 
 void fsync_path(const std::string& path) {

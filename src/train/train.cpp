@@ -1,5 +1,6 @@
 #include "dpt/train.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -126,13 +127,33 @@ std::unique_ptr<TrainRows> wrap(const Dataset* train, const Config& cfg, const C
   return train ? std::make_unique<TrainRows>(*train, rank_order(cfg, comm)) : nullptr;
 }
 
+std::string widths_text(const std::vector<int64_t>& w) {
+  std::string s;
+  for (int64_t x : w) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+// The MLP shorthand gives the input width first and the output width last; a user who wrote
+// only the hidden and output widths, or widths for other data, is told which list to give.
 void check_shape(const Config& cfg, const std::string& path, int64_t dim, int classes) {
-  if (dim != cfg.layers.front())
-    throw InputError("model.layers starts with " + std::to_string(cfg.layers.front()) +
-                     " inputs but " + path + " has " + std::to_string(dim) + " features per row");
-  if (classes > cfg.layers.back())
-    throw InputError("model.layers ends with " + std::to_string(cfg.layers.back()) +
-                     " outputs but " + path + " has " + std::to_string(classes) + " classes");
+  const std::vector<int64_t> w(cfg.layers.begin(), cfg.layers.end());
+  const std::string key = path == cfg.train_file ? "data.train" : path == cfg.test_file ? "data.test" : "data";
+  const std::string data = key + " (" + path + ")";
+  std::vector<int64_t> fixed = w;
+  fixed.back() = std::max<int64_t>(fixed.back(), classes);
+  if (dim != w.front()) {
+    std::vector<int64_t> prepended = fixed, replaced = fixed;
+    prepended.insert(prepended.begin(), dim);
+    replaced.front() = dim;
+    throw InputError("model.layers = " + widths_text(w) + " starts with input width " + std::to_string(w.front()) +
+                     ", but " + data + " has " + std::to_string(dim) + " features per row: give model.layers = " +
+                     widths_text(prepended) + " (the first width is the input width), or " + widths_text(replaced) +
+                     " if " + std::to_string(w.front()) + " was meant as the input width");
+  }
+  if (classes > w.back())
+    throw InputError("model.layers = " + widths_text(w) + " ends with " + std::to_string(w.back()) + " outputs, but " +
+                     data + " has " + std::to_string(classes) + " classes: give model.layers = " + widths_text(fixed) +
+                     " (the last width is the number of outputs, at least num_classes)");
 }
 
 // The model cfg describes, on data whose samples have this shape (path names the data): the
