@@ -86,7 +86,7 @@ class Resume : public ::testing::Test {
 
 // The sequence that trained nothing on a user's file: the same folder, another data.train.
 TEST_F(Resume, ChangedDataOrLrStopsEveryRankAndTouchesNothing) {
-  Outcome a = train(2, "--train.steps 40");
+  Outcome a = train(2, "");
   ASSERT_EQ(a.code, 0) << a.out;
   const auto files = snapshot(dir / "ck");
   const std::string metrics = slurp(dir / "m.jsonl");
@@ -94,7 +94,7 @@ TEST_F(Resume, ChangedDataOrLrStopsEveryRankAndTouchesNothing) {
   Outcome b = train(2, "--data.train " + path("other.h5"));
   EXPECT_EQ(b.code, 2) << b.out;
   expect_all(b, {"data.train: " + path("train.h5"), path("other.h5") + " (2000 rows", "in the checkpoint",
-                 "--checkpoint.dir OTHER", "--model.init " + path("ck/ckpt-000000040.h5"),
+                 "--checkpoint.dir OTHER", "--model.init " + path("ck/ckpt-000000080.h5"),
                  "--checkpoint.start_over true", "--checkpoint.accept_changes data.train"});
   EXPECT_EQ(b.out.find("resuming from"), std::string::npos) << b.out;
 
@@ -114,21 +114,22 @@ TEST_F(Resume, ChangedDataOrLrStopsEveryRankAndTouchesNothing) {
 
   Outcome e = train(2, "--train.lr 0.5 --checkpoint.accept_changes train.lr");
   ASSERT_EQ(e.code, 0) << e.out;
-  expect_all(e, {"resuming from " + path("ck/ckpt-000000040.h5"), "train.lr: 0.01 in the checkpoint, 0.5 now (accepted"});
+  expect_all(e, {"resuming from " + path("ck/ckpt-000000080.h5"), "train.lr: 0.01 in the checkpoint, 0.5 now (accepted"});
 }
 
 // The same file staged elsewhere (node-local disk) is the same data; a file rewritten in place
 // under the same name is not.
 TEST_F(Resume, DataIsKnownByItsContentsNotItsPath) {
-  ASSERT_EQ(train(2, "--train.steps 40").code, 0);
+  const std::string constant = " --train.schedule constant";  // runs extended past their first length
+  ASSERT_EQ(train(2, "--train.steps 40" + constant).code, 0);
   fs::create_directories(dir / "staged");
   fs::copy_file(dir / "train.h5", dir / "staged" / "train.h5");
-  Outcome a = train(2, "--train.steps 60 --data.train " + path("staged/train.h5"));
+  Outcome a = train(2, "--train.steps 60 --data.train " + path("staged/train.h5") + constant);
   ASSERT_EQ(a.code, 0) << a.out;
   expect_all(a, {"data.train is " + path("staged/train.h5") + " now", "the same data"});
 
   fs::copy_file(dir / "other.h5", dir / "staged" / "train.h5", fs::copy_options::overwrite_existing);
-  Outcome b = train(2, "--train.steps 80 --data.train " + path("staged/train.h5"));
+  Outcome b = train(2, "--train.steps 80 --data.train " + path("staged/train.h5") + constant);
   EXPECT_EQ(b.code, 2) << b.out;
   expect_all(b, {"data.train: ", "the file's contents changed"});
 }
@@ -149,18 +150,27 @@ TEST_F(Resume, CapAndMoreEpochsKeepTheSchedule) {
     EXPECT_EQ(v.second, whole.at(step).second) << "lr at step " << step;
   }
 
-  Outcome b = train(2, "--train.epochs 3");  // continues ck's step 80
-  ASSERT_EQ(b.code, 0) << b.out;
-  expect_all(b, {"resuming from " + path("ck/ckpt-000000080.h5"), "train.epochs 2 -> 3",
-                 "keeps its horizon of 80 steps"});
-  auto after = steps_in(dir / "m.jsonl");
-  for (long s = 90; s <= 120; s += 10) EXPECT_EQ(after.at(s).second, 0.0) << "lr past the horizon is min_lr, step " << s;
-
-  Outcome c = train(2, "--train.epochs 4 --checkpoint.accept_changes train.epochs");
+  // Past the horizon a cosine schedule to min_lr = 0 trains at lr 0: more epochs stop at start-up,
+  // unless the schedule is planned again over the new length.
+  const auto files = snapshot(dir / "ck");
+  Outcome b = train(2, "--train.epochs 3");
+  EXPECT_EQ(b.code, 2) << b.out;
+  expect_all(b, {"train.epochs 2 -> 3", "past the end of its cosine schedule (step 80)",
+                 "--checkpoint.accept_changes train.epochs"});
+  EXPECT_EQ(snapshot(dir / "ck"), files);
+  Outcome c = train(2, "--train.epochs 3 --checkpoint.accept_changes train.epochs");
   ASSERT_EQ(c.code, 0) << c.out;
-  expect_all(c, {"planned again over the new length"});
-  after = steps_in(dir / "m.jsonl");
-  EXPECT_GT(after.at(130).second, 0.0) << "the schedule planned over 160 steps";
+  expect_all(c, {"resuming from " + path("ck/ckpt-000000080.h5"), "planned again over the new length"});
+  EXPECT_GT(steps_in(dir / "m.jsonl").at(90).second, 0.0) << "the schedule planned over 120 steps";
+
+  // With min_lr > 0 the run goes on past its horizon at min_lr.
+  const std::string floor = " --train.min_lr 0.001 --checkpoint.dir " + path("ck3") + " --log.metrics " + path("m3.jsonl");
+  ASSERT_EQ(train(2, floor + " --train.steps 40").code, 0);
+  Outcome d = train(2, floor);
+  ASSERT_EQ(d.code, 0) << d.out;
+  expect_all(d, {"train.steps 40 -> 0", "keeps its horizon of 40 steps"});
+  const auto extended = steps_in(dir / "m3.jsonl");
+  for (long s = 50; s <= 80; s += 10) EXPECT_EQ(extended.at(s).second, 0.001) << "lr past the horizon is min_lr, step " << s;
 }
 
 // Another rank count keeps the global batch (accumulate or batch per rank adjusted); the

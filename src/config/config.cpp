@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -28,9 +29,13 @@ std::string show(const std::vector<int>& v) {
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
   return s;
 }
-// Doubles in their shortest text that reads back to the same value: a changed lr is a changed
-// value in the resolved configuration, however small the change.
+// Doubles as a stream writes them (0.0005, 1e-08) where that text reads back to the same value,
+// else in the shortest text that does: a changed lr is a changed value in the resolved
+// configuration, however small the change.
 std::string show(double v) {
+  std::ostringstream os;
+  os << v;
+  if (std::strtod(os.str().c_str(), nullptr) == v) return os.str();
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);

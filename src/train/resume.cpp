@@ -160,6 +160,16 @@ void Judge::length(int64_t rows) {
   if (what.empty()) return;
   const bool replan = accepts("train.epochs") || accepts("train.steps");
   if (replan) v.schedule_steps = 0;
+  int64_t last = int64_t(cfg.epochs) * per_epoch;
+  if (cfg.steps > 0) last = std::min(last, cfg.steps);
+  if (cfg.schedule == "cosine" && cfg.min_lr == 0 && !replan && last > std::max(horizon, ck.step)) {
+    // Past the horizon a cosine schedule to 0 trains at lr 0: the steps added would not move the weights.
+    v.refused.push_back(what + ": the run would go on to step " + std::to_string(last) + ", past the end of its cosine "
+                        "schedule (step " + std::to_string(horizon) + "), where the lr is train.min_lr = 0 and no "
+                        "step changes the weights; to train further, plan the schedule over the new length");
+    v.refused_keys.push_back(cfg.epochs != old.epochs ? "train.epochs" : "train.steps");
+    return;
+  }
   std::string sched;
   if (cfg.schedule == "cosine")
     sched = replan ? "; the cosine schedule is planned again over the new length (accepted: checkpoint.accept_changes), "
