@@ -28,3 +28,18 @@ set_tests_properties(torch_resnet_crosscheck PROPERTIES
   SKIP_RETURN_CODE 77
   PROCESSORS 2
   ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+
+# Weights in and out against torchvision: a resnet18(stem=small) state_dict moved by a few SGD
+# steps, converted with scripts/torch_to_h5.py and written as .safetensors, evaluated by
+# `dptrain --eval` on 1 and 2 ranks (test loss within 1e-5 of torchvision's eval mode); the round
+# trip dptrain -> scripts/h5_to_torch.py (strict load) -> dptrain bitwise; a new head for
+# another number of classes. Skips (exit 77) without torchvision. About 30 s on 2 cores.
+add_test(NAME torch_finetune
+         COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/torch_finetune_check.py
+                 --build ${CMAKE_BINARY_DIR} --root ${CMAKE_SOURCE_DIR}
+         WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(torch_finetune PROPERTIES
+  TIMEOUT 300
+  SKIP_RETURN_CODE 77
+  PROCESSORS 2
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")

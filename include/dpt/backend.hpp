@@ -123,6 +123,10 @@ struct OptimStep {
 struct TensorSeg {
   size_t begin = 0, end = 0;
   bool adapt = true;
+  // Fine-tuning (finetune.hpp): in train.freeze's set (no update while the optimizer holds it
+  // frozen); in the body (every tensor but the head: its learning rate train.body_lr_scale ×).
+  bool frozen = false;
+  bool body = false;
 };
 
 // The state one training step reads and advances on the device, so a whole step can be

@@ -21,7 +21,8 @@ struct Config {
   std::string layer_list;           // "" = the MLP shorthand in `layers`
   std::string activation = "relu";  // relu|tanh|sigmoid|gelu (MLP shorthand only)
   std::vector<int> input_shape;     // model.input_shape C,H,W of a flat dataset ({} = from the data)
-  std::string init;                 // checkpoint to start from ("" = random init)
+  std::string init;                 // weights to start from ("" = random init; weights.hpp)
+  std::string init_skip;            // name prefixes of model.init's tensors not loaded (comma-separated)
   bool sync_bn = false;             // batch norm's statistics over every rank's micro-batch
   // [data]
   std::string train_file;
@@ -58,6 +59,13 @@ struct Config {
   int64_t eval_every = 0;                 // steps between evaluations (0 = end of each epoch)
   std::string on_nonfinite = "stop";      // stop|skip
   bool shard_optimizer = false;           // ZeRO stage 1: optimizer state sharded over ranks
+  // Fine-tuning (finetune.hpp): tensors not trained (body | name prefixes), for the first
+  // freeze_epochs epochs only when > 0; every tensor but the head's at body_lr_scale × lr;
+  // batch norm's weight and bias trained inside the frozen set (train_bn, fastai's default).
+  std::string freeze;
+  int freeze_epochs = 0;
+  double body_lr_scale = 1.0;
+  bool train_bn = true;
   // [comm]
   std::string comm_backend = "auto";  // auto|nccl|mpi
   double bucket_mb = 25.0;

@@ -48,6 +48,15 @@ class Optimizer {
   void layer_apply_at(float* params, const float* grads, size_t lo, size_t state_at, size_t count,
                       const float* lr_table, const StepCtl* ctl);
 
+  // Fine-tuning groups, marked on the tensors given at construction (TensorSeg::frozen, body):
+  // while set_frozen(true), the frozen ones get no update at all (no weight decay, no state
+  // change: bitwise unchanged); body ones read their learning rate from body_lr_table (same
+  // indexing as step_at's lr_table) where it is given. Honoured by step_at, not by LARS or LAMB
+  // (config refuses the combination).
+  void set_frozen(bool on) { frozen_ = on; }
+  bool frozen() const { return frozen_; }
+  void set_body_lr(const float* body_lr_table) { body_lr_ = body_lr_table; }
+
   OptKind kind() const { return h_.kind; }
   int64_t steps_taken() const { return h_.t - 1; }
   void set_steps_taken(int64_t t) { h_.t = t + 1; }
@@ -66,6 +75,9 @@ class Optimizer {
   Buffer<float> s1_, s2_;
   std::vector<TensorSeg> segs_;
   bool decay_1d_ = true;  // weight decay on 1-D tensors too (train.decay_bn_and_bias)
+  bool grouped_ = false;  // some tensor is frozen or in a body with a rate of its own
+  bool frozen_ = false;
+  const float* body_lr_ = nullptr;
   Buffer<float> sums_;  // (2 × tensors) LARS/LAMB: Σ w², Σ d² per tensor
 };
 

@@ -104,6 +104,9 @@ class Trainer {
   std::vector<int64_t> index_host_;  // the same, on the host
   Buffer<StepCtl> ctl_;      // (1) what the device-side step reads and advances
   Buffer<float> lr_;         // (total steps) learning rate of each step
+  Buffer<float> lr_body_;    // (total steps) the body's (train.body_lr_scale), else unallocated
+  int64_t frozen_until_ = 0; // train.freeze: the steps before this one keep its tensors frozen
+  std::vector<std::string> frozen_names_;  // their keys
   std::vector<float> lr_host_;
   int64_t step_ = 0, epoch_ = 0, step_in_epoch_ = 0, samples_seen_ = 0;
   int64_t updates_ = 0;      // optimizer updates applied (differs from step_ after skipped steps)
@@ -129,6 +132,7 @@ class Trainer {
   std::shared_ptr<struct HostArenas> staging_;
 
   void load_initial_state();
+  void read_init_weights(std::vector<float>& params, std::vector<float>& bn_stats, std::vector<int64_t>& bn_tracked);
   void report_memory();
   // Collective. The model copied off the device now; rank 0 writes the file (on the writer's
   // thread with checkpoint.background) after the write before it has finished.
@@ -145,6 +149,7 @@ class Trainer {
   bool step_enqueued_ = false;  // enqueue_step ran in this step (not a replay of its graph)
   StepProbe probe_;
   void prepare_run(int64_t per_epoch);
+  void prepare_fine_tuning(const LrSchedule& sched, size_t steps);
   void start_epoch();
   void enqueue_step(class GradSync* sync);
   void check_health();

@@ -16,26 +16,34 @@
 #include "dpt/train.hpp"
 #include "dpt/version.hpp"
 #include "dpt/watchdog.hpp"
+#include "dpt/weights.hpp"
 
 using namespace dpt;
 
 namespace {
 
-// --eval: the checkpoint's own configuration is the base, the command line overrides it.
-Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const std::string& ckpt) {
-  std::string text, err;
+// --eval: a dptrain checkpoint's own configuration is the base, the command line overrides it;
+// other weights (an HDF5 /model group, a .safetensors file) take the command line's (--config,
+// keys), which must then say what model they are.
+Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& given) {
+  const std::string ckpt = given.eval_checkpoint;
+  std::string text, err, kind;
   if (log::rank() == 0) {
     try {
-      text = read_checkpoint(ckpt).config;
+      kind = weights_kind(ckpt);
+      if (kind == "dptrain checkpoint") text = read_checkpoint(ckpt).config;
     } catch (const std::exception& e) {
       err = e.what();
     }
   }
   bcast_string(c, err);
   if (!err.empty()) throw InputError(err);
+  bcast_string(c, kind);
   bcast_string(c, text);
-  Invocation inv = parse_invocation(argc, argv, ckpt + " (its config)", text);
+  Invocation inv = kind == "dptrain checkpoint" ? parse_invocation(argc, argv, ckpt + " (its config)", text) : given;
+  if (kind != "dptrain checkpoint") validate(inv.cfg);
   inv.cfg.init = ckpt;
+  inv.cfg.init_skip.clear();
   inv.cfg.resume = "none";
   return inv;
 }
@@ -49,6 +57,7 @@ struct CommWatch {
 constexpr const char* kUsage =
     "usage: dptrain --config FILE [--section.key value ...]   train (mpirun -np N ./dptrain ...)\n"
     "       dptrain --eval --checkpoint FILE [--data.test FILE]\n"
+    "       dptrain --eval --checkpoint WEIGHTS --config FILE   (an HDF5 /model group, .safetensors)\n"
     "       dptrain --help | --version";
 
 void print_summary(const TrainResult& r, const Config& cfg) {
@@ -135,7 +144,7 @@ int main(int argc, char** argv) {
   }
   if (inv.eval_only && stage(world, [&] {
         if (inv.eval_checkpoint.empty()) throw InputError("--eval needs --checkpoint FILE");
-        inv = eval_invocation(world, argc, argv, inv.eval_checkpoint);
+        inv = eval_invocation(world, argc, argv, inv);
         inv.eval_only = true;
         watchdog::set_timeout(inv.cfg.timeout_s);
       }))
@@ -208,7 +217,7 @@ int main(int argc, char** argv) {
     if (inv.eval_only) {
       EvalResult e = trainer->evaluate(data.test);
       char buf[256];
-      std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.4f, accuracy %.4f", cfg.test_file.c_str(),
+      std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.8g, accuracy %.4f", cfg.test_file.c_str(),
                     static_cast<long long>(e.n), e.loss, e.accuracy);
       log::info(buf);
     } else {

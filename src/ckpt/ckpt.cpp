@@ -718,6 +718,30 @@ Checkpoint read_checkpoint(const std::string& path) {
   return ck;
 }
 
+std::vector<Tensor> read_model_group(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  Reader r{path};
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) r.fail(fs::exists(path, ec) ? "not a regular file" : "not found");
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) r.fail("cannot stat: " + ec.message());
+  if (H5Fis_hdf5(path.c_str()) <= 0) r.fail("not an HDF5 file");
+  H5Id fapl;
+  try {
+    fapl = file_access_plist();
+  } catch (const Error& e) {
+    r.fail(e.what());
+  }
+  H5Id file = r.open(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
+                     "cannot open as HDF5: truncated or damaged");
+  std::vector<std::string> names = dataset_names(r, file.get());
+  std::sort(names.begin(), names.end());
+  std::vector<Tensor> out;
+  for (const std::string& n : names)
+    if (n.rfind("model/", 0) == 0) out.push_back(read_tensor(r, file.get(), n, size));
+  return out;
+}
+
 std::string read_checkpoint_run_id(const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   Reader r{path};

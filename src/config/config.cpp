@@ -86,7 +86,13 @@ void build_table(Table& t, Config& c, TextKeys& k) {
         "More: docs/models.md");
   t.add("model.activation", &c.activation, "relu | tanh | sigmoid | gelu (MLP widths only)");
   t.add("model.input_shape", &k.input_shape, "C,H,W of a flat dataset's samples (layer lists, augmentation)");
-  t.add("model.init", &c.init, "checkpoint to start from (its model weights)");
+  t.add("model.init", &c.init,
+        "weights to start from: a dptrain checkpoint, an HDF5 file with a /model group (e.g. "
+        "from scripts/torch_to_h5.py) or a .safetensors file; torchvision's names for the "
+        "presets (docs/models.md, Fine-tuning)");
+  t.add("model.init_skip", &c.init_skip,
+        "tensors of model.init left out (name prefixes, comma-separated, e.g. fc): they keep "
+        "their seeded initialisation");
   t.add("model.sync_bn", &c.sync_bn,
         "batch norm's statistics over every rank's micro-batch (true) or each rank's own (false)");
   t.add("data.train", &c.train_file, "training set (HDF5, see README)");
@@ -125,6 +131,18 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("train.accumulate", &c.accumulate, "micro-batches per optimizer step");
   t.add("train.eval_every", &c.eval_every, "steps between evaluations (0 = each epoch)");
   t.add("train.on_nonfinite", &c.on_nonfinite, "stop | skip a step whose loss is NaN/Inf");
+  t.add("train.freeze", &c.freeze,
+        "parameters not trained: body (all but the head, the last linear layer) or name "
+        "prefixes (comma-separated, e.g. conv1,bn1,layer1); empty = none");
+  t.add("train.freeze_epochs", &c.freeze_epochs,
+        "epochs at the start with train.freeze's tensors frozen, then they train at "
+        "train.body_lr_scale x lr (0 = frozen the whole run)");
+  t.add("train.body_lr_scale", &c.body_lr_scale,
+        "learning rate of every tensor but the head's, as a fraction of the head's (fastai's "
+        "discriminative rates)");
+  t.add("train.train_bn", &c.train_bn,
+        "batch norm's weight and bias train even where train.freeze covers them (fastai's "
+        "default; false: frozen too)");
   t.add("train.shard_optimizer", &c.shard_optimizer,
         "ZeRO stage 1: each rank updates its shard (sync = gradients)");
   t.add("comm.backend", &c.comm_backend, "auto | nccl | mpi");
@@ -317,6 +335,9 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   return inv;
 }
 
+// train.freeze, freeze_epochs, body_lr_scale (below).
+void validate_fine_tuning(const Config& c);
+
 void validate(const Config& c) {
   one_of("data.read", c.data_read, {"all", "shard"}, c);
   one_of("data.augment", c.augment, {"none", "flip", "crop", "crop,flip"}, c);
@@ -388,6 +409,7 @@ void validate(const Config& c) {
     bad("checkpoint.start_over", "true", c,
         "starting over and resuming from " + c.resume + " (checkpoint.resume) contradict each other");
   if (c.train_file.empty()) bad("data.train", "", c, "a training set is required");
+  validate_fine_tuning(c);
   const auto keys = key_values(c);
   for (const std::string& k : split_list(c.accept_changes)) {
     const bool known = std::any_of(keys.begin(), keys.end(), [&](const auto& kv) { return kv.first == k; });
@@ -395,6 +417,26 @@ void validate(const Config& c) {
       bad("checkpoint.accept_changes", c.accept_changes, c,
           "'" + k + "' is not a key (keys are section.name, as in --help: e.g. train.lr, data.train)");
   }
+}
+
+void validate_fine_tuning(const Config& c) {
+  at_least("train.freeze_epochs", c.freeze_epochs, 0, c);
+  if (c.freeze_epochs > 0 && c.freeze.empty())
+    bad("train.freeze_epochs", show(c.freeze_epochs), c,
+        "there is nothing to unfreeze: give train.freeze (e.g. body) as well");
+  if (c.freeze_epochs > 0 && c.freeze_epochs >= c.epochs)
+    bad("train.freeze_epochs", show(c.freeze_epochs), c,
+        "must be fewer than train.epochs (" + show(c.epochs) + "): use train.freeze alone to keep them frozen");
+  if (!std::isfinite(c.body_lr_scale) || c.body_lr_scale <= 0 || c.body_lr_scale > 1e6)
+    bad("train.body_lr_scale", show(c.body_lr_scale), c, "must be a finite positive number");
+  const bool groups = !c.freeze.empty() || c.body_lr_scale != 1.0;
+  if (groups && (c.optimizer == "lars" || c.optimizer == "lamb"))
+    bad(c.freeze.empty() ? "train.body_lr_scale" : "train.freeze", c.freeze.empty() ? show(c.body_lr_scale) : c.freeze, c,
+        "frozen tensors and a body learning rate work with sgd, momentum, nesterov, adam and adamw, "
+        "not with train.optimizer = " + c.optimizer);
+  for (const std::string& p : split_list(c.freeze))
+    if (p == "body" && split_list(c.freeze).size() > 1)
+      bad("train.freeze", c.freeze, c, "body is the whole body already: give it alone or name prefixes");
 }
 
 std::vector<std::string> split_list(const std::string& text) {

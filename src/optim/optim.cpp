@@ -25,6 +25,7 @@ Optimizer::Optimizer(Backend& be, const Config& cfg, size_t n, std::vector<Tenso
   h_.eps = float(cfg.eps);
   h_.t = 1;
   decay_1d_ = cfg.decay_bn_and_bias || cfg.weight_decay == 0 || segs_.empty();
+  for (const TensorSeg& t : segs_) grouped_ = grouped_ || t.frozen || t.body;
   const bool sgd_family = h_.kind == OptKind::momentum || h_.kind == OptKind::nesterov || h_.kind == OptKind::lars;
   const bool adam_family = h_.kind == OptKind::adam || h_.kind == OptKind::adamw || h_.kind == OptKind::lamb;
   if (layerwise()) {
@@ -72,12 +73,14 @@ void Optimizer::step_at(float* params, const float* grads, size_t state_at, size
   }
   float* s1 = s1_.data() ? s1_.data() + state_at : nullptr;
   float* s2 = s2_.data() ? s2_.data() + state_at : nullptr;
-  if (decay_1d_) {
+  const bool body_rate = body_lr_ && lr_table;
+  if (decay_1d_ && !(grouped_ && (frozen_ || body_rate))) {
     be_.optimizer_step_at(params, grads, s1, s2, count, h_, lr_table, ctl, flag);
     return;
   }
-  // Tensor by tensor inside the range, 1-D ones without weight decay; the padding between
-  // tensors holds zeros that no update needs to visit.
+  // Tensor by tensor inside the range: 1-D ones without weight decay (decay_bn_and_bias =
+  // false), frozen ones left alone, the body's at its own rate; the padding between tensors
+  // holds zeros that no update needs to visit.
   const size_t lo = arena_at == SIZE_MAX ? state_at : arena_at, hi = lo + count;
   OptimStep plain = h_;
   plain.weight_decay = 0.f;
@@ -85,8 +88,12 @@ void Optimizer::step_at(float* params, const float* grads, size_t state_at, size
     const size_t a = std::max(lo, t.begin), b = std::min(hi, t.end);
     if (a >= b) continue;
     const size_t at = a - lo;
+    if (frozen_ && t.frozen) {  // the check still sees every gradient (train.on_nonfinite = stop)
+      if (flag) be_.check_finite(grads + at, b - a, ctl);
+      continue;
+    }
     be_.optimizer_step_at(params + at, grads + at, s1 ? s1 + at : nullptr, s2 ? s2 + at : nullptr, b - a,
-                          t.adapt ? h_ : plain, lr_table, ctl, flag);
+                          t.adapt || decay_1d_ ? h_ : plain, t.body && body_rate ? body_lr_ : lr_table, ctl, flag);
   }
 }
 

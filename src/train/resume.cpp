@@ -24,14 +24,16 @@ namespace {
 
 // Keys whose change neither alters what the run computes nor extends it: where files are read
 // or written, how ranks talk, what is logged, how the device is used, when evaluations and
-// checkpoints happen. A change continues with a line. model.init is moot for a resumed run.
+// checkpoints happen. A change continues with a line. model.init and model.init_skip are moot for a
+// resumed run.
 const std::set<std::string> kObserving = {
     "data.test",          "data.read",          "train.eval_every",       "train.on_nonfinite",
     "train.shard_optimizer", "comm.backend",    "comm.bucket_mb",         "comm.timeout_s",
     "comm.nccl_max_ctas", "device.type",        "device.threads",         "device.conv_tuning",
     "device.recompute",   "device.conv_workspace_mb", "checkpoint.dir",   "checkpoint.every_steps",
     "checkpoint.keep",    "checkpoint.at_start", "checkpoint.background", "log.metrics",
-    "log.every_steps",    "log.progress",       "log.timing",             "model.init"};
+    "log.every_steps",    "log.progress",       "log.timing",             "model.init",
+    "model.init_skip"};
 // Keys that say how a resume is made, not what the run is.
 const std::set<std::string> kResumeKeys = {"checkpoint.resume", "checkpoint.start_over",
                                            "checkpoint.accept_changes"};

@@ -14,6 +14,7 @@
 
 #include "dpt/check.hpp"
 #include "dpt/ckpt_writer.hpp"
+#include "dpt/finetune.hpp"
 #include "dpt/log.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/timing.hpp"
@@ -237,7 +238,10 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
     });
   }
   model_->set_label_smoothing(float(cfg.label_smoothing));
-  opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size, param_tensors(model_->layers()));
+  const bool fine_tuning = !cfg.freeze.empty() || cfg.body_lr_scale != 1.0;
+  opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size,
+                                     fine_tuning ? fine_tune_tensors(*model_, cfg, &frozen_names_)
+                                                 : param_tensors(model_->layers()));
   if (by_gradients) {
     // Each bucket updated as soon as it can be, unless a skipped step must leave the model
     // bitwise as it was (then: every reduction, the check, every update), or the optimizer needs
@@ -544,6 +548,7 @@ void Trainer::prepare_run(int64_t per_epoch) {
   lr_host_.assign(lr.begin(), lr.end());
   lr_ = Buffer<float>(be_, lr.size());
   be_.upload(lr_.data(), lr.data(), lr.size() * sizeof(float));
+  prepare_fine_tuning(sched, lr.size());
   order_ = Buffer<int64_t>(be_, size_t(rows_->file_rows()));
   if (xa_.data()) draws_ = Buffer<int32_t>(be_, size_t(rows_->file_rows()));
   ctl_ = Buffer<StepCtl>(be_, 1);
@@ -551,6 +556,28 @@ void Trainer::prepare_run(int64_t per_epoch) {
   c.step = step_;
   c.updates = updates_;
   be_.upload(ctl_.data(), &c, sizeof c);
+}
+
+// train.body_lr_scale's learning rates (the schedule's, scaled in double as a parameter group's
+// lr is) and train.freeze's phase: frozen until freeze_epochs' last step, or the whole run.
+void Trainer::prepare_fine_tuning(const LrSchedule& sched, size_t steps) {
+  if (cfg_.body_lr_scale != 1.0) {
+    std::vector<float> body(steps);
+    for (size_t i = 0; i < steps; ++i) body[i] = float(sched.at(int64_t(i) + 1) * cfg_.body_lr_scale);
+    lr_body_ = Buffer<float>(be_, steps);
+    be_.upload(lr_body_.data(), body.data(), steps * sizeof(float));
+    opt_->set_body_lr(lr_body_.data());
+  }
+  if (cfg_.freeze.empty()) return;
+  frozen_until_ = cfg_.freeze_epochs > 0 ? int64_t(cfg_.freeze_epochs) * per_epoch_ : INT64_MAX;
+  opt_->set_frozen(step_ < frozen_until_);
+  if (comm_.rank() != 0) return;
+  std::string when = cfg_.freeze_epochs == 0 ? "the whole run"
+                     : "steps 1-" + std::to_string(frozen_until_) + " (train.freeze_epochs = " +
+                           std::to_string(cfg_.freeze_epochs) + "), then trained" +
+                           (cfg_.body_lr_scale != 1.0 ? " at train.body_lr_scale × lr" : "");
+  log::info("train.freeze = " + cfg_.freeze + ": " + std::to_string(frozen_names_.size()) + " tensors frozen for " +
+            when + (cfg_.train_bn ? "; batch norm's weights and biases train (train.train_bn)" : ""));
 }
 
 void Trainer::log_step(TrainResult& res) {
@@ -641,6 +668,14 @@ TrainResult Trainer::run() {
         const bool early = step_ - first_step < 2;  // the eager first step, then the capture
         const double t = early ? timing::now() : 0;
         step_enqueued_ = false;
+        if (opt_->frozen() && step_ >= frozen_until_) {
+          // train.freeze_epochs are over: the frozen tensors train from this step on (a
+          // captured step would replay the frozen update, so it is captured again).
+          opt_->set_frozen(false);
+          if (comm_.rank() == 0)
+            log::info("step " + std::to_string(step_ + 1) + ": train.freeze's tensors unfrozen");
+          runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
+        }
         runner->run();
         // A replayed graph ran the batch norm passes without the host seeing them.
         if (!step_enqueued_) {

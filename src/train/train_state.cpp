@@ -8,6 +8,7 @@
 #include "dpt/ckpt.hpp"
 #include "dpt/ckpt_folder.hpp"
 #include "dpt/ckpt_writer.hpp"
+#include "dpt/finetune.hpp"
 #include "dpt/log.hpp"
 #include "dpt/sync.hpp"
 #include "dpt/train.hpp"
@@ -144,7 +145,12 @@ void Trainer::load_initial_state() {
     std::vector<float> bn_stats;  // every bn layer's running mean and var
     std::vector<int64_t> bn_tracked;
     int64_t counters[5] = {0, 0, 0, 0, 0};
-    on_rank0(c, comm_.rank(), "reading a checkpoint", [&] {
+    if (!resuming) model_->init_params(cfg_.seed);  // what model.init leaves out stays seeded
+    on_rank0(c, comm_.rank(), resuming ? "reading a checkpoint" : "reading model.init", [&] {
+      if (!resuming) {
+        read_init_weights(params, bn_stats, bn_tracked);
+        return;
+      }
       Checkpoint ck = have_found ? std::move(found) : read_checkpoint(file);
       Checkpoint want;
       describe_model(cfg_, *model_, want);
@@ -161,7 +167,6 @@ void Trainer::load_initial_state() {
                          ") on this data");
       params = tensors_to_arena(*model_, ck, "model", file);
       bn_from_checkpoint(*model_, ck, file, bn_stats, bn_tracked);
-      if (!resuming) return;
       resumed_id = ck.run_id;
       if (ck.optimizer != cfg_.optimizer)
         throw InputError(file + ": saved with optimizer " + ck.optimizer + ", config says " + cfg_.optimizer);
@@ -225,6 +230,26 @@ void Trainer::load_initial_state() {
   // Ranks agree on the initial parameters whatever their seeds: rank 0's win.
   comm_.broadcast(model_->params(), model_->num_params(), DType::f32, 0);
   comm_.synchronize();
+}
+
+// Rank 0: model.init's tensors over the seeded model, by name and shape (finetune.hpp).
+void Trainer::read_init_weights(std::vector<float>& params, std::vector<float>& bn_stats,
+                                std::vector<int64_t>& bn_tracked) {
+  HostModelState s;
+  s.params.resize(model_->num_params());
+  be_.download(s.params.data(), model_->params(), s.params.size() * sizeof(float));
+  for (const BnState& b : model_->bn_states()) {
+    const size_t at = s.bn_stats.size(), n = size_t(b.c);
+    s.bn_stats.resize(at + 2 * n);
+    be_.download(s.bn_stats.data() + at, b.running_mean, n * sizeof(float));
+    be_.download(s.bn_stats.data() + at + n, b.running_var, n * sizeof(float));
+    s.bn_tracked.push_back(*b.tracked);
+  }
+  const Weights w = read_weights(cfg_.init);
+  for (const std::string& line : load_init_weights(*model_, w, cfg_.init, cfg_.init_skip, s)) log::info(line);
+  params = std::move(s.params);
+  bn_stats = std::move(s.bn_stats);
+  bn_tracked = std::move(s.bn_tracked);
 }
 
 // A training run's id and its checkpoint folder (rank 0 decides, every rank learns the id), and
