@@ -38,8 +38,12 @@ int head_layer(const Model& m);
 // frozen — in train.freeze's set (body: all but the head; else name prefixes, matched at a dot:
 // layer1 covers layer1.0.conv1.weight), batch norm's weight and bias kept out of it with
 // train.train_bn; body — every tensor but the head's, where train.body_lr_scale != 1. Throws
-// InputError for a prefix that names no tensor. frozen_names receives the frozen tensors' keys.
-std::vector<TensorSeg> fine_tune_tensors(const Model& m, const Config& cfg,
-                                         std::vector<std::string>* frozen_names = nullptr);
+// InputError for a prefix that names no tensor.
+struct FineTunePlan {
+  std::vector<TensorSeg> tensors;   // for the Optimizer
+  std::vector<std::string> frozen;  // the frozen tensors' keys
+  std::vector<char> frozen_layers;  // per layer slice: weight and bias both frozen (Model::set_frozen)
+};
+FineTunePlan fine_tune_plan(const Model& m, const Config& cfg);
 
 }  // namespace dpt

@@ -180,6 +180,13 @@ class Model {
   // the host, uploaded. Batch norm: weight 1, bias 0, running mean 0 and var 1. Presets:
   // torchvision's ResNet init, conv weights ~ N(0, 2/(out·k·k)) (Kaiming normal, fan_out).
   void init_params(uint64_t seed);
+  // train.freeze (finetune.hpp): frozen[i] = layer slice i takes no update. The backward pass
+  // then stops below the lowest op that still has a trainable parameter (nothing is computed
+  // there, not even an input gradient; DPT_FROZEN_BACKWARD=full keeps every pass, a test's
+  // oracle), and at its end reports the ranges of the layers it left out as final and released,
+  // so that a gradient sync sees every bucket; their gradients are zeroed here once. Empty: every
+  // gradient again. Returns how many layers' gradients are left out.
+  int set_frozen(const std::vector<char>& frozen);
 
   // x (batch, in_dim) — images NCHW as the dataset stores them — to logits (batch, classes),
   // kept for backward. train: a training pass (dropout active); nullptr: evaluation.
@@ -216,6 +223,8 @@ class Model {
   void share_slots();
   void remake_output(size_t j, const float* x, int batch);
   size_t lowest_backward_op() const;  // the first op with parameters: backward stops there
+  size_t grad_floor_ = 0;             // set_frozen: no op below this one runs backward
+  std::vector<std::pair<size_t, size_t>> skipped_;  // arena ranges of the layers below it
   void backward_op(Op& op, const float* in, int batch, bool accumulate, const PassHooks& hooks, int& cur,
                    bool want_dx);
 

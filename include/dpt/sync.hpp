@@ -89,6 +89,10 @@ class GradSync {
 
   MemoryUse memory() const;
   const BucketPlan& plan() const { return plan_; }
+  // Gradient bytes each step's reductions hand to the transport (the payload, not NCCL's own
+  // traffic): all of every bucket, or with frozen = true what trains while the optimizer holds
+  // train.freeze's tensors frozen (unsharded; a sharded run reduces everything). 0 on one rank.
+  size_t wire_bytes(bool frozen) const;
 
  private:
   void on_final(size_t begin, size_t end);
@@ -98,6 +102,7 @@ class GradSync {
   void unwire(size_t b, bool check);
   void gather(size_t b);
   void update_layerwise_sharded();
+  void plan_open_ranges();
   std::vector<float> compact_of_arena(const std::vector<float>& arena) const;
   std::vector<float> arena_of_compacts(const std::vector<float>& all) const;
 
@@ -113,6 +118,9 @@ class GradSync {
   std::vector<char> reduced_, updated_;
   StepCtl* ctl_ = nullptr;
   const float* lr_ = nullptr;
+  // Per bucket, the ranges that train.freeze leaves open (plan_open_ranges); empty where nothing
+  // in the bucket is frozen.
+  std::vector<std::vector<std::pair<size_t, size_t>>> open_;
 };
 
 }  // namespace dpt

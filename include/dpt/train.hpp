@@ -14,6 +14,7 @@
 #include "dpt/comm.hpp"
 #include "dpt/config.hpp"
 #include "dpt/data.hpp"
+#include "dpt/finetune.hpp"
 #include "dpt/nn.hpp"
 #include "dpt/optim.hpp"
 
@@ -106,7 +107,7 @@ class Trainer {
   Buffer<float> lr_;         // (total steps) learning rate of each step
   Buffer<float> lr_body_;    // (total steps) the body's (train.body_lr_scale), else unallocated
   int64_t frozen_until_ = 0; // train.freeze: the steps before this one keep its tensors frozen
-  std::vector<std::string> frozen_names_;  // their keys
+  FineTunePlan freeze_;      // train.freeze and body_lr_scale's marks (empty without them)
   std::vector<float> lr_host_;
   int64_t step_ = 0, epoch_ = 0, step_in_epoch_ = 0, samples_seen_ = 0;
   int64_t updates_ = 0;      // optimizer updates applied (differs from step_ after skipped steps)
@@ -150,6 +151,8 @@ class Trainer {
   StepProbe probe_;
   void prepare_run(int64_t per_epoch);
   void prepare_fine_tuning(const LrSchedule& sched, size_t steps);
+  void set_frozen(bool on);
+  int frozen_layers_ = 0;  // layers whose backward the frozen phase leaves out
   void start_epoch();
   void enqueue_step(class GradSync* sync);
   void check_health();

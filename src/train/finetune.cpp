@@ -153,36 +153,40 @@ std::vector<std::string> load_init_weights(Model& m, const Weights& w, const std
   return lines;
 }
 
-std::vector<TensorSeg> fine_tune_tensors(const Model& m, const Config& cfg, std::vector<std::string>* frozen_names) {
+FineTunePlan fine_tune_plan(const Model& m, const Config& cfg) {
   const std::vector<std::string> prefixes = split_list(cfg.freeze);
   const bool body = prefixes.size() == 1 && prefixes[0] == "body";
   const int head = head_layer(m);
-  std::vector<TensorSeg> t;
+  FineTunePlan plan;
   std::set<std::string> matched;
   for (int i = 0; i < m.num_layers(); ++i) {
     const LayerSlice& l = m.layer(i);
+    bool whole = true;  // every tensor of the layer frozen
     for (int part = 0; part < 2; ++part) {
+      if (part && !l.has_bias) continue;  // its slot (zeros) takes no update either way
       const std::string key = l.name + (part ? ".bias" : ".weight");
       TensorSeg seg = part ? TensorSeg{l.b_off, l.b_off + size_t(l.out), false}
                            : TensorSeg{l.w_off, l.w_off + l.weights(), !l.bn};
-      if (part && !l.has_bias) continue;  // its slot (zeros) is covered by no update either way
       bool in_set = body ? i != head : under_any(key, prefixes);
       for (const std::string& p : prefixes)
         if (under(key, p)) matched.insert(p);
       if (l.bn && cfg.train_bn) in_set = false;
       seg.frozen = in_set;
       seg.body = i != head && cfg.body_lr_scale != 1.0;
-      if (in_set && frozen_names) frozen_names->push_back(key);
-      t.push_back(seg);
+      if (in_set) plan.frozen.push_back(key);
+      whole = whole && in_set;
+      plan.tensors.push_back(seg);
     }
+    plan.frozen_layers.push_back(whole ? 1 : 0);
   }
   for (const std::string& p : prefixes)
     if (!body && !matched.count(p))
       throw InputError("config error: train.freeze = '" + cfg.freeze + "': '" + p +
                        "' names no tensor of the model (names are PyTorch state_dict keys, e.g. " +
                        m.layer(0).name + ".weight; prefixes match at a dot)");
-  std::sort(t.begin(), t.end(), [](const TensorSeg& a, const TensorSeg& b) { return a.begin < b.begin; });
-  return t;
+  std::sort(plan.tensors.begin(), plan.tensors.end(),
+            [](const TensorSeg& a, const TensorSeg& b) { return a.begin < b.begin; });
+  return plan;
 }
 
 }  // namespace dpt

@@ -181,6 +181,7 @@ GradSync::GradSync(const BucketPlan& plan, Backend& be, Comm& comm, MLP& model, 
     std::vector<uint16_t> zeros(plan.layout.total, 0);  // padding stays zero
     be.upload(wire_.data(), zeros.data(), zeros.size() * sizeof(uint16_t));
   }
+  plan_open_ranges();
   const size_t n = plan.buckets.size();
   final_.assign(n, 0);
   released_.assign(n, 0);
@@ -239,7 +240,11 @@ void GradSync::reduce(size_t b) {
   const size_t es = dtype_size(t);
   auto at = [&](size_t off) { return static_cast<char*>(base) + off * es; };
   comm_.group_begin();  // NCCL: the weights' and the biases' collectives in one launch
-  if (plan_.sharded)
+  if (opt_.frozen() && !open_[b].empty() && !plan_.sharded) {
+    // train.freeze: only what trains goes on the wire (frozen gradients are never read).
+    for (const auto& [lo, hi] : open_[b])
+      if (hi > lo) comm_.allreduce(at(lo), at(lo), hi - lo, t, RedOp::sum);
+  } else if (plan_.sharded)
     comm_.reduce_scatter(at(k.w_begin), at(plan_.own_w(k)), k.chunk, t, RedOp::sum);
   else
     comm_.allreduce(at(k.w_begin), at(k.w_begin), wlen, t, RedOp::sum);
@@ -420,6 +425,49 @@ void GradSync::scatter_state(const std::vector<float>& whole, float* state) {
   if (whole.size() != plan_.layout.total) throw Error("scatter_state: not an arena-sized array");
   const std::vector<float> mine = plan_.sharded ? compact_of_arena(whole) : whole;
   be_.upload(state, mine.data(), mine.size() * sizeof(float));
+}
+
+// Per bucket, its ranges minus the optimizer's frozen tensors (padding between tensors stays in:
+// zeros), where any of them is frozen; reduce() sends only these while the optimizer holds them.
+void GradSync::plan_open_ranges() {
+  std::vector<std::pair<size_t, size_t>> frozen;
+  for (const TensorSeg& t : opt_.tensors())
+    if (t.frozen && t.end > t.begin) frozen.push_back({t.begin, t.end});
+  open_.assign(plan_.buckets.size(), {});
+  if (frozen.empty()) return;
+  std::sort(frozen.begin(), frozen.end());
+  auto subtract = [&](size_t lo, size_t hi, std::vector<std::pair<size_t, size_t>>& out) {
+    for (const auto& [fb, fe] : frozen) {
+      if (fe <= lo || fb >= hi) continue;
+      if (fb > lo) out.push_back({lo, fb});
+      lo = std::max(lo, fe);
+    }
+    if (lo < hi) out.push_back({lo, hi});
+  };
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const Bucket& k = plan_.buckets[b];
+    std::vector<std::pair<size_t, size_t>> open;
+    subtract(k.w_begin, k.w_end, open);
+    subtract(k.b_begin, k.b_end, open);
+    size_t n = 0;
+    for (const auto& r : open) n += r.second - r.first;
+    // A marker for "send nothing": an empty range, so open_[b] is not empty.
+    if (n == 0) open = {{k.w_begin, k.w_begin}};
+    if (n < (k.w_end - k.w_begin) + (k.b_end - k.b_begin)) open_[b] = std::move(open);
+  }
+}
+
+size_t GradSync::wire_bytes(bool frozen) const {
+  if (world_ == 1) return 0;
+  size_t n = 0;
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    const Bucket& k = plan_.buckets[b];
+    if (frozen && !open_[b].empty() && !plan_.sharded)
+      for (const auto& [lo, hi] : open_[b]) n += hi - lo;
+    else
+      n += (k.w_end - k.w_begin) + (k.b_end - k.b_begin);
+  }
+  return n * (bf16_wire_ ? 2 : 4);
 }
 
 MemoryUse GradSync::memory() const {

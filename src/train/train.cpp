@@ -239,9 +239,9 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
   }
   model_->set_label_smoothing(float(cfg.label_smoothing));
   const bool fine_tuning = !cfg.freeze.empty() || cfg.body_lr_scale != 1.0;
+  if (fine_tuning) freeze_ = fine_tune_plan(*model_, cfg);
   opt_ = std::make_unique<Optimizer>(be, cfg, plan_->state_size,
-                                     fine_tuning ? fine_tune_tensors(*model_, cfg, &frozen_names_)
-                                                 : param_tensors(model_->layers()));
+                                     fine_tuning ? freeze_.tensors : param_tensors(model_->layers()));
   if (by_gradients) {
     // Each bucket updated as soon as it can be, unless a skipped step must leave the model
     // bitwise as it was (then: every reduction, the check, every update), or the optimizer needs
@@ -570,14 +570,27 @@ void Trainer::prepare_fine_tuning(const LrSchedule& sched, size_t steps) {
   }
   if (cfg_.freeze.empty()) return;
   frozen_until_ = cfg_.freeze_epochs > 0 ? int64_t(cfg_.freeze_epochs) * per_epoch_ : INT64_MAX;
-  opt_->set_frozen(step_ < frozen_until_);
+  set_frozen(step_ < frozen_until_);
   if (comm_.rank() != 0) return;
   std::string when = cfg_.freeze_epochs == 0 ? "the whole run"
                      : "steps 1-" + std::to_string(frozen_until_) + " (train.freeze_epochs = " +
                            std::to_string(cfg_.freeze_epochs) + "), then trained" +
                            (cfg_.body_lr_scale != 1.0 ? " at train.body_lr_scale × lr" : "");
-  log::info("train.freeze = " + cfg_.freeze + ": " + std::to_string(frozen_names_.size()) + " tensors frozen for " +
+  log::info("train.freeze = " + cfg_.freeze + ": " + std::to_string(freeze_.frozen.size()) + " tensors frozen for " +
             when + (cfg_.train_bn ? "; batch norm's weights and biases train (train.train_bn)" : ""));
+  if (frozen_layers_ > 0)
+    log::info("  the backward pass stops below the lowest trainable layer: " + std::to_string(frozen_layers_) +
+              " layers compute no gradient");
+  if (sync_ && comm_.size() > 1)
+    log::info("  gradients on the wire per step: " + fmt("%.3f", double(sync_->wire_bytes(true)) / 1e6) + " MB of " +
+              fmt("%.3f", double(sync_->wire_bytes(false)) / 1e6) + " MB" +
+              (sharded() ? " (a sharded optimizer reduces them all)" : ""));
+}
+
+// The optimizer's and the backward pass's frozen state together.
+void Trainer::set_frozen(bool on) {
+  opt_->set_frozen(on);
+  frozen_layers_ = model_->set_frozen(on ? freeze_.frozen_layers : std::vector<char>{});
 }
 
 void Trainer::log_step(TrainResult& res) {
@@ -671,7 +684,7 @@ TrainResult Trainer::run() {
         if (opt_->frozen() && step_ >= frozen_until_) {
           // train.freeze_epochs are over: the frozen tensors train from this step on (a
           // captured step would replay the frozen update, so it is captured again).
-          opt_->set_frozen(false);
+          set_frozen(false);
           if (comm_.rank() == 0)
             log::info("step " + std::to_string(step_ + 1) + ": train.freeze's tensors unfrozen");
           runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
