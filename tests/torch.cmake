@@ -33,7 +33,8 @@ set_tests_properties(torch_resnet_crosscheck PROPERTIES
 # steps, converted with scripts/torch_to_h5.py and written as .safetensors, evaluated by
 # `dptrain --eval` on 1 and 2 ranks (test loss within 1e-5 of torchvision's eval mode); the round
 # trip dptrain -> scripts/h5_to_torch.py (strict load) -> dptrain bitwise; a new head for
-# another number of classes. Skips (exit 77) without torchvision. About 30 s on 2 cores.
+# another number of classes; a frozen body against the same run with every backward pass kept.
+# Skips (exit 77) without torchvision. About 45 s on 2 cores.
 add_test(NAME torch_finetune
          COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/torch_finetune_check.py
                  --build ${CMAKE_BINARY_DIR} --root ${CMAKE_SOURCE_DIR}

@@ -18,6 +18,9 @@
      (parameters, running statistics, num_batches_tracked).
   5. A new head: resnet18(stem=small,classes=4) from the 10-class weights re-initialises fc.weight
      and fc.bias (saying so) and starts every other tensor bitwise from the file.
+  6. A frozen body (train.freeze = body, train.train_bn = false) for 2 steps: every parameter but
+     fc's bitwise the file's, fc's moved; and the same run with every backward pass kept
+     (DPT_FROZEN_BACKWARD=full) ends bitwise equal (on the GPU with cuDNN's heuristic choice).
 
 Usage (ctest runs it this way):
   /usr/bin/python3 tests/torch_finetune_check.py --build <build dir> --root <repo root>
@@ -218,6 +221,25 @@ def main():
             if not k.startswith("fc.") and not np.array_equal(four[k], v.numpy()):
                 raise Mismatch(f"new head: {k} at step 0 is not the file's tensor")
         print("  new head: fc re-initialised (4 classes), every other tensor from the file", flush=True)
+        # 6. A frozen body, with the backward pass stopped below fc, against every pass kept.
+        frz = ["--train.freeze", "body", "--train.train_bn", "false", "--device.conv_tuning", "heuristic"]
+        ckf, out = train_from(tools, tmp, "frozen", h5, test, layers, a.device, frz)
+        if "layers compute no gradient" not in out:
+            raise Mismatch(f"a frozen body: no line saying the backward pass stops:\n{out[-3000:]}")
+        os.environ["DPT_FROZEN_BACKWARD"] = "full"
+        try:
+            ckfull, _ = train_from(tools, tmp, "frozen-full", h5, test, layers, a.device, frz)
+        finally:
+            del os.environ["DPT_FROZEN_BACKWARD"]
+        end, end_full = (model_tensors(c.replace("000000000", "000000002")) for c in (ckf, ckfull))
+        params = {n for n, _ in m.named_parameters()}
+        for k, v in sd.items():
+            same = np.array_equal(end[k], v.numpy())
+            if k in params and k.startswith("fc.") == same:
+                raise Mismatch(f"a frozen body: {k} {'did not move' if same else 'moved'}")
+            if end[k].tobytes() != end_full[k].tobytes():
+                raise Mismatch(f"a frozen body: {k} differs from the run that kept every backward pass")
+        print("  frozen body: every parameter but fc's bitwise the file's; equal to keeping every pass", flush=True)
     except Mismatch as e:
         print(f"torch_finetune_check: FAILED: {e}")
         return 1

@@ -134,6 +134,8 @@ class Trainer {
 
   void load_initial_state();
   void read_init_weights(std::vector<float>& params, std::vector<float>& bn_stats, std::vector<int64_t>& bn_tracked);
+  void check_planned_shape(const std::string& file, const std::vector<int>& layers, const std::string& model,
+                           const std::vector<int>& input_shape) const;
   void report_memory();
   // Collective. The model copied off the device now; rank 0 writes the file (on the writer's
   // thread with checkpoint.background) after the write before it has finished.

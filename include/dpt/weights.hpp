@@ -17,6 +17,11 @@ struct Weights {
   // with the slash a dot. Float tensors as float32; int64 and int32 ones (num_batches_tracked)
   // as int64.
   std::vector<Tensor> tensors;
+  // A dptrain checkpoint's model as it recorded it (Checkpoint's layers, model, input_shape);
+  // empty for the other kinds.
+  std::vector<int> layers;
+  std::string model;
+  std::vector<int> input_shape;
 };
 
 // Reads path by what its first bytes say it is; throws InputError naming the file and what is

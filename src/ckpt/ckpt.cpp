@@ -734,9 +734,10 @@ std::vector<Tensor> read_model_group(const std::string& path) {
   }
   H5Id file = r.open(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
                      "cannot open as HDF5: truncated or damaged");
+  std::vector<Tensor> out;
+  if (H5Lexists(file.get(), "model", H5P_DEFAULT) <= 0) return out;  // the caller names what is missing
   std::vector<std::string> names = dataset_names(r, file.get());
   std::sort(names.begin(), names.end());
-  std::vector<Tensor> out;
   for (const std::string& n : names)
     if (n.rfind("model/", 0) == 0) out.push_back(read_tensor(r, file.get(), n, size));
   return out;

@@ -190,12 +190,19 @@ Weights read_weights(const std::string& path) {
   w.kind = weights_kind(path);
   if (w.kind == "HDF5 /model group") {
     w.tensors = as_state_dict(read_model_group(path));
+    if (w.tensors.empty())
+      throw InputError("model.init " + path +
+                       ": an HDF5 file with no /model group, so no weights (a dataset? the weights "
+                       "file format: docs/formats.md, \"Weights from elsewhere\")");
   } else if (w.kind == "dptrain checkpoint") {
     Checkpoint ck = read_checkpoint(path);
     std::vector<Tensor> model;
     for (Tensor& t : ck.tensors)
       if (t.name.rfind("model/", 0) == 0) model.push_back(std::move(t));
     w.tensors = as_state_dict(std::move(model));
+    w.layers = std::move(ck.layers);
+    w.model = std::move(ck.model);
+    w.input_shape = std::move(ck.input_shape);
   } else {
     w.tensors = parse_safetensors(slurp(path), "model.init " + path);
   }

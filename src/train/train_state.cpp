@@ -154,11 +154,7 @@ void Trainer::load_initial_state() {
       Checkpoint ck = have_found ? std::move(found) : read_checkpoint(file);
       Checkpoint want;
       describe_model(cfg_, *model_, want);
-      if (ck.layers == want.layers && ck.model == want.model && ck.input_shape != want.input_shape)
-        throw InputError(file + ": its model was planned for samples of shape " +
-                         shape_text(ck.input_shape) + ", but the data here has samples of shape " +
-                         shape_text(want.input_shape) + " (" +
-                         (rows_ ? "data.train " + cfg_.train_file : "data.test " + cfg_.test_file) + ")");
+      check_planned_shape(file, ck.layers, ck.model, ck.input_shape);
       if (ck.layers != want.layers || ck.model != want.model)
         throw InputError(file + ": its model (" +
                          (ck.model.empty() ? "widths " + layers_text(ck.layers) : "'" + ck.model + "'") +
@@ -233,6 +229,18 @@ void Trainer::load_initial_state() {
 }
 
 // Rank 0: model.init's tensors over the seeded model, by name and shape (finetune.hpp).
+// The same model planned for samples of another shape (a checkpoint resumed or evaluated on
+// other data): said in those words before any tensor's shape is.
+void Trainer::check_planned_shape(const std::string& file, const std::vector<int>& layers,
+                                  const std::string& model, const std::vector<int>& input_shape) const {
+  Checkpoint want;
+  describe_model(cfg_, *model_, want);
+  if (layers == want.layers && model == want.model && input_shape != want.input_shape)
+    throw InputError(file + ": its model was planned for samples of shape " + shape_text(input_shape) +
+                     ", but the data here has samples of shape " + shape_text(want.input_shape) + " (" +
+                     (rows_ ? "data.train " + cfg_.train_file : "data.test " + cfg_.test_file) + ")");
+}
+
 void Trainer::read_init_weights(std::vector<float>& params, std::vector<float>& bn_stats,
                                 std::vector<int64_t>& bn_tracked) {
   HostModelState s;
@@ -246,6 +254,7 @@ void Trainer::read_init_weights(std::vector<float>& params, std::vector<float>& 
     s.bn_tracked.push_back(*b.tracked);
   }
   const Weights w = read_weights(cfg_.init);
+  if (w.kind == "dptrain checkpoint") check_planned_shape(cfg_.init, w.layers, w.model, w.input_shape);
   for (const std::string& line : load_init_weights(*model_, w, cfg_.init, cfg_.init_skip, s)) log::info(line);
   params = std::move(s.params);
   bn_stats = std::move(s.bn_stats);
