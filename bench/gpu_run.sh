@@ -19,7 +19,8 @@ for lib in libopenblas.so.0 libdnnl.so.2 libOpenCL.so.1; do
   fi
 done
 what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sections below (tests, e2e, mps,
-# layouts, bench, epilogues, profile, scaling, multi, cnn, resnet, grid, startup, scale12, one12, samebits)
+# layouts, bench, epilogues, profile, scaling, multi, cnn, resnet, grid, startup, finetune, scale12, one12,
+# samebits)
 # cuDNN: the version built against (9.19) is PyTorch's copy there; the machine's default is older.
 CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
 [ -d $CUDNN_LIB ] && export LD_LIBRARY_PATH=$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -40,7 +41,11 @@ nccl_perf() { for f in $B/$1_perf .gpu/nccl-tests/build/$1_perf; do [ -x "$f" ] 
 } > "$OUT/machine.txt" 2>&1
 if want tests; then
   # Each test at most TEST_LIMIT seconds (default 240): a hang costs one test, not the call.
-  t() { timeout "${TEST_LIMIT:-240}" "$@"; }
+  # A test binary not carried in $B (the CPU ones pass in ctest on the CPU machine) is named and skipped.
+  t() {
+    local a; for a in "$@"; do [[ $a == $B/* && ! -x $a ]] && { echo "$a: not carried, skipped"; return 0; }; done
+    timeout "${TEST_LIMIT:-240}" "$@"
+  }
   { t mpirun -np 1 $B/test_gpu; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_bf16; echo "rc=$?";
     t mpirun -np 2 $B/test_gpu_nccl; echo "rc=$?";
     t mpirun -np 1 $B/test_gpu_train; echo "rc=$?"; t mpirun -np 2 $B/test_gpu_train; echo "rc=$?";
@@ -49,9 +54,11 @@ if want tests; then
     t mpirun -np 1 $B/test_gpu_conv; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_train_cnn; echo "rc=$?";
     t mpirun -np 2 $B/test_gpu_train_cnn; echo "rc=$?"; t mpirun -np 1 $B/test_layers; echo "rc=$?";
     t mpirun -np 4 --oversubscribe $B/test_parallel_cnn; echo "rc=$?";
-    t mpirun -np 1 $B/test_gpu_resnet; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_residual; echo "rc=$?"; } \
+    t mpirun -np 1 $B/test_gpu_resnet; echo "rc=$?"; t mpirun -np 1 $B/test_gpu_residual; echo "rc=$?";
+    # Weights in and out against torchvision on the GPU (fp32, 1 and 2 ranks; ctest's torch_finetune).
+    t python3 tests/torch_finetune_check.py --build $B --root . --device cuda; echo "rc=$?"; } \
     > "$OUT/tests.log" 2>&1
-  grep -E "PASSED|FAILED|SKIPPED|rc=" "$OUT/tests.log"
+  grep -E "PASSED|FAILED|SKIPPED|rc=|torch_finetune_check|not carried" "$OUT/tests.log"
 fi
 if want e2e; then
   # Fresh checkpoint folders: the shipped configs resume (a second call on a warm machine would
@@ -454,6 +461,16 @@ if want one12; then
     echo "one12: python3 cannot import torch: the PyTorch rows are skipped"
   fi
   python3 bench/gpu_summary.py one12 "$OUT" | tee /tmp/dpt-summary-one12.txt
+fi
+if want finetune; then
+  # Fine-tuning on Fashion-MNIST beside PyTorch's same recipes (bench/finetune_fmnist.py).
+  mkdir -p data && $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
+  # Its datasets and checkpoints stay behind; the logs, metrics and finetune.json come back.
+  rm -rf /tmp/ft && timeout 400 python3 bench/finetune_fmnist.py --build $B --data data --out /tmp/ft --device cuda \
+    > "$OUT/finetune.log" 2>&1
+  echo "finetune_fmnist rc=$?"; tail -n 12 "$OUT/finetune.log"
+  mkdir -p "$OUT/finetune" && cp /tmp/ft/*.log /tmp/ft/*.jsonl /tmp/ft/finetune.json "$OUT/finetune/" 2>/dev/null
+  cp /tmp/ft/finetune.json /tmp/dpt-summary-finetune.txt 2>/dev/null
 fi
 # The device tool brings back few files: pack everything into one archive, the summaries beside it.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"

@@ -130,7 +130,10 @@ def model_tensors(path):
 def eval_loss(tools, mpirun, ranks, weights, test, layers, device):
     out = run([*mpirun, "-np", str(ranks), "--bind-to", "none", tools["dptrain"], "--eval", "--checkpoint", weights,
                "--data.test", test, "--data.train", test, "--model.layers", layers, "--device.type", device,
-               "--train.batch_per_rank", "16"], f"dptrain --eval {os.path.basename(weights)} on {ranks} rank(s)")
+               "--train.batch_per_rank", "16",
+               # ranks sharing one GPU talk over MPI (NCCL refuses two ranks on one device)
+               *(["--comm.backend", "mpi"] if device == "cuda" and ranks > 1 else [])],
+              f"dptrain --eval {os.path.basename(weights)} on {ranks} rank(s)")
     m = re.search(r"loss ([0-9.eE+-]+), accuracy", out)
     if not m:
         raise SetupError(f"no loss in dptrain --eval's output:\n{out[-2000:]}")
