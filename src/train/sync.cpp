@@ -430,25 +430,35 @@ void GradSync::scatter_state(const std::vector<float>& whole, float* state) {
 // Per bucket, its ranges minus the optimizer's frozen tensors (padding between tensors stays in:
 // zeros), where any of them is frozen; reduce() sends only these while the optimizer holds them.
 void GradSync::plan_open_ranges() {
-  std::vector<std::pair<size_t, size_t>> frozen;
-  for (const TensorSeg& t : opt_.tensors())
-    if (t.frozen && t.end > t.begin) frozen.push_back({t.begin, t.end});
+  // What a step must reduce while the freeze holds: the trainable tensors' elements, nothing else
+  // (not frozen tensors, not the arena's gaps between tensors, which no update reads).
+  std::vector<std::pair<size_t, size_t>> trainable;
+  bool any_frozen = false;
+  for (const TensorSeg& t : opt_.tensors()) {
+    if (t.end <= t.begin) continue;
+    if (t.frozen)
+      any_frozen = true;
+    else
+      trainable.push_back({t.begin, t.end});
+  }
   open_.assign(plan_.buckets.size(), {});
-  if (frozen.empty()) return;
-  std::sort(frozen.begin(), frozen.end());
-  auto subtract = [&](size_t lo, size_t hi, std::vector<std::pair<size_t, size_t>>& out) {
-    for (const auto& [fb, fe] : frozen) {
-      if (fe <= lo || fb >= hi) continue;
-      if (fb > lo) out.push_back({lo, fb});
-      lo = std::max(lo, fe);
+  if (!any_frozen) return;
+  std::sort(trainable.begin(), trainable.end());
+  auto intersect = [&](size_t lo, size_t hi, std::vector<std::pair<size_t, size_t>>& out) {
+    for (const auto& [tb, te] : trainable) {
+      const size_t b = std::max(lo, tb), e = std::min(hi, te);
+      if (b >= e) continue;
+      if (!out.empty() && out.back().second == b)
+        out.back().second = e;  // adjacent tensors: one range
+      else
+        out.push_back({b, e});
     }
-    if (lo < hi) out.push_back({lo, hi});
   };
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const Bucket& k = plan_.buckets[b];
     std::vector<std::pair<size_t, size_t>> open;
-    subtract(k.w_begin, k.w_end, open);
-    subtract(k.b_begin, k.b_end, open);
+    intersect(k.w_begin, k.w_end, open);
+    intersect(k.b_begin, k.b_end, open);
     size_t n = 0;
     for (const auto& r : open) n += r.second - r.first;
     // A marker for "send nothing": an empty range, so open_[b] is not empty.

@@ -580,7 +580,7 @@ void Trainer::prepare_fine_tuning(const LrSchedule& sched, size_t steps) {
             when + (cfg_.train_bn ? "; batch norm's weights and biases train (train.train_bn)" : ""));
   if (frozen_layers_ > 0)
     log::info("  the backward pass stops below the lowest trainable layer: " + std::to_string(frozen_layers_) +
-              " layers compute no gradient");
+              (frozen_layers_ == 1 ? " layer computes" : " layers compute") + " no gradient");
   if (sync_ && comm_.size() > 1)
     log::info("  gradients on the wire per step: " + fmt("%.3f", double(sync_->wire_bytes(true)) / 1e6) + " MB of " +
               fmt("%.3f", double(sync_->wire_bytes(false)) / 1e6) + " MB" +
