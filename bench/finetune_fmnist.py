@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Fine-tuning on Fashion-MNIST, dptrain beside PyTorch, in one run.
 
-    python3 bench/finetune_fmnist.py --build BUILD --data DIR --out OUT [--device cuda|cpu] [--quick]
+    python3 bench/finetune_fmnist.py --build BUILD --data DIR --out OUT [--device cuda|cpu]
+        [--labelled 100,1000] [--seeds 3] [--quick]
 
 1. Pretraining: resnet18(stem=small) trained by dptrain (inputs/resnet.ini's recipe, --pre-epochs
    epochs) on the Fashion-MNIST training images of classes 0-4 (30,000), tested on their test
    images.
-2. The task: classes 5-9 with --labelled training images (balanced, seeded), tested on all 5,000
-   test images of classes 5-9; labels 5-9 become 0-4. Every run below takes the same steps
-   (--epochs epochs of batch 50), AdamW (weight decay 0.01), one schedule (linear warm-up over
-   half an epoch, cosine to 0), no augmentation:
+2. The task: classes 5-9 with each --labelled count of training images (balanced, drawn with
+   the seed), tested on all 5,000 test images of classes 5-9; labels 5-9 become 0-4. For each
+   of --seeds seeds (the draw, train.seed and PyTorch's seed), every run below takes the same
+   --steps steps (batch 50, whole epochs), AdamW (weight decay 0.01), one schedule (linear
+   warm-up over half an epoch, cosine to 0), no augmentation:
    - dptrain fine_tune: model.init = the pretrained checkpoint, model.init_skip = fc (a new head),
      train.freeze = body for one epoch with batch norm trainable (fastai's fine_tune), then
      everything with the body at train.body_lr_scale = 0.1;
@@ -20,8 +22,9 @@
      stem, the pretrained checkpoint loaded strictly through scripts/h5_to_torch.py, a new fc,
      frozen parameters with requires_grad = False, the body in a parameter group at 0.1x, the
      same schedule (LambdaLR), eager, channels_last and bf16 autocast on the GPU.
-3. Prints one line per run (test accuracy; training-loop seconds; process seconds for dptrain)
-   and writes OUT/finetune.json.
+3. Prints one line per run (test accuracy; training-loop seconds; process seconds for dptrain),
+   a summary line per count and recipe (mean, min-max over the seeds), and writes
+   OUT/finetune.json.
 --quick: a few hundred images and a few steps, to check the script on the CPU.
 """
 import argparse
@@ -37,32 +40,38 @@ import h5py
 import numpy as np
 
 
-def subsets(data, out, labelled, quick, seed=0):
-    rng = np.random.default_rng(seed)
+def write_set(path, a, b, fa):
+    with h5py.File(path, "w") as g:
+        d = g.create_dataset("features", data=a)
+        for k, v in fa.items():
+            d.attrs[k] = v
+        g.create_dataset("labels", data=b.astype(np.int32))
+        g.attrs["num_classes"] = np.int64(5)
+    return path
+
+
+def subsets(data, out, quick):
+    """The pretraining sets (classes 0-4) and the task's test set (classes 5-9, as 0-4)."""
     with h5py.File(os.path.join(data, "fashion-mnist-train.h5"), "r") as f:
         x, y, fa = f["features"][()], f["labels"][()], dict(f["features"].attrs)
     with h5py.File(os.path.join(data, "fashion-mnist-test.h5"), "r") as f:
         xt, yt = f["features"][()], f["labels"][()]
-    pre = np.flatnonzero(y < 5)
-    pre_t = np.flatnonzero(yt < 5)
-    new_t = np.flatnonzero(yt >= 5)
-    per = labelled // 5
-    new = np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), per, replace=False) for c in range(5, 10)]))
+    pre, pre_t, new_t = np.flatnonzero(y < 5), np.flatnonzero(yt < 5), np.flatnonzero(yt >= 5)
     if quick:
         pre, pre_t, new_t = pre[:256], pre_t[:200], new_t[:200]
-    sets = {"pre-train": (x[pre], y[pre]), "pre-test": (xt[pre_t], yt[pre_t]),
-            "ft-train": (x[new], y[new] - 5), "ft-test": (xt[new_t], yt[new_t] - 5)}
-    paths = {}
-    for name, (a, b) in sets.items():
-        p = os.path.join(out, name + ".h5")
-        with h5py.File(p, "w") as g:
-            d = g.create_dataset("features", data=a)
-            for k, v in fa.items():
-                d.attrs[k] = v
-            g.create_dataset("labels", data=b.astype(np.int32))
-            g.attrs["num_classes"] = np.int64(5)
-        paths[name] = p
-    return paths, fa
+    paths = {"pre-train": write_set(os.path.join(out, "pre-train.h5"), x[pre], y[pre], fa),
+             "pre-test": write_set(os.path.join(out, "pre-test.h5"), xt[pre_t], yt[pre_t], fa),
+             "ft-test": write_set(os.path.join(out, "ft-test.h5"), xt[new_t], yt[new_t] - 5, fa)}
+    return paths, fa, (x, y)
+
+
+def labelled_set(out, train, fa, labelled, seed):
+    """labelled training images of classes 5-9 (balanced, drawn with the seed), as 0-4."""
+    x, y = train
+    rng = np.random.default_rng(seed)
+    per = labelled // 5
+    new = np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), per, replace=False) for c in range(5, 10)]))
+    return write_set(os.path.join(out, f"ft-train-{labelled}-{seed}.h5"), x[new], y[new] - 5, fa)
 
 
 def dptrain(args, name, keys):
@@ -95,19 +104,19 @@ def schedule(step, total, warmup):
     return 0.5 * (1 + math.cos(math.pi * t))
 
 
-def torch_run(args, paths, fa, pth, recipe, epochs, lr, batch, warmup):
+def torch_run(args, train, test, fa, pth, recipe, epochs, lr, batch, warmup, seed):
     import torch
     import torch.nn.functional as F
     import torchvision
     dev = torch.device(args.device)
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
 
-    def load(name):
-        with h5py.File(paths[name], "r") as f:
+    def load(path):
+        with h5py.File(path, "r") as f:
             x = torch.from_numpy(f["features"][()]).to(dev).float() * float(fa.get("scale", 1.0)) + float(fa.get("offset", 0.0))
             return x.contiguous(memory_format=torch.channels_last), torch.from_numpy(f["labels"][()].astype(np.int64)).to(dev)
-    x, y = load("ft-train")
-    xt, yt = load("ft-test")
+    x, y = load(train)
+    xt, yt = load(test)
     m = torchvision.models.resnet18(num_classes=5)
     m.conv1 = torch.nn.Conv2d(1, 64, 3, 1, 1, bias=False)
     m.maxpool = torch.nn.Identity()
@@ -131,7 +140,7 @@ def torch_run(args, paths, fa, pth, recipe, epochs, lr, batch, warmup):
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.time()
-    g = torch.Generator(device="cpu").manual_seed(1)
+    g = torch.Generator(device="cpu").manual_seed(seed)
     m.train()
     for epoch in range(epochs):
         if recipe == "fine_tune" and epoch == 1:
@@ -156,6 +165,10 @@ def torch_run(args, paths, fa, pth, recipe, epochs, lr, batch, warmup):
     return correct / xt.shape[0], loop
 
 
+def spread(v):
+    return {"mean": float(np.mean(v)), "min": float(np.min(v)), "max": float(np.max(v))}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", required=True)
@@ -163,54 +176,79 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--labelled", type=int, default=1000)
+    ap.add_argument("--labelled", default="1000", help="comma-separated counts of labelled images (multiples of 5)")
+    ap.add_argument("--seeds", type=int, default=1, help="draws of the labelled set and of each run's seed")
     ap.add_argument("--pre-epochs", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=240, help="every fine-tuning run's steps (batch 50)")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
+    counts = [int(c) for c in a.labelled.split(",")]
     if a.quick:
-        a.labelled, a.pre_epochs, a.epochs = 100, 1, 3
+        counts, a.pre_epochs, a.steps, a.seeds = [100], 1, 12, 1
     os.makedirs(a.out, exist_ok=True)
-    paths, fa = subsets(a.data, a.out, a.labelled, a.quick)
+    paths, fa, train = subsets(a.data, a.out, a.quick)
     pre_batch = 64 if a.quick else 256
     n_pre = h5py.File(paths["pre-train"], "r")["labels"].shape[0]
     acc, loop, wall, _ = dptrain(a, "pretrain", [
         "--data.train", paths["pre-train"], "--data.test", paths["pre-test"], "--train.epochs", str(a.pre_epochs),
         "--train.batch_per_rank", str(pre_batch), "--train.warmup_steps", str(n_pre // pre_batch)])
-    results = [{"run": "pretrain (dptrain, classes 0-4)", "accuracy": acc, "loop_s": loop, "wall_s": wall}]
+    runs_out = [{"run": "pretrain (dptrain, classes 0-4)", "accuracy": acc, "loop_s": loop, "wall_s": wall}]
     print(f"pretrain: classes 0-4, test accuracy {acc:.4f}, loop {loop:.2f} s", flush=True)
     pre = os.path.join(a.out, "pretrain", sorted(f for f in os.listdir(os.path.join(a.out, "pretrain")) if f.endswith(".h5"))[-1])
     pth = os.path.join(a.out, "pretrain.pth")
     subprocess.run([sys.executable, os.path.join(a.root, "scripts/h5_to_torch.py"), pre, pth], check=True)
-    batch = 25 if a.quick else 50
-    warmup = a.labelled // batch // 2
-    common = ["--data.train", paths["ft-train"], "--data.test", paths["ft-test"], "--data.augment", "none",
-              "--train.epochs", str(a.epochs), "--train.batch_per_rank", str(batch), "--train.optimizer", "adamw",
-              "--train.lr", str(a.lr), "--train.weight_decay", "0.01", "--train.warmup_steps", str(warmup),
-              "--train.label_smoothing", "0"]
-    init = ["--model.init", pre, "--model.init_skip", "fc"]
-    runs = [("dptrain fine_tune", "ft", init + ["--train.freeze", "body", "--train.freeze_epochs", "1",
-                                                "--train.body_lr_scale", "0.1"]),
-            ("dptrain feature extractor", "fx", init + ["--train.freeze", "body", "--train.train_bn", "false"]),
-            ("dptrain from scratch", "scratch", [])]
-    for title, name, keys in runs:
-        acc, loop, wall, _ = dptrain(a, name, common + keys)
-        results.append({"run": title, "accuracy": acc, "loop_s": loop, "wall_s": wall})
-        print(f"{title}: test accuracy {acc:.4f}, loop {loop:.2f} s, process {wall:.2f} s", flush=True)
     try:
         import torch  # noqa: F401
         import torchvision  # noqa: F401
+        have_torch = True
     except ImportError as e:
         print(f"PyTorch runs skipped: {e}")
-    else:
-        for title, recipe in (("PyTorch fine_tune", "fine_tune"), ("PyTorch feature extractor", "extract")):
-            acc, loop = torch_run(a, paths, fa, pth, recipe, a.epochs, a.lr, batch, warmup)
-            results.append({"run": title, "accuracy": acc, "loop_s": loop})
-            print(f"{title}: test accuracy {acc:.4f}, loop {loop:.2f} s", flush=True)
+        have_torch = False
+    batch = 25 if a.quick else 50
+    summary = []
+    for labelled in counts:
+        per_epoch = labelled // batch
+        epochs = max(1, a.steps // per_epoch)  # the same steps whatever the count: epochs × steps an epoch
+        warmup = max(1, per_epoch // 2)
+        by_run = {}
+        for seed in range(a.seeds):
+            train_h5 = labelled_set(a.out, train, fa, labelled, seed)
+            common = ["--data.train", train_h5, "--data.test", paths["ft-test"], "--data.augment", "none",
+                      "--train.epochs", str(epochs), "--train.batch_per_rank", str(batch), "--train.optimizer", "adamw",
+                      "--train.lr", str(a.lr), "--train.weight_decay", "0.01", "--train.warmup_steps", str(warmup),
+                      "--train.label_smoothing", "0", "--train.seed", str(seed + 1)]
+            init = ["--model.init", pre, "--model.init_skip", "fc"]
+            runs = [("dptrain fine_tune", "ft", init + ["--train.freeze", "body", "--train.freeze_epochs", "1",
+                                                        "--train.body_lr_scale", "0.1"]),
+                    ("dptrain feature extractor", "fx", init + ["--train.freeze", "body", "--train.train_bn", "false"]),
+                    ("dptrain from scratch", "scratch", [])]
+            for title, name, keys in runs:
+                acc, loop, wall, _ = dptrain(a, f"{name}-{labelled}-{seed}", common + keys)
+                runs_out.append({"run": title, "labelled": labelled, "seed": seed, "steps": epochs * per_epoch,
+                                 "accuracy": acc, "loop_s": loop, "wall_s": wall})
+                by_run.setdefault(title, []).append((acc, loop))
+                print(f"{labelled} labelled, seed {seed}, {title}: test accuracy {acc:.4f}, loop {loop:.2f} s, "
+                      f"process {wall:.2f} s", flush=True)
+            if have_torch:
+                for title, recipe in (("PyTorch fine_tune", "fine_tune"), ("PyTorch feature extractor", "extract")):
+                    acc, loop = torch_run(a, train_h5, paths["ft-test"], fa, pth, recipe, epochs, a.lr, batch, warmup,
+                                          seed + 1)
+                    runs_out.append({"run": title, "labelled": labelled, "seed": seed, "steps": epochs * per_epoch,
+                                     "accuracy": acc, "loop_s": loop})
+                    by_run.setdefault(title, []).append((acc, loop))
+                    print(f"{labelled} labelled, seed {seed}, {title}: test accuracy {acc:.4f}, loop {loop:.2f} s",
+                          flush=True)
+        for title, v in by_run.items():
+            row = {"labelled": labelled, "run": title, "seeds": len(v), "accuracy": spread([x[0] for x in v]),
+                   "loop_s": spread([x[1] for x in v])}
+            summary.append(row)
+            print(f"summary: {labelled} labelled, {title}: accuracy mean {row['accuracy']['mean']:.4f} "
+                  f"({row['accuracy']['min']:.4f}-{row['accuracy']['max']:.4f}) over {len(v)} seed(s), "
+                  f"loop mean {row['loop_s']['mean']:.2f} s", flush=True)
     with open(os.path.join(a.out, "finetune.json"), "w") as f:
-        json.dump({"labelled": a.labelled, "epochs": a.epochs, "batch": batch, "lr": a.lr, "device": a.device,
-                   "results": results}, f, indent=1)
+        json.dump({"labelled": counts, "seeds": a.seeds, "steps": a.steps, "batch": batch, "lr": a.lr,
+                   "device": a.device, "summary": summary, "runs": runs_out}, f, indent=1)
     return 0
 
 

@@ -467,8 +467,9 @@ if want finetune; then
   mkdir -p data && $B/dpdata fashion-mnist --dir .gpu/fashion --out-dir data > /dev/null
   # Its datasets and checkpoints stay behind; the logs, metrics and finetune.json come back.
   rm -rf /tmp/ft && timeout 400 python3 bench/finetune_fmnist.py --build $B --data data --out /tmp/ft --device cuda \
+    --labelled 100,250,1000 --seeds 3 \
     > "$OUT/finetune.log" 2>&1
-  echo "finetune_fmnist rc=$?"; tail -n 12 "$OUT/finetune.log"
+  echo "finetune_fmnist rc=$?"; grep -E "^pretrain|^summary" "$OUT/finetune.log"; tail -n 3 "$OUT/finetune.log"
   mkdir -p "$OUT/finetune" && cp /tmp/ft/*.log /tmp/ft/*.jsonl /tmp/ft/finetune.json "$OUT/finetune/" 2>/dev/null
   cp /tmp/ft/finetune.json /tmp/dpt-summary-finetune.txt 2>/dev/null
 fi
