@@ -673,7 +673,8 @@ void check_seal(const Reader& r, uint64_t size) {
   if (crc != seal.crc32) r.fail("file checksum mismatch: the file is damaged");
 }
 
-uint64_t check_file(const Reader& r) {
+// The file's checks before HDF5 opens it (with `sealed`, the seal's too); returns its size.
+uint64_t check_file(const Reader& r, bool sealed) {
   std::error_code ec;
   auto st = fs::status(r.path, ec);
   if (!fs::exists(st)) r.fail("not found");
@@ -681,11 +682,22 @@ uint64_t check_file(const Reader& r) {
   uint64_t size = fs::file_size(r.path, ec);
   if (ec) r.fail("cannot stat: " + ec.message());
   if (size == 0) r.fail("empty file (not HDF5)");
-  check_seal(r, size);
+  if (sealed) check_seal(r, size);
   htri_t is_h5 = H5Fis_hdf5(r.path.c_str());
   if (is_h5 < 0) r.fail("unreadable (" + hdf5_error_string() + ")");
   if (is_h5 == 0) r.fail("not an HDF5 file (no HDF5 signature; damaged or some other format)");
   return size;
+}
+
+H5Id open_read_only(const Reader& r) {
+  H5Id fapl;
+  try {
+    fapl = file_access_plist();
+  } catch (const Error& e) {
+    r.fail(e.what());
+  }
+  return r.open(H5Fopen(r.path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
+                "cannot open as HDF5: truncated or damaged");
 }
 
 }  // namespace
@@ -695,15 +707,8 @@ void seal_checkpoint(const std::string& path) { write_seal(path); }
 Checkpoint read_checkpoint(const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   Reader r{path};
-  uint64_t size = check_file(r);
-  H5Id fapl;
-  try {
-    fapl = file_access_plist();
-  } catch (const Error& e) {
-    r.fail(e.what());
-  }
-  H5Id file = r.open(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
-                     "cannot open as HDF5: truncated or damaged");
+  const uint64_t size = check_file(r, true);
+  H5Id file = open_read_only(r);
   Checkpoint ck;
   uint32_t stored_crc = read_header(r, file.get(), ck);
   std::vector<std::string> names = dataset_names(r, file.get());
@@ -721,19 +726,8 @@ Checkpoint read_checkpoint(const std::string& path) {
 std::vector<Tensor> read_model_group(const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   Reader r{path};
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) r.fail(fs::exists(path, ec) ? "not a regular file" : "not found");
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec) r.fail("cannot stat: " + ec.message());
-  if (H5Fis_hdf5(path.c_str()) <= 0) r.fail("not an HDF5 file");
-  H5Id fapl;
-  try {
-    fapl = file_access_plist();
-  } catch (const Error& e) {
-    r.fail(e.what());
-  }
-  H5Id file = r.open(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
-                     "cannot open as HDF5: truncated or damaged");
+  const uint64_t size = check_file(r, false);
+  H5Id file = open_read_only(r);
   std::vector<Tensor> out;
   if (H5Lexists(file.get(), "model", H5P_DEFAULT) <= 0) return out;  // the caller names what is missing
   std::vector<std::string> names = dataset_names(r, file.get());
