@@ -71,9 +71,12 @@ Checkpoint read_checkpoint(const std::string& path);
 
 // The tensors under /model of an HDF5 file in the checkpoint layout that dptrain did not write
 // (h5py, scripts/torch_to_h5.py): no seal or root attributes needed, float tensors of any width
-// read as float32, int64 ones as they are; none where the file has no /model group. Throws
-// InputError naming the file and what is wrong.
+// read as float32, int64 ones as they are. Throws InputError naming the file and what is wrong.
 std::vector<Tensor> read_model_group(const std::string& path);
+
+// Whether an HDF5 file has a /model group, nothing else read (throws InputError as
+// read_model_group does for a file HDF5 cannot open).
+bool has_model_group(const std::string& path);
 
 // The `run_id` root attribute alone, without validating the rest of the file: "" when the
 // file has none (older versions) or cannot be read as HDF5.

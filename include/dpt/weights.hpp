@@ -30,7 +30,8 @@ struct Weights {
 Weights read_weights(const std::string& path);
 
 // What path is by its first bytes ("dptrain checkpoint", "HDF5 /model group", "safetensors"),
-// nothing else read; throws InputError as read_weights does for a file it cannot be.
+// and for an HDF5 file whether it has a /model group; no tensor read. Throws InputError as
+// read_weights does for a file it cannot be.
 std::string weights_kind(const std::string& path);
 
 // A safetensors file's tensors from its bytes: an 8-byte little-endian header length N, N bytes

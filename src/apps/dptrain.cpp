@@ -30,11 +30,8 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
   std::string text, err, kind;
   if (log::rank() == 0) {
     try {
-      kind = weights_kind(ckpt);
-      if (kind == "dptrain checkpoint")
-        text = read_checkpoint(ckpt).config;
-      else
-        read_weights(ckpt);  // a file that holds no weights is named before the config is asked for
+      kind = weights_kind(ckpt);  // a file that holds no weights is named before the config is asked for
+      if (kind == "dptrain checkpoint") text = read_checkpoint(ckpt).config;
     } catch (const std::exception& e) {
       err = e.what();
     }

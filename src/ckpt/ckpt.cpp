@@ -728,13 +728,20 @@ std::vector<Tensor> read_model_group(const std::string& path) {
   Reader r{path};
   const uint64_t size = check_file(r, false);
   H5Id file = open_read_only(r);
-  std::vector<Tensor> out;
-  if (H5Lexists(file.get(), "model", H5P_DEFAULT) <= 0) return out;  // the caller names what is missing
   std::vector<std::string> names = dataset_names(r, file.get());
   std::sort(names.begin(), names.end());
+  std::vector<Tensor> out;
   for (const std::string& n : names)
     if (n.rfind("model/", 0) == 0) out.push_back(read_tensor(r, file.get(), n, size));
   return out;
+}
+
+bool has_model_group(const std::string& path) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  Reader r{path};
+  check_file(r, false);
+  H5Id file = open_read_only(r);
+  return H5Lexists(file.get(), "model", H5P_DEFAULT) > 0;
 }
 
 std::string read_checkpoint_run_id(const std::string& path) {

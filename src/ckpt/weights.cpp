@@ -177,7 +177,13 @@ std::string weights_kind(const std::string& path) {
   } else {
     throw InputError("model.init " + path + ": cannot open: " + std::strerror(errno));
   }
-  if (got >= 8 && std::memcmp(head, kHdf5Sig, 8) == 0) return "HDF5 /model group";
+  if (got >= 8 && std::memcmp(head, kHdf5Sig, 8) == 0) {
+    if (!has_model_group(path))
+      throw InputError("model.init " + path +
+                       ": an HDF5 file with no /model group, so no weights (a dataset? the weights "
+                       "file format: docs/formats.md, \"Weights from elsewhere\")");
+    return "HDF5 /model group";
+  }
   if (got == sizeof head && std::memcmp(head + kSealBytes, kHdf5Sig, 8) == 0) return "dptrain checkpoint";
   if (got > 8 && head[8] == '{') return "safetensors";
   throw InputError("model.init " + path +
@@ -190,10 +196,6 @@ Weights read_weights(const std::string& path) {
   w.kind = weights_kind(path);
   if (w.kind == "HDF5 /model group") {
     w.tensors = as_state_dict(read_model_group(path));
-    if (w.tensors.empty())
-      throw InputError("model.init " + path +
-                       ": an HDF5 file with no /model group, so no weights (a dataset? the weights "
-                       "file format: docs/formats.md, \"Weights from elsewhere\")");
   } else if (w.kind == "dptrain checkpoint") {
     Checkpoint ck = read_checkpoint(path);
     std::vector<Tensor> model;

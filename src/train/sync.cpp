@@ -427,11 +427,10 @@ void GradSync::scatter_state(const std::vector<float>& whole, float* state) {
   be_.upload(state, mine.data(), mine.size() * sizeof(float));
 }
 
-// Per bucket, its ranges minus the optimizer's frozen tensors (padding between tensors stays in:
-// zeros), where any of them is frozen; reduce() sends only these while the optimizer holds them.
+// Per bucket where any tensor is frozen, the ranges of its trainable tensors (adjacent ones
+// joined): not the frozen tensors, not the arena's gaps between tensors, which no update reads.
+// reduce() sends only these while the optimizer holds the freeze.
 void GradSync::plan_open_ranges() {
-  // What a step must reduce while the freeze holds: the trainable tensors' elements, nothing else
-  // (not frozen tensors, not the arena's gaps between tensors, which no update reads).
   std::vector<std::pair<size_t, size_t>> trainable;
   bool any_frozen = false;
   for (const TensorSeg& t : opt_.tensors()) {

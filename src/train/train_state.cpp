@@ -228,7 +228,6 @@ void Trainer::load_initial_state() {
   comm_.synchronize();
 }
 
-// Rank 0: model.init's tensors over the seeded model, by name and shape (finetune.hpp).
 // The same model planned for samples of another shape (a checkpoint resumed or evaluated on
 // other data): said in those words before any tensor's shape is.
 void Trainer::check_planned_shape(const std::string& file, const std::vector<int>& layers,
@@ -241,6 +240,7 @@ void Trainer::check_planned_shape(const std::string& file, const std::vector<int
                      (rows_ ? "data.train " + cfg_.train_file : "data.test " + cfg_.test_file) + ")");
 }
 
+// Rank 0: model.init's tensors over the seeded model, by name and shape (finetune.hpp).
 void Trainer::read_init_weights(std::vector<float>& params, std::vector<float>& bn_stats,
                                 std::vector<int64_t>& bn_tracked) {
   HostModelState s;
