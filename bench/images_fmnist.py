@@ -80,6 +80,10 @@ def train(a, name, train_h5, test_h5):
            "--checkpoint.dir", "", "--log.metrics", metrics, "--log.progress", "false"]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
+    if "LD_LIBRARY_PATH" in os.environ:  # cuDNN's copy, where gpu_run.sh puts it first
+        cmd[1:1] = ["-x", "LD_LIBRARY_PATH"]
+    if os.path.exists(metrics) and not a.dry_run:
+        os.remove(metrics)
     if a.device == "cpu":
         cmd += ["--device.type", "cpu", "--train.precision", "fp32"]
     if a.epochs:
@@ -128,6 +132,8 @@ def main():
     if a.dry_run or has_images_command(a):
         pairs["png"] = (os.path.join(a.work, "png-train.h5"), os.path.join(a.work, "png-test.h5"))
         for split, h5 in zip(("train", "test"), pairs["png"]):
+            if os.path.exists(h5) and not a.dry_run:
+                os.remove(h5)
             rc, out, s = run([os.path.join(a.build, "dpdata"), "images", "--folder", os.path.join(png, split), "--out", h5,
                               "--size", "28", "--channels", "1", "--threads", str(a.threads)], a,
                              os.path.join(a.work, f"import-{split}.log"))
