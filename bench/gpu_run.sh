@@ -20,11 +20,11 @@ for lib in libopenblas.so.0 libdnnl.so.2 libOpenCL.so.1; do
 done
 what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sections below (tests, e2e, mps,
 # layouts, bench, epilogues, profile, scaling, multi, cnn, resnet, grid, startup, finetune, scale12, one12,
-# samebits)
+# samebits, images, images_acc; the last five not in all)
 # cuDNN: the version built against (9.19) is PyTorch's copy there; the machine's default is older.
 CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
 [ -d $CUDNN_LIB ] && export LD_LIBRARY_PATH=$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits) || ,$what, == *,$1,* ]]; }
+want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits && $1 != images && $1 != images_acc) || ,$what, == *,$1,* ]]; }
 # EXTRA_ENV="NAME=VALUE ...": variables for dptrain's runs in scale12 (all of them) and one12
 # (bench-step a second time with them, A/B in one call); forwarded to every rank with mpirun -x.
 xenv=()
@@ -472,6 +472,58 @@ if want finetune; then
   echo "finetune_fmnist rc=$?"; grep -E "^pretrain|^summary" "$OUT/finetune.log"; tail -n 3 "$OUT/finetune.log"
   mkdir -p "$OUT/finetune" && cp /tmp/ft/*.log /tmp/ft/*.jsonl /tmp/ft/finetune.json "$OUT/finetune/" 2>/dev/null
   cp /tmp/ft/finetune.json /tmp/dpt-summary-finetune.txt 2>/dev/null
+fi
+if want images; then
+  # Images from files (a call of its own: ~6 minutes on one H200, inside BUDGET seconds, default
+  # 560). IMAGES_N JPEG files (default 50,000; 500x375, ~110 KB, 100 classes) written by
+  # bench/make_image_set.py into /tmp (kept across calls on a warm machine); their import to
+  # 256x256 by `dpdata images --threads $W` timed against torchvision's loader doing the same
+  # work (bench/import_rate.py, page cache warm); ResNet-50 at 224 in bf16, batch 256, trained by
+  # dptrain on the imported file with random_resized_crop,flip and ImageNet's mean and std
+  # (bench/images_r50.ini, 300 steps, samples/s from its metrics), beside bench-step's rate for
+  # the same model on resident data and bench/torch_imagefolder.py (PyTorch's ImageFolder
+  # pipeline alone, feeding the CUDA-graph step, and the step on resident data). W: IMAGES_WORKERS
+  # (default: one per core).
+  deadline=$((SECONDS + ${BUDGET:-560}))
+  IO=$OUT/images; mkdir -p "$IO"
+  N=${IMAGES_N:-50000}; W=${IMAGES_WORKERS:-$(nproc)}; IMG=/tmp/images-$N; H5=/tmp/images-$N-256.h5
+  mp=(mpirun -np 1 -x LD_LIBRARY_PATH)
+  if [ ! -f "$IMG.done" ]; then
+    rm -rf "$IMG"
+    timeout "$(cap 240 300)" python3 bench/make_image_set.py "$IMG" --count "$N" --classes 100 --workers "$W" --seed 1 \
+      > "$IO/make.log" 2>&1; rc=$?
+    echo "make_image_set rc=$rc"; ((rc == 0)) && touch "$IMG.done"
+  fi
+  [ -f "$IO/make.log" ] && tail -n 2 "$IO/make.log" | head -n 1
+  rm -f "$H5"
+  timeout "$(cap 200 200)" python3 bench/import_rate.py --build $B --images "$IMG" --size 256 --workers "$W" --out "$H5" --keep \
+    > "$IO/import-rate.jsonl" 2>&1
+  echo "import_rate rc=$?"; grep -hE '"side": "(dpdata|torchvision|ratio)"' "$IO/import-rate.jsonl" | cut -c1-300
+  if [ -f "$H5" ]; then
+    timeout "$(cap 150 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" \
+      --log.metrics "$IO/dptrain-metrics.jsonl" > "$IO/dptrain.log" 2>&1
+    echo "dptrain rc=$?"; grep -E "done|rror|augment" "$IO/dptrain.log" | tail -n 4
+  else
+    echo "images: $H5 not written (dpdata images failed or missing): dptrain's run skipped"
+  fi
+  timeout "$(cap 100 130)" "${mp[@]}" $B/bench-step --layers "resnet50(classes=100)" --input 3,224,224 --batch 256 \
+    --precision bf16 --warmup 5 --steps 20 > "$IO/bench-step.log" 2>&1
+  echo "bench-step rc=$?"
+  timeout "$(cap 200 5)" python3 bench/torch_imagefolder.py --images "$IMG" --workers "$W" --batch 256 \
+    --steps ${TORCH_STEPS:-100} --arch resnet50 > "$IO/torch.jsonl" 2>&1
+  echo "torch_imagefolder rc=$?"
+  python3 bench/images_summary.py "$IO" | tee /tmp/dpt-summary-images.txt
+fi
+if want images_acc; then
+  # Fashion-MNIST as PNG files (bench/fmnist_png.py) imported by `dpdata images --size 28
+  # --channels 1` and trained by inputs/resnet.ini, beside the same run on the idx import: both
+  # final test accuracies and whether the PNG import's reaches 0.945 (bench/images_fmnist.py).
+  mkdir -p "$OUT/images/fmnist"
+  rm -rf /tmp/images-fmnist && timeout 540 python3 bench/images_fmnist.py --build $B --data .gpu/fashion \
+    --work /tmp/images-fmnist --device cuda --threads "$(nproc)" > "$OUT/images/fmnist.jsonl" 2>&1
+  echo "images_fmnist rc=$?"; cut -c1-300 "$OUT/images/fmnist.jsonl"
+  cp /tmp/images-fmnist/*.log /tmp/images-fmnist/*.jsonl "$OUT/images/fmnist/" 2>/dev/null
+  python3 bench/images_summary.py "$OUT/images" | grep -E "Fashion-MNIST" >> /tmp/dpt-summary-images.txt
 fi
 # The device tool brings back few files: pack everything into one archive, the summaries beside it.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"
