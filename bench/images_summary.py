@@ -55,7 +55,7 @@ def main():
         print(f"files: {m['count']} JPEGs {m['width']}x{m['height']} in {m['classes']} classes, mean {m['mean_kb']} KB "
               f"({m['min_kb']}-{m['max_kb']}), written in {m['seconds']} s")
     imp = {r["side"]: r for r in records(os.path.join(d, "import-rate.jsonl")) if "side" in r}
-    for side in ("dpdata", "torchvision"):
+    for side in ("dpdata", "dpdata-full", "torchvision"):
         r = imp.get(side)
         if r and "images_per_s" in r:
             res[f"import_{side}"] = r["images_per_s"]
@@ -63,8 +63,9 @@ def main():
         elif r:
             print(f"import, {side}: failed (rc {r.get('rc')}): {r.get('tail', '')[-200:]!r}")
     if "ratio" in imp:
-        res["import_ratio"] = imp["ratio"]["dpdata_over_torchvision"]
-        print(f"import ratio dpdata / torchvision: {res['import_ratio']} (page cache warm)")
+        res["import_ratio"] = {k: v for k, v in imp["ratio"].items() if k.endswith("_over_torchvision")}
+        print("import ratios to torchvision (page cache warm): " +
+              ", ".join(f"{k.replace('_over_torchvision', '')} {v}" for k, v in res["import_ratio"].items()))
     rate = steady_rate(os.path.join(d, "dptrain-metrics.jsonl"), a.skip)
     step = [r for r in records(os.path.join(d, "bench-step.log")) if r.get("bench") == "step"]
     torch = {r["part"]: r for r in records(os.path.join(d, "torch.jsonl")) if "part" in r}
