@@ -477,8 +477,8 @@ if want images; then
   # Images from files (a call of its own: ~6 minutes on one H200, inside BUDGET seconds, default
   # 560). IMAGES_N JPEG files (default 50,000; 500x375, ~110 KB, 100 classes) written by
   # bench/make_image_set.py into /tmp (kept across calls on a warm machine); their import to
-  # 256x256 by `dpdata images --threads $W` timed against torchvision's loader doing the same
-  # work (bench/import_rate.py, page cache warm); ResNet-50 at 224 in bf16, batch 256, trained by
+  # 256x256 by `dpdata images --threads $W` (scaled and full JPEG decodes) timed against
+  # torchvision's loader doing the same work (bench/import_rate.py, page cache warm); ResNet-50 at 224 in bf16, batch 256, trained by
   # dptrain on the imported file with random_resized_crop,flip and ImageNet's mean and std
   # (bench/images_r50.ini, 300 steps, samples/s from its metrics), beside bench-step's rate for
   # the same model on resident data and bench/torch_imagefolder.py (PyTorch's ImageFolder
