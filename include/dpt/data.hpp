@@ -31,6 +31,9 @@ struct Dataset {
   // Changes whenever the contents are replaced in place (TrainRows' epoch switch), so a backend
   // holding a copy knows to refresh it; 0 for a dataset that never changes.
   uint64_t version = 0;
+  // Rows that arrive a micro-batch at a time (data.read = stream): a device backend streams
+  // them through its own buffers and never keeps a copy.
+  bool streamed = false;
 
   int64_t rows_in_file() const { return file_rows ? file_rows : n; }
   // x (count, dim) and y (count) get the given rows, converted to float.
@@ -45,6 +48,7 @@ struct DatasetInfo {
   std::string feature_type;  // "uint8" | "float32"
   std::string label_type;    // "int32" | "int64"
   float scale = 1.f, offset = 0.f;
+  std::vector<std::string> class_names;  // the optional root attribute class_names (may be empty)
 };
 
 // Reads and validates the file; throws InputError naming the file, the dataset and what is
@@ -90,6 +94,36 @@ Dataset import_npy(const std::string& features, const std::string& labels, const
 // header has that name) holds integer labels or class names; every other column is a feature.
 Dataset import_csv(const std::string& path, const std::string& label, const ImportOptions& o);
 
+// `dpdata images`: JPEG and PNG photos (an ImageFolder tree, or a CSV of path,label) into
+// N x C x size x size uint8, written row block by row block by one thread while `threads`
+// decode, so the set never has to fit in memory (docs/formats.md, the rules in decisions.md).
+struct ImageImportOptions {
+  std::string folder;               // DIR/<class>/<images>, or
+  std::string csv, root;            // a CSV with header path,label; paths relative to root (default: its folder)
+  std::string out;                  // OUT.h5
+  std::string val_folder, val_out;  // a validation tree of the same classes, or
+  double val_fraction = 0;          // a stratified share of the training files ...
+  uint64_t seed = 1;                // ... chosen by SplitMix64(seed)
+  int size = 256, channels = 3;     // S and C of each row
+  int threads = 0;                  // decoders; 0: one per hardware thread
+  bool strict = false;              // the first bad file is an error (exit 2); else it is skipped and reported
+  bool exif_transpose = false;      // turn JPEGs by their EXIF orientation (torchvision does not)
+  bool full_decode = false;         // no DCT-domain downscaling of JPEGs (torchvision's pixels)
+  std::string report;               // default: out + ".skipped.txt"
+  uint64_t max_pixels = 89478485;   // PIL's Image.MAX_IMAGE_PIXELS
+  bool progress = true;             // a line on stderr every 2 s
+};
+struct ImageImportSummary {
+  std::vector<std::string> classes;
+  int num_classes = 0;
+  int64_t train_rows = 0, val_rows = 0;
+  int64_t files = 0, skipped = 0, ignored = 0;  // files found; not written (of them, ignored: no image extension)
+  int64_t problems = 0;                         // folders reported: empty classes, symlink loops, unreadable
+  std::string report;                           // the report's path: one line per file or folder, path TAB reason
+  double seconds = 0;
+};
+ImageImportSummary import_images(const ImageImportOptions& o);
+
 // ---- data order ----
 // Deterministic 64-bit generator (SplitMix64): the same stream on every platform and rank.
 struct SplitMix64 {
@@ -134,11 +168,17 @@ class TrainRows {
  public:
   TrainRows(const Dataset& whole, const RankOrder& o);
   TrainRows(const std::string& path, const RankOrder& o);
+  // data.read = stream: rows are read a micro-batch at a time, in the order the rank uses them,
+  // by a background thread at most `depth` micro-batches ahead of training (across epoch
+  // boundaries, up to the end of epoch epochs - 1), so host memory holds about depth + 2
+  // micro-batches whatever the file's size.
+  TrainRows(const std::string& path, const RankOrder& o, int depth, int64_t epochs);
   ~TrainRows();
   TrainRows(const TrainRows&) = delete;
   TrainRows& operator=(const TrainRows&) = delete;
 
   bool sharded() const { return whole_ == nullptr; }
+  bool streamed() const { return stream_ != nullptr; }
   const DatasetInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
   int64_t file_rows() const { return info_.n; }
@@ -152,8 +192,16 @@ class TrainRows {
   // index[p] of data(); positions other ranks use hold 0. With read_next, epoch e + 1's rows
   // are read in the background meanwhile.
   std::vector<int64_t> start_epoch(int64_t e, bool read_next = true);
-  // Rows read from the file so far (shard), or the file's rows (all).
-  int64_t rows_read() const { return whole_ ? info_.n : rows_read_; }
+  // Rows read from the file so far (shard, stream), or the file's rows (all).
+  int64_t rows_read() const;
+
+  // stream: micro-batch a of step k of epoch e (batch rows in use order, streamed), waiting for
+  // the reader if it is behind; a request other than the one after the last (a resume, a
+  // restart) starts the reader there. A read error is thrown here. The reference stays valid
+  // until the next call.
+  const Dataset& micro_batch(int64_t e, int64_t k, int a);
+  double waited_s() const;  // stream: seconds micro_batch spent waiting for the reader
+  int depth() const;        // stream: micro-batches read ahead
 
  private:
   struct Pending;
@@ -165,6 +213,8 @@ class TrainRows {
   int64_t cur_epoch_ = -1;
   int64_t rows_read_ = 0;
   std::unique_ptr<Pending> next_;  // the background read of the next epoch, if any
+  struct Stream;
+  std::shared_ptr<Stream> stream_;  // data.read = stream
 
   Dataset read_epoch(int64_t e) const;
   void prefetch(int64_t e);

@@ -3,7 +3,9 @@
 // with the error's code (2 for bad input).
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <utility>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -127,6 +129,64 @@ int cmd_csv(const Args& args) {
   return write_imported(out, dpt::import_csv(file, label, o), notes);
 }
 
+// "3 classes: 0 cat, 1 dog, 2 fox", the first 20 of a longer list.
+void print_classes(const dpt::ImageImportSummary& s) {
+  std::string line;
+  const int shown = std::min(s.num_classes, 20);
+  for (int c = 0; c < shown; ++c)
+    line += (c ? ", " : "") + std::to_string(c) + (s.classes[size_t(c)].empty() ? "" : " " + s.classes[size_t(c)]);
+  if (shown < s.num_classes) line += ", ... (" + std::to_string(s.num_classes - shown) + " more)";
+  std::printf("%d classes: %s\n", s.num_classes, line.c_str());
+}
+
+int cmd_images(const Args& args) {
+  dpt::ImageImportOptions o;
+  po::options_description opts("images options (JPEG and PNG photos to N x C x S x S uint8; docs/formats.md)");
+  opts.add_options()
+      ("folder", po::value(&o.folder), "image folder: DIR/<class>/<image>, as torchvision's ImageFolder")
+      ("csv", po::value(&o.csv), "or a CSV file with the header path,label (a class name or index)")
+      ("root", po::value(&o.root), "folder the CSV's paths are relative to (default: the CSV's folder)")
+      ("out", po::value(&o.out)->required(), "output HDF5 file")
+      ("size", po::value(&o.size)->default_value(256), "S: shorter side resized to S, then the center S x S")
+      ("channels", po::value(&o.channels)->default_value(3), "3 (RGB) or 1 (gray, PIL's 'L')")
+      ("val-fraction", po::value(&o.val_fraction), "a stratified share of each class into --val-out")
+      ("seed", po::value(&o.seed)->default_value(1), "seed of the --val-fraction choice")
+      ("val-folder", po::value(&o.val_folder), "a validation folder of the same classes, into --val-out")
+      ("val-out", po::value(&o.val_out), "validation HDF5 file")
+      ("threads", po::value(&o.threads)->default_value(0), "decoding threads (0: one per core)")
+      ("strict", po::bool_switch(&o.strict), "stop at the first bad file (exit 2) instead of skipping it")
+      ("report", po::value(&o.report), "where skipped files are listed (default: OUT.skipped.txt)")
+      ("max-pixels", po::value(&o.max_pixels)->default_value(89478485),
+       "refuse images with more pixels, from their header (PIL's limit)")
+      ("exif-transpose", po::bool_switch(&o.exif_transpose),
+       "turn JPEGs by their EXIF orientation (PIL's exif_transpose; torchvision does not)")
+      ("full-decode", po::bool_switch(&o.full_decode),
+       "decode JPEGs at full size, as PIL does (slower; without it libjpeg downscales by M/8)");
+  po::variables_map vm;
+  if (!parse("dpdata images (--folder DIR | --csv FILE [--root DIR]) --out OUT.h5 [--size S] [--channels 3|1] "
+             "[--val-fraction F --val-out VAL.h5 [--seed N] | --val-folder DIR --val-out VAL.h5] [--threads N] "
+             "[--strict] [--report FILE] [--max-pixels N] [--exif-transpose] [--full-decode]",
+             opts, args, vm))
+    return 0;
+  std::vector<std::string> inputs{o.csv};
+  check_not_an_input(o.out, inputs);
+  const dpt::ImageImportSummary s = dpt::import_images(o);
+  print_classes(s);
+  for (const auto& [path, rows] : {std::pair{o.out, s.train_rows}, std::pair{o.val_out, s.val_rows}}) {
+    if (path.empty()) continue;
+    dpt::probe_dataset(path);
+    std::printf("wrote %s: %lld rows x %d x %d x %d (uint8), %d classes\n", path.c_str(), (long long)rows,
+                o.channels, o.size, o.size, s.num_classes);
+  }
+  std::printf("images: %lld in %.1f s, %.0f img/s\n", (long long)(s.train_rows + s.val_rows), s.seconds,
+              double(s.train_rows + s.val_rows) / std::max(s.seconds, 1e-9));
+  if (s.skipped > 0 || s.problems > 0)
+    std::printf("skipped %lld of %lld files%s: see %s\n", (long long)s.skipped, (long long)s.files,
+                s.problems ? (" and reported " + std::to_string(s.problems) + " folder(s)").c_str() : "",
+                s.report.c_str());
+  return 0;
+}
+
 int cmd_fashion_mnist(const Args& args) {
   std::string dir, out_dir;
   po::options_description opts("fashion-mnist options");
@@ -215,14 +275,16 @@ bool parse_file(const char* usage, const Args& args, std::string& file) {
   return parse(usage, opts, args, vm, pos);
 }
 
+// One line per class (the first 100): index, rows, share, and its name when the file has class_names.
 void print_histogram(const dpt::Dataset& ds) {
   std::vector<int64_t> count(size_t(ds.num_classes), 0);
   for (int32_t y : ds.labels) ++count[size_t(y)];
   const int shown = std::min(ds.num_classes, 100);
-  std::printf("%8s %12s %9s\n", "class", "rows", "fraction");
+  std::printf("%8s %12s %9s%s\n", "class", "rows", "fraction", ds.class_names.empty() ? "" : "  name");
   for (int c = 0; c < shown; ++c)
-    std::printf("%8d %12lld %8.2f%%\n", c, (long long)count[size_t(c)],
-                100.0 * double(count[size_t(c)]) / double(ds.n));
+    std::printf("%8d %12lld %8.2f%%%s%s\n", c, (long long)count[size_t(c)],
+                100.0 * double(count[size_t(c)]) / double(ds.n), size_t(c) < ds.class_names.size() ? "  " : "",
+                size_t(c) < ds.class_names.size() ? ds.class_names[size_t(c)].c_str() : "");
   if (shown < ds.num_classes) std::printf("  (%d more classes not shown)\n", ds.num_classes - shown);
 }
 
@@ -269,6 +331,8 @@ const Command kCommands[] = {
      cmd_fashion_mnist},
     {"npy", "import a NumPy pair: FEATURES.npy LABELS.npy OUT.h5 [--num-classes K]", cmd_npy},
     {"csv", "import a CSV file with a header row: FILE.csv OUT.h5 --label COLUMN", cmd_csv},
+    {"images", "import JPEG/PNG photos: --folder DIR (ImageFolder) or --csv FILE, --out OUT.h5 [--size 256]",
+     cmd_images},
     {"synth", "generate a synthetic dataset: odd-even (bit parity) or blobs", cmd_synth},
     {"info", "print rows, shape, types, scale/offset, class histogram of FILE", cmd_info},
     {"validate", "exit 0 if FILE loads, else print why and exit 2", cmd_validate},

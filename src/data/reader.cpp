@@ -79,6 +79,7 @@ Dataset empty_like(const std::string& path, const DatasetInfo& info) {
   ds.dim = info.dim;
   ds.sample_shape = info.sample_shape;
   ds.num_classes = info.num_classes;
+  ds.class_names = info.class_names;
   ds.is_u8 = info.feature_type == "uint8";
   ds.scale = info.scale;
   ds.offset = info.offset;
@@ -149,6 +150,10 @@ void read_sorted_rows(const std::string& path, const Opened& o, const std::vecto
 
 Dataset load_rows(const std::string& path, const std::vector<int64_t>& rows) {
   Opened o = open_checked(path, /*whole=*/false);
+  return read_rows(path, o, rows);
+}
+
+Dataset data_internal::read_rows(const std::string& path, const Opened& o, const std::vector<int64_t>& rows) {
   for (int64_t r : rows)
     if (r < 0 || r >= o.info.n)
       throw Error("load_rows: row " + std::to_string(r) + " outside [0, " + std::to_string(o.info.n) +

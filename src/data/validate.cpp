@@ -265,6 +265,45 @@ int read_num_classes(const std::string& path, hid_t file) {
   return check_num_classes("dataset file '" + path + "': root attribute 'num_classes'", v);
 }
 
+// The optional root attribute class_names: a 1-D array of strings (variable-length as h5py
+// writes a list of str, or fixed-length as it writes numpy bytes), at most num_classes of them.
+std::vector<std::string> read_class_names(const std::string& path, hid_t file, int num_classes) {
+  std::vector<std::string> names;
+  if (H5Aexists(file, "class_names") <= 0) return names;
+  const std::string n = "root attribute 'class_names'";
+  Hid a(H5Aopen(file, "class_names", H5P_DEFAULT), H5Aclose);
+  Hid t(a.ok() ? H5Aget_type(a.get()) : H5I_INVALID_HID, H5Tclose);
+  Hid s(a.ok() ? H5Aget_space(a.get()) : H5I_INVALID_HID, H5Sclose);
+  if (!t.ok() || !s.ok()) bad(path, n + ": unreadable");
+  if (H5Tget_class(t.get()) != H5T_STRING) bad(path, n + ": is " + type_name(t.get()) + ", not strings");
+  if (H5Sget_simple_extent_ndims(s.get()) != 1) bad(path, n + ": must be a 1-D list of names");
+  const hssize_t count = H5Sget_simple_extent_npoints(s.get());
+  if (count < 0 || count > num_classes)
+    bad(path, n + ": holds " + std::to_string(count) + " names for " + std::to_string(num_classes) + " classes");
+  const htri_t vlen = H5Tis_variable_str(t.get());
+  Hid mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  if (vlen < 0 || !mem.ok() || H5Tset_cset(mem.get(), H5Tget_cset(t.get())) < 0) bad(path, n + ": unreadable type");
+  if (vlen) {
+    std::vector<char*> ptrs(size_t(count), nullptr);
+    if (H5Tset_size(mem.get(), H5T_VARIABLE) < 0 || H5Aread(a.get(), mem.get(), ptrs.data()) < 0)
+      bad(path, n + ": unreadable: " + hdf5_error_string());
+    for (char* p : ptrs) names.emplace_back(p ? p : "");
+    Hid space(H5Screate_simple(1, std::vector<hsize_t>{hsize_t(count)}.data(), nullptr), H5Sclose);
+    H5Dvlen_reclaim(mem.get(), space.get(), H5P_DEFAULT, ptrs.data());
+    return names;
+  }
+  const size_t size = H5Tget_size(t.get());
+  if (size == 0 || size > 4096) bad(path, n + ": names of " + std::to_string(size) + " bytes");
+  std::vector<char> buf(size_t(count) * size);
+  if (H5Tset_size(mem.get(), size) < 0 || H5Tset_strpad(mem.get(), H5T_STR_NULLPAD) < 0 || H5Aread(a.get(), mem.get(), buf.data()) < 0)
+    bad(path, n + ": unreadable: " + hdf5_error_string());
+  for (hssize_t i = 0; i < count; ++i) {
+    const char* p = &buf[size_t(i) * size];
+    names.emplace_back(p, strnlen(p, size));
+  }
+  return names;
+}
+
 // Checks /features: type, rank >= 2, sizes, storage; fills the feature half of `info`. The
 // memory limit applies to the whole dataset only when all of it is to be read (`whole`).
 void check_features(const std::string& path, hid_t file, hid_t dset, DatasetInfo& info,
@@ -371,6 +410,7 @@ Opened open_checked(const std::string& path, bool whole) {
   check_features(path, o.file.get(), o.features.get(), o.info, whole);
   check_labels(path, o.file.get(), o.labels.get(), o.info);
   o.info.num_classes = read_num_classes(path, o.file.get());
+  o.info.class_names = read_class_names(path, o.file.get(), o.info.num_classes);
   return o;
 }
 

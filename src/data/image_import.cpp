@@ -1,0 +1,422 @@
+// dpdata images: file lists (image_list.cpp) decoded by a pool of threads (image_decode.cpp,
+// image_pixels.cpp) into rows that one thread writes, in sample order, to a temporary HDF5 file
+// renamed into place at the end. HDF5 serialises its calls behind one global lock, so only the
+// writer thread calls it; decoders run ahead of it by at most a window of rows, which bounds
+// memory whatever the set's size.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "dpt/check.hpp"
+#include "image_decode.hpp"
+#include "image_list.hpp"
+#include "internal.hpp"
+
+namespace dpt {
+using namespace data_internal;
+using namespace image;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------- the output file
+
+Hid made(hid_t id, Hid::Closer close, const std::string& path, const char* what) {
+  if (id < 0) throw Error("writing '" + path + "': " + what + ": " + hdf5_error_string());
+  return Hid(id, close);
+}
+
+// N × C × S × S uint8 in chunks of whole rows (one image, or as many as fit 64 KiB when images
+// are small), grown as rows arrive; labels and attributes at the end. Until commit() the file is
+// OUT.tmp.<pid>, removed if the object dies first.
+class ImageFile {
+ public:
+  ImageFile(const std::string& out, int c, int s) : out_(out), tmp_(out + ".tmp." + std::to_string(getpid())) {
+    row_ = hsize_t(c) * hsize_t(s) * hsize_t(s);
+    quiet_hdf5();
+    file_ = Hid(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    if (!file_.ok())
+      throw InputError("cannot create '" + tmp_ + "' (does the folder exist and is it writable?): " +
+                       hdf5_error_string());
+    const hsize_t dims[4] = {0, hsize_t(c), hsize_t(s), hsize_t(s)};
+    const hsize_t max[4] = {H5S_UNLIMITED, dims[1], dims[2], dims[3]};
+    const hsize_t chunk[4] = {std::max<hsize_t>(1, (hsize_t(1) << 16) / row_), dims[1], dims[2], dims[3]};
+    Hid space = made(H5Screate_simple(4, dims, max), H5Sclose, out_, "features space");
+    Hid dcpl = made(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, out_, "properties");
+    if (H5Pset_chunk(dcpl.get(), 4, chunk) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0)
+      throw Error("writing '" + out_ + "': chunk properties: " + hdf5_error_string());
+    feat_ = made(H5Dcreate2(file_.get(), "features", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                 H5Dclose, out_, "/features");
+    dims_[1] = dims[1];
+    dims_[2] = dims[2];
+    dims_[3] = dims[3];
+  }
+  ImageFile(const ImageFile&) = delete;
+  ImageFile& operator=(const ImageFile&) = delete;
+  ~ImageFile() {
+    if (committed_) return;
+    feat_.reset();
+    file_.reset();
+    std::remove(tmp_.c_str());
+  }
+
+  int64_t rows() const { return int64_t(dims_[0]); }
+
+  void append(const uint8_t* rows, hsize_t count) {
+    const hsize_t start[4] = {dims_[0], 0, 0, 0}, size[4] = {count, dims_[1], dims_[2], dims_[3]};
+    dims_[0] += count;
+    if (H5Dset_extent(feat_.get(), dims_) < 0) throw Error("writing '" + out_ + "': extend /features: " + hdf5_error_string());
+    Hid fspace = made(H5Dget_space(feat_.get()), H5Sclose, out_, "features space");
+    Hid mspace = made(H5Screate_simple(4, size, nullptr), H5Sclose, out_, "memory space");
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, size, nullptr) < 0 ||
+        H5Dwrite(feat_.get(), H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, rows) < 0)
+      throw Error("writing '" + out_ + "': /features rows: " + hdf5_error_string());
+  }
+
+  // Labels, attributes, flush and fsync: after this the file is whole under its temporary name.
+  void finish(const std::vector<int32_t>& labels, int num_classes, const std::vector<std::string>& names) {
+    const float scale = 1.f / 255.f, offset = 0.f;
+    scalar_attr(feat_.get(), "scale", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &scale);
+    scalar_attr(feat_.get(), "offset", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &offset);
+    const hsize_t n = labels.size();
+    Hid lspace = made(H5Screate_simple(1, &n, nullptr), H5Sclose, out_, "labels space");
+    Hid lab = made(H5Dcreate2(file_.get(), "labels", H5T_STD_I32LE, lspace.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                   H5Dclose, out_, "/labels");
+    if (H5Dwrite(lab.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data()) < 0)
+      throw Error("writing '" + out_ + "': /labels: " + hdf5_error_string());
+    const int32_t nc = num_classes;
+    scalar_attr(file_.get(), "num_classes", H5T_STD_I32LE, H5T_NATIVE_INT32, &nc);
+    if (!names.empty()) class_names(names);
+    lab.reset();
+    feat_.reset();
+    if (H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0 || file_.close() < 0)
+      throw Error("writing '" + out_ + "': flush: " + hdf5_error_string());
+    const int fd = ::open(tmp_.c_str(), O_RDONLY);
+    const bool synced = fd >= 0 && fsync(fd) == 0;
+    if (fd >= 0) ::close(fd);
+    if (!synced) throw Error("writing '" + out_ + "': fsync: " + std::strerror(errno));
+  }
+
+  void commit() {
+    if (std::rename(tmp_.c_str(), out_.c_str()) != 0)
+      throw Error("writing '" + out_ + "': rename from " + tmp_ + ": " + std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string out_, tmp_;
+  hsize_t row_ = 0, dims_[4] = {0, 0, 0, 0};
+  Hid file_, feat_;
+  bool committed_ = false;
+
+  void scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* v) {
+    Hid space = made(H5Screate(H5S_SCALAR), H5Sclose, out_, name);
+    Hid a = made(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, out_, name);
+    if (H5Awrite(a.get(), mem_type, v) < 0) throw Error("writing '" + out_ + "': attribute " + name);
+  }
+
+  // Variable-length UTF-8 strings, as writer.cpp writes them (h5py reads a list of str).
+  void class_names(const std::vector<std::string>& names) {
+    std::vector<const char*> ptrs;
+    for (const std::string& s : names) ptrs.push_back(s.c_str());
+    const hsize_t count = ptrs.size();
+    Hid type = made(H5Tcopy(H5T_C_S1), H5Tclose, out_, "class_names type");
+    if (H5Tset_size(type.get(), H5T_VARIABLE) < 0 || H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0)
+      throw Error("writing '" + out_ + "': class_names type");
+    Hid space = made(H5Screate_simple(1, &count, nullptr), H5Sclose, out_, "class_names space");
+    Hid a = made(H5Acreate2(file_.get(), "class_names", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                 out_, "class_names");
+    if (H5Awrite(a.get(), type.get(), ptrs.data()) < 0) throw Error("writing '" + out_ + "': attribute class_names");
+  }
+};
+
+// ---------------------------------------------------------------- interruption
+
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_interrupt(int) { g_interrupted = 1; }
+
+// SIGINT and SIGTERM stop the import between rows (the temporary files are then removed); the
+// previous handlers come back when it ends.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    g_interrupted = 0;
+    int_ = std::signal(SIGINT, on_interrupt);
+    term_ = std::signal(SIGTERM, on_interrupt);
+  }
+  ~InterruptGuard() {
+    std::signal(SIGINT, int_);
+    std::signal(SIGTERM, term_);
+  }
+
+ private:
+  void (*int_)(int);
+  void (*term_)(int);
+};
+
+void check_interrupt() {
+  if (g_interrupted) throw Error("interrupted: no output written", 128 + SIGINT);
+}
+
+// ---------------------------------------------------------------- progress
+
+class Progress {
+ public:
+  Progress(int64_t total, bool on) : total_(total), on_(on), t0_(Clock::now()), last_(t0_) {}
+  void tick() {
+    ++done_;
+    const auto now = Clock::now();
+    if (!on_ || now - last_ < std::chrono::seconds(2)) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - t0_).count(), rate = double(done_) / s;
+    std::fprintf(stderr, "images: %lld/%lld (%d%%) %.0f img/s, ETA %.0f s\n", (long long)done_, (long long)total_,
+                 int(100 * done_ / std::max<int64_t>(total_, 1)), rate, double(total_ - done_) / rate);
+  }
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+
+ private:
+  int64_t total_, done_ = 0;
+  bool on_;
+  Clock::time_point t0_, last_;
+};
+
+// ---------------------------------------------------------------- decoding pool
+
+struct Slot {
+  std::vector<uint8_t> row;
+  std::string why;  // non-empty: the file is skipped, for this reason
+  bool ready = false;
+};
+
+// Decoders take sample indices in order and may run at most `window` rows ahead of the writer,
+// which takes finished rows in sample order: the output does not depend on the thread count.
+class DecodePool {
+ public:
+  DecodePool(const std::vector<Sample>& samples, const ImageImportOptions& o, int threads)
+      : samples_(samples), o_(o), window_(size_t(threads) * 4 + 16), slots_(window_) {
+    for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
+  }
+  ~DecodePool() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // Row i's result, waiting for it; frees its place for a later row.
+  Slot take(size_t i) {
+    std::unique_lock<std::mutex> lk(m_);
+    Slot& s = slots_[i % window_];
+    while (!s.ready) {
+      done_.wait_for(lk, std::chrono::milliseconds(200));
+      check_interrupt();
+    }
+    Slot out = std::move(s);
+    s = Slot();
+    base_ = i + 1;
+    lk.unlock();
+    wake_.notify_all();
+    return out;
+  }
+
+ private:
+  const std::vector<Sample>& samples_;
+  const ImageImportOptions& o_;
+  size_t window_;
+  std::vector<Slot> slots_;
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  size_t next_ = 0, base_ = 0;
+  bool stop_ = false;
+
+  void work() {
+    for (;;) {
+      size_t i;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        wake_.wait(lk, [&] { return stop_ || next_ >= samples_.size() || next_ < base_ + window_; });
+        if (stop_ || next_ >= samples_.size()) return;
+        i = next_++;
+      }
+      Slot s;
+      decode_row(samples_[i].path, s);
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        s.ready = true;
+        slots_[i % window_] = std::move(s);
+      }
+      done_.notify_one();
+    }
+  }
+
+  void decode_row(const std::string& path, Slot& s) const {
+    try {
+      DecodeOptions d;
+      d.min_short = o_.full_decode ? 0 : o_.size;
+      d.exif_transpose = o_.exif_transpose;
+      d.max_pixels = o_.max_pixels;
+      Image img;
+      s.why = decode_file(path, d, img);
+      if (!s.why.empty()) return;
+      if (o_.channels == 1) img = to_gray(img);
+      const size_t plane = size_t(o_.size) * size_t(o_.size);
+      s.row.resize(plane * size_t(o_.channels));
+      resize_crop_chw(img, o_.size, s.row.data());
+      if (o_.channels == 3 && img.c == 1)  // gray to RGB: every channel the gray (PIL's convert('RGB'))
+        for (int ch = 1; ch < 3; ++ch) std::memcpy(&s.row[plane * size_t(ch)], s.row.data(), plane);
+    } catch (const std::exception& e) {
+      s.why = std::string("cannot decode: ") + e.what();
+    }
+  }
+};
+
+struct Output {
+  std::vector<Sample> samples;
+  std::string path;
+  int64_t rows = 0;
+};
+
+// Decodes and writes one output's samples; skipped files are appended to `skipped`.
+void write_output(Output& out, const ImageImportOptions& o, int threads, int num_classes,
+                  const std::vector<std::string>& names, std::vector<Skip>& skipped, Progress& progress,
+                  ImageFile& file) {
+  const size_t row = size_t(o.channels) * size_t(o.size) * size_t(o.size);
+  const size_t block_rows = std::max<size_t>(1, (size_t(8) << 20) / row);  // about 8 MiB a write
+  std::vector<uint8_t> block;
+  block.reserve(block_rows * row);
+  std::vector<int32_t> labels;
+  DecodePool pool(out.samples, o, threads);
+  for (size_t i = 0; i < out.samples.size(); ++i) {
+    check_interrupt();
+    Slot s = pool.take(i);
+    progress.tick();
+    if (!s.why.empty()) {
+      if (o.strict) throw InputError("'" + printable(out.samples[i].path) + "': " + s.why + " (--strict)");
+      skipped.push_back({out.samples[i].path, s.why});
+      continue;
+    }
+    block.insert(block.end(), s.row.begin(), s.row.end());
+    labels.push_back(out.samples[i].label);
+    if (block.size() == block_rows * row) {
+      file.append(block.data(), block_rows);
+      block.clear();
+    }
+  }
+  if (!block.empty()) file.append(block.data(), block.size() / row);
+  out.rows = int64_t(labels.size());
+  if (out.rows > 0) file.finish(labels, num_classes, names);
+}
+
+void check_options(const ImageImportOptions& o) {
+  if (o.folder.empty() == o.csv.empty()) throw InputError("give one of --folder DIR or --csv FILE");
+  if (!o.root.empty() && o.csv.empty()) throw InputError("--root goes with --csv");
+  if (o.out.empty()) throw InputError("--out OUT.h5 is required");
+  if (o.size < 1 || o.size > 8192) throw InputError("--size " + std::to_string(o.size) + " is outside [1, 8192]");
+  if (o.channels != 1 && o.channels != 3) throw InputError("--channels must be 3 (RGB) or 1 (gray)");
+  if (o.threads < 0 || o.threads > 1024) throw InputError("--threads must be in [0, 1024] (0: one per core)");
+  if (o.max_pixels < 1) throw InputError("--max-pixels must be at least 1");
+  const bool frac = o.val_fraction != 0, vfold = !o.val_folder.empty();
+  if (frac && vfold) throw InputError("give --val-fraction or --val-folder, not both");
+  if (frac && !(o.val_fraction > 0 && o.val_fraction < 1))
+    throw InputError("--val-fraction must be in (0, 1), e.g. 0.1");
+  if ((frac || vfold) != !o.val_out.empty())
+    throw InputError(o.val_out.empty() ? "--val-fraction and --val-folder need --val-out VAL.h5"
+                                       : "--val-out needs --val-fraction F or --val-folder DIR");
+  if (!o.val_out.empty() && o.val_out == o.out) throw InputError("--val-out and --out name the same file");
+}
+
+// The validation tree must hold the training tree's classes, no more, no fewer: a class index
+// means the same class in both files.
+void check_same_classes(const std::vector<std::string>& train, const std::vector<std::string>& val,
+                        const std::string& val_folder) {
+  const std::set<std::string> a(train.begin(), train.end()), b(val.begin(), val.end());
+  std::string missing, extra;
+  for (const std::string& c : a)
+    if (!b.count(c)) missing += (missing.empty() ? "'" : ", '") + c + "'";
+  for (const std::string& c : b)
+    if (!a.count(c)) extra += (extra.empty() ? "'" : ", '") + c + "'";
+  if (missing.empty() && extra.empty()) return;
+  std::string msg = "--val-folder '" + printable(val_folder) + "' has other classes than --folder:";
+  if (!missing.empty()) msg += " missing " + missing;
+  if (!extra.empty()) msg += std::string(missing.empty() ? "" : ";") + " extra " + extra;
+  throw InputError(msg + " (class indices would differ between the files)");
+}
+
+void write_report(const std::string& path, const std::vector<Skip>& skipped) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  for (const Skip& s : skipped) f << printable(s.path) << '\t' << s.reason << '\n';
+  if (!f) throw Error("cannot write the report '" + path + "'");
+}
+
+}  // namespace
+
+ImageImportSummary import_images(const ImageImportOptions& o) {
+  check_options(o);
+  Listing all = o.folder.empty() ? list_csv(o.csv, o.root) : list_folder(o.folder);
+  ImageImportSummary sum;
+  sum.classes = all.classes;
+  sum.num_classes = int(all.classes.size());
+  const bool named = std::any_of(all.classes.begin(), all.classes.end(), [](auto& c) { return !c.empty(); });
+  const std::vector<std::string> names = named ? all.classes : std::vector<std::string>();
+  Output train{{}, o.out}, val{{}, o.val_out};
+  if (!o.val_folder.empty()) {
+    Listing v = list_folder(o.val_folder);
+    check_same_classes(all.classes, v.classes, o.val_folder);
+    val.samples = std::move(v.samples);
+    all.skipped.insert(all.skipped.end(), v.skipped.begin(), v.skipped.end());
+    train.samples = std::move(all.samples);
+  } else if (o.val_fraction > 0) {
+    split_val(all.samples, sum.num_classes, o.val_fraction, o.seed, train.samples, val.samples);
+  } else {
+    train.samples = std::move(all.samples);
+  }
+  std::vector<Skip>& skipped = all.skipped;
+  for (const Skip& s : skipped)
+    if (o.strict && !s.ignored) throw InputError("'" + printable(s.path) + "': " + s.reason + " (--strict)");
+  const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  sum.files = int64_t(train.samples.size() + val.samples.size());
+  const size_t listed_skips = skipped.size();
+  InterruptGuard guard;
+  Progress progress(sum.files, o.progress);
+  ImageFile train_file(o.out, o.channels, o.size);
+  std::unique_ptr<ImageFile> val_file;
+  if (!o.val_out.empty()) val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size);
+  write_output(train, o, threads, sum.num_classes, names, skipped, progress, train_file);
+  if (val_file) write_output(val, o, threads, sum.num_classes, names, skipped, progress, *val_file);
+  sum.report = o.report.empty() ? o.out + ".skipped.txt" : o.report;
+  write_report(sum.report, skipped);
+  for (const Skip& s : skipped) sum.ignored += s.ignored;
+  sum.skipped = int64_t(skipped.size() - listed_skips) + sum.ignored;  // files not written
+  sum.problems = int64_t(listed_skips) - sum.ignored;                   // folders: empty, looping, unreadable
+  sum.files += sum.ignored;
+  if (train.rows == 0)
+    throw InputError("no image could be read for '" + o.out + "' (" + std::to_string(train.samples.size()) +
+                     " image files listed; reasons in " + sum.report + "); nothing written");
+  if (val_file && val.rows == 0)
+    throw InputError("no image could be read for --val-out '" + o.val_out + "' (" +
+                     std::to_string(val.samples.size()) + " image files; reasons in " + sum.report +
+                     "); nothing written");
+  train_file.commit();
+  if (val_file) val_file->commit();
+  sum.train_rows = train.rows;
+  sum.val_rows = val.rows;
+  sum.seconds = progress.seconds();
+  return sum;
+}
+
+}  // namespace dpt
