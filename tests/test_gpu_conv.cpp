@@ -353,6 +353,33 @@ TEST(CudaConv, ActivationsLayoutDropoutAugment) {
   auto gout = poisoned(*g, img.size());
   g->augment(gimg.data(), gout.data(), ab, ac, ah, aw, pad, gdraws.data(), gctl.data(), 3);
   EXPECT_EQ(get(*g, gout), out);
+
+  // Resized crops: random_resized_crop's windows (shrunk and enlarged, flipped) at ctl->cursor +
+  // offset, and a fixed center window, normalised; the same float operations in the same order
+  // as the CPU's reference, so the same bits.
+  const int rb = 9, rc = 3, rh = 40, rw = 52;
+  const std::vector<float> rimg = uniform(size_t(rb) * rc * rh * rw, 79);
+  ImageTransform t = parse_transform("random_resized_crop,flip", 24, "0.08,1", "0.75,1.3333333333333333", 0.875,
+                                     "0.4,0.5,0.6", "0.2,0.25,0.3");
+  std::vector<int64_t> windows(64);
+  for (size_t i = 0; i < windows.size(); ++i) windows[i] = window_draw(t, rh, rw, 1, 2, int64_t(i) * 5);
+  windows[8] = pack_window(1, 2, 39, 50, true);  // sample 0 (cursor 5 + offset 3): near-whole, flipped
+  const std::vector<float> norm = {0.4f, 0.5f, 0.6f, 0.2f, 0.25f, 0.3f};
+  auto grimg = put(*g, rimg);
+  auto gwin = put(*g, windows);
+  auto gnorm = put(*g, norm);
+  for (const int side : {24, 64}) {  // shrinking and enlarging
+    const size_t n_out = size_t(rb) * rc * side * side;
+    std::vector<float> rout(n_out);
+    cpu->resized_crop(rimg.data(), rout.data(), rb, rc, rh, rw, side, side, windows.data(), &ctl, 3, 0, norm.data());
+    auto grout = poisoned(*g, n_out);
+    g->resized_crop(grimg.data(), grout.data(), rb, rc, rh, rw, side, side, gwin.data(), gctl.data(), 3, 0, gnorm.data());
+    EXPECT_EQ(get(*g, grout), rout) << "random windows to " << side;
+    const int64_t center = center_window(t, rh, rw);
+    cpu->resized_crop(rimg.data(), rout.data(), rb, rc, rh, rw, side, side, nullptr, nullptr, 0, center, nullptr);
+    g->resized_crop(grimg.data(), grout.data(), rb, rc, rh, rw, side, side, nullptr, nullptr, 0, center, nullptr);
+    EXPECT_EQ(get(*g, grout), rout) << "center window to " << side;
+  }
 }
 
 // conv_cols times both paths on scratch buffers for a shape (conv_tuning = time) and keeps the

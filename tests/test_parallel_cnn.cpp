@@ -81,6 +81,44 @@ TEST(CnnDataParallel, RankCountsAndAccumulationAgree) {
   EXPECT_GT(max_rel_diff(train_on(1, d, &small_images()).params, one.params), 100 * kParamTol) << "no dropout";
 }
 
+// random_resized_crop (windows drawn per file row and epoch, resized to 5x5, flipped) with
+// per-channel normalisation: 1, 2 and 4 ranks agree; a resume mid-epoch continues bitwise; the
+// windows matter (center crops alone train far from it).
+TEST(CnnResizedCrops, RankCountsAgreeAndResumeIsBitwise) {
+  ASSERT_GE(world_size(), 4);
+  Config c = cnn_config();
+  c.augment = "random_resized_crop,flip";
+  c.crop_size = 5;
+  c.crop_scale = "0.3,1";
+  c.mean = "0.1,0.2";
+  c.std = "0.5,0.6";
+  c.batch_per_rank = 24;
+  const Outcome one = train_on(1, c, &small_images());
+  for (int n : {2, 4}) {
+    c.batch_per_rank = 24 / n;
+    expect_same_run(train_on(n, c, &small_images()), one, std::to_string(n) + " ranks vs 1, resized crops");
+  }
+  c.batch_per_rank = 12;
+  c.ckpt_every = 7;
+  c.ckpt_keep = 0;
+  c.ckpt_dir = temp_dir("rrc-resume-a");
+  const Outcome full = train_on(2, c, &small_images());
+  std::string mid;
+  if (world_rank() == 0) mid = checkpoint_path(c.ckpt_dir, 21);
+  bcast_string(MPI_COMM_WORLD, mid);
+  Config resumed = c;
+  resumed.resume = mid;
+  resumed.ckpt_dir = temp_dir("rrc-resume-b");
+  const Outcome rest = train_on(2, resumed, &small_images());
+  ASSERT_EQ(rest.params.size(), full.params.size());
+  EXPECT_EQ(0, std::memcmp(rest.params.data(), full.params.data(), full.params.size() * sizeof(float)));
+  Config d = c;
+  d.augment = "none";
+  d.ckpt_dir = "";
+  EXPECT_GT(max_rel_diff(train_on(2, d, &small_images()).params, full.params), 100 * kParamTol) << "center crops";
+  remove_dirs({"rrc-resume-a", "rrc-resume-b"});
+}
+
 TEST(CnnResume, BitwiseOnTheSameRanksAndCloseOnOthers) {
   Config c = cnn_config();
   c.batch_per_rank = 12;
@@ -119,8 +157,8 @@ TEST(CnnResume, BitwiseOnTheSameRanksAndCloseOnOthers) {
   remove_dirs({"cnn-resume-a", "cnn-resume-b", "cnn-resume-c4", "cnn-resume-c1"});
 }
 
-// data.read = shard: the rows and the augmentation draws (keyed by file row) are those of the
-// whole file; evaluation (dropout off) on this rank's test rows.
+// data.read = shard and stream: the rows and the augmentation draws (keyed by file row) are
+// those of the whole file; evaluation (dropout off) on this rank's test rows.
 TEST(CnnDataRead, ShardTrainsBitwiseLikeTheWholeFile) {
   const std::string dir = temp_dir("cnn-shard");
   const std::string train = dir + "/train.h5", test = dir + "/test.h5";
@@ -137,10 +175,11 @@ TEST(CnnDataRead, ShardTrainsBitwiseLikeTheWholeFile) {
   c.test_file = test;
   c.batch_per_rank = 5;
   c.accumulate = 2;
-  Outcome out[2];
-  double eval[2][2] = {};
-  for (int shard = 0; shard < 2; ++shard) {
-    c.data_read = shard ? "shard" : "all";
+  Outcome out[3];
+  double eval[3][2] = {};
+  for (int shard = 0; shard < 3; ++shard) {
+    c.data_read = shard == 2 ? "stream" : shard ? "shard" : "all";
+    c.stream_batches = 3;
     on_first(3, [&](Backend& be, Comm& comm) {
       RunData d = load_run_data(c, comm, true);
       std::unique_ptr<Trainer> t = make_trainer(c, be, comm, d);
@@ -157,11 +196,13 @@ TEST(CnnDataRead, ShardTrainsBitwiseLikeTheWholeFile) {
     MPI_Bcast(eval[shard], 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   }
   EXPECT_EQ(out[0].steps, 2 * (480 / 30));
-  EXPECT_EQ(out[1].losses, out[0].losses);
-  ASSERT_EQ(out[1].params.size(), out[0].params.size());
-  EXPECT_EQ(0, std::memcmp(out[1].params.data(), out[0].params.data(), out[0].params.size() * sizeof(float)));
-  EXPECT_EQ(eval[1][0], eval[0][0]);
-  EXPECT_EQ(eval[1][1], eval[0][1]);
+  for (int k : {1, 2}) {  // shard, stream
+    EXPECT_EQ(out[k].losses, out[0].losses) << c.data_read;
+    ASSERT_EQ(out[k].params.size(), out[0].params.size());
+    EXPECT_EQ(0, std::memcmp(out[k].params.data(), out[0].params.data(), out[0].params.size() * sizeof(float))) << k;
+    EXPECT_EQ(eval[k][0], eval[0][0]);
+    EXPECT_EQ(eval[k][1], eval[0][1]);
+  }
   EXPECT_GT(eval[0][1], 0.0);
   if (world_rank() == 0) std::filesystem::remove_all(dir);
 }

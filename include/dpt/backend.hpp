@@ -301,6 +301,15 @@ class Backend {
   // by `pad` zeros on every side, then a horizontal flip.
   virtual void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
                        const int32_t* draws, const StepCtl* ctl, int64_t offset) = 0;
+  // Resized crops (augment.hpp's ImageTransform) of a batch of NCHW images x (batch, c, h, w)
+  // into y (batch, c, oh, ow), not x: sample i's window is draws[ctl->cursor + offset + i]
+  // (draws and ctl in backend memory; ctl nullptr: draws[offset + i]) or, with draws nullptr,
+  // `fixed` for every sample; packed by pack_window. The window is resized by antialiased
+  // bilinear interpolation, flipped when it says so, then normalised per channel when norm is
+  // not nullptr: (v − norm[ch]) / norm[c + ch] (norm: 2c floats in backend memory).
+  virtual void resized_crop(const float* x, float* y, int batch, int c, int h, int w, int oh, int ow,
+                            const int64_t* draws, const StepCtl* ctl, int64_t offset, int64_t fixed,
+                            const float* norm) = 0;
 
   // ---- batch norm, residual blocks, global pooling ----
   // The CPU backend has them; the defaults throw InputError(kNeedsResnetOps). A batch-norm

@@ -28,9 +28,18 @@ struct Config {
   std::string train_file;
   std::string test_file;
   bool shuffle = true;
-  std::string data_read = "all";  // all | shard
-  std::string augment = "none";   // none | flip | crop | crop,flip (images; training only)
+  std::string data_read = "all";  // all | shard | stream
+  int stream_batches = 8;         // data.read = stream: micro-batches read ahead per rank
+  std::string augment = "none";   // none | flip | crop | crop,flip | random_resized_crop[,flip] (training)
   int crop_padding = 4;           // zero padding around the image before a random crop
+  // Resized crops (augment.hpp's ImageTransform): the model's input side (0 = the stored size),
+  // random_resized_crop's area and aspect ranges, evaluation's center window / shorter side, and
+  // per-channel normalisation (comma-separated; "" = none).
+  int crop_size = 0;
+  std::string crop_scale = "0.08,1";
+  std::string crop_ratio = "0.75,1.3333333333333333";
+  double eval_crop_ratio = 0.875;
+  std::string mean, std;
   // [train]
   int epochs = 1;
   int64_t steps = 0;  // optional cap on optimizer steps (0 = none)

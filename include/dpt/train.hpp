@@ -100,9 +100,16 @@ class Trainer {
   TensorShape image_;        // the training images' shape (augmentation)
   Buffer<float> xa_;         // (max_batch, in_dim): x augmented (allocated only with data.augment)
   Buffer<int32_t> draws_;    // (n) this epoch's augmentation draw of every position
+  ImageTransform xform_;     // data.augment = random_resized_crop, data.crop_size, data.mean/std
+  TensorShape stored_;       // the training images' shape as stored (resized crops)
+  TensorShape model_in_;     // the model's input shape
+  Buffer<float> xt_;         // (max_batch, in_dim): x resized and normalised (only with xform_.any())
+  Buffer<int64_t> windows_;  // (n) this epoch's random_resized_crop window of every position
+  Buffer<float> norm_;       // (2c) data.mean then data.std, or unallocated
   Buffer<int32_t> y_;        // (max_batch)
   Buffer<int64_t> order_;    // (n) this epoch's row order
   std::vector<int64_t> index_host_;  // the same, on the host
+  std::vector<int64_t> iota_;        // data.read = stream: 0, 1, ..., batch_per_rank - 1
   Buffer<StepCtl> ctl_;      // (1) what the device-side step reads and advances
   Buffer<float> lr_;         // (total steps) learning rate of each step
   Buffer<float> lr_body_;    // (total steps) the body's (train.body_lr_scale), else unallocated
@@ -147,6 +154,7 @@ class Trainer {
   void finish_checkpoint();
   void claim_run(const std::string& resumed, const std::string& resumed_id);
   void write_start_record();
+  void report_stream_wait(double seconds);
   void average_parameters();
   bool bn_apart_ = false;  // training passes moved the ranks' running statistics apart
   bool step_enqueued_ = false;  // enqueue_step ran in this step (not a replay of its graph)

@@ -283,7 +283,12 @@ class CpuBackend final : public Backend {
   void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
                const int32_t* draws, const StepCtl* ctl, int64_t offset) override {
     cpu::augment(x, y, batch, c, h, w, pad, draws, (ctl ? ctl->cursor : 0) + offset);
+  }  void resized_crop(const float* x, float* y, int batch, int c, int h, int w, int oh, int ow,
+                    const int64_t* draws, const StepCtl* ctl, int64_t offset, int64_t fixed,
+                    const float* norm) override {
+    cpu::resized_crop(x, y, batch, c, h, w, oh, ow, draws, (ctl ? ctl->cursor : 0) + offset, fixed, norm);
   }
+
 
   void act_forward(const float* z, float* a, size_t n, Act act) override {
     if (act == Act::relu) {

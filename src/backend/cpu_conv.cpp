@@ -176,4 +176,13 @@ void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
     augment_image(x + i * per, y + i * per, c, h, w, pad, draws[first + i]);
 }
 
+void resized_crop(const float* x, float* y, int batch, int c, int h, int w, int oh, int ow,
+                  const int64_t* draws, int64_t first, int64_t fixed, const float* norm) {
+  const size_t in = size_t(c) * h * w, out = size_t(c) * oh * ow;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < batch; ++i)
+    resized_crop_image(x + i * in, y + i * out, c, h, w, oh, ow, draws ? draws[first + i] : fixed,
+                       norm, norm ? norm + c : nullptr);
+}
+
 }  // namespace dpt::cpu

@@ -18,6 +18,9 @@ void nchw_to_nhwc(const float* src, float* dst, int batch, int c, int hw);
 void dropout(const float* x, float* y, int batch, const DropoutArgs& d, int64_t step);
 void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
              const int32_t* draws, int64_t first);
+// Backend::resized_crop: sample i's window is draws[first + i] (draws nullptr: fixed).
+void resized_crop(const float* x, float* y, int batch, int c, int h, int w, int oh, int ow,
+                  const int64_t* draws, int64_t first, int64_t fixed, const float* norm);
 
 
 // Batch norm, residual sums, global average and padded pooling (cpu_bn.cpp; Backend gives the

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "dpt/augment.hpp"
 #include "dpt/check.hpp"
 #include "dpt/layer_spec.hpp"
 #include "dpt/nn.hpp"
@@ -98,9 +99,26 @@ void build_table(Table& t, Config& c, TextKeys& k) {
   t.add("data.train", &c.train_file, "training set (HDF5, see README)");
   t.add("data.test", &c.test_file, "test set (HDF5), evaluated across all ranks");
   t.add("data.shuffle", &c.shuffle, "one permutation per epoch seeded by (seed, epoch)");
-  t.add("data.read", &c.data_read, "all (every rank loads the files) | shard (only its rows, per epoch)");
-  t.add("data.augment", &c.augment, "none | flip | crop | crop,flip: per training sample, from (seed, epoch, row)");
+  t.add("data.read", &c.data_read,
+        "all (every rank loads the files) | shard (only its rows, per epoch) | stream (only its "
+        "coming micro-batches, data.stream_batches ahead)");
+  t.add("data.stream_batches", &c.stream_batches,
+        "data.read = stream: micro-batches a rank reads ahead of training (host memory: about this "
+        "many + 2)");
+  t.add("data.augment", &c.augment,
+        "none | flip | crop | crop,flip | random_resized_crop | random_resized_crop,flip: per "
+        "training sample, from (seed, epoch, row)");
   t.add("data.crop_padding", &c.crop_padding, "zero padding before a random crop (data.augment crop)");
+  t.add("data.crop_size", &c.crop_size,
+        "the model's input side: random_resized_crop's output, evaluation's center crop (0 = the "
+        "stored size)");
+  t.add("data.crop_scale", &c.crop_scale, "random_resized_crop: range of the window's area / the image's");
+  t.add("data.crop_ratio", &c.crop_ratio, "random_resized_crop: range of the window's width / height");
+  t.add("data.eval_crop_ratio", &c.eval_crop_ratio,
+        "evaluation with data.crop_size: center window side / shorter side (0.875: Resize(256) + "
+        "CenterCrop(224))");
+  t.add("data.mean", &c.mean, "per-channel mean subtracted after scaling to [0, 1] (e.g. 0.485,0.456,0.406)");
+  t.add("data.std", &c.std, "per-channel std divided by after data.mean (e.g. 0.229,0.224,0.225)");
   t.add("train.epochs", &c.epochs, "passes over the training set");
   t.add("train.steps", &c.steps, "cap on optimizer steps (0 = none)");
   t.add("train.batch_per_rank", &c.batch_per_rank, "samples per rank per micro-batch");
@@ -339,10 +357,20 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
 void validate_fine_tuning(const Config& c);
 
 void validate(const Config& c) {
-  one_of("data.read", c.data_read, {"all", "shard"}, c);
-  one_of("data.augment", c.augment, {"none", "flip", "crop", "crop,flip"}, c);
+  one_of("data.read", c.data_read, {"all", "shard", "stream"}, c);
+  if (c.stream_batches < 1 || c.stream_batches > 1024)
+    bad("data.stream_batches", show(c.stream_batches), c, "must be in [1, 1024]");
+  one_of("data.augment", c.augment,
+         {"none", "flip", "crop", "crop,flip", "random_resized_crop", "random_resized_crop,flip"}, c);
   if (c.crop_padding < 0 || c.crop_padding > 64)
     bad("data.crop_padding", show(c.crop_padding), c, "must be in [0, 64]");
+  try {
+    parse_transform(c.augment, c.crop_size, c.crop_scale, c.crop_ratio, c.eval_crop_ratio, c.mean, c.std);
+  } catch (const InputError& e) {
+    // Each message starts with the key it is about.
+    const std::string what = e.what();
+    throw InputError("config error in " + origin(what.substr(0, what.find(' ')), c) + ": " + what);
+  }
   one_of("model.activation", c.activation, {"relu", "tanh", "sigmoid", "gelu"}, c);
   one_of("train.optimizer", c.optimizer, {"sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb"}, c);
   one_of("train.lr_scaling", c.lr_scaling, {"none", "linear", "sqrt"}, c);

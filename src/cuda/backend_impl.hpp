@@ -351,6 +351,9 @@ class CudaBackendImpl final : public CudaBackend {
   void dropout(const float* x, float* y, int batch, const DropoutArgs& d, const StepCtl* ctl) override;
   void augment(const float* x, float* y, int batch, int c, int h, int w, int pad,
                const int32_t* draws, const StepCtl* ctl, int64_t offset) override;
+  void resized_crop(const float* x, float* y, int batch, int c, int h, int w, int oh, int ow,
+                    const int64_t* draws, const StepCtl* ctl, int64_t offset, int64_t fixed,
+                    const float* norm) override;
 
   // ---- batch norm, residual blocks, padded and global pooling (resnet_ops.cpp) ----
   bool has_resnet_ops() const override { return true; }

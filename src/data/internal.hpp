@@ -42,5 +42,10 @@ void check_channels_first(const std::string& where, const std::vector<hsize_t>& 
 
 // reader.cpp: a Dataset with info's shape and no rows yet.
 Dataset empty_like(const std::string& path, const DatasetInfo& info);
+// train_rows.cpp: a new Dataset::version, never 0.
+uint64_t next_version();
+
+// reader.cpp: load_rows on a file already open and checked.
+Dataset read_rows(const std::string& path, const Opened& o, const std::vector<int64_t>& rows);
 
 }  // namespace dpt::data_internal

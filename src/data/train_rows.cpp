@@ -1,10 +1,16 @@
-// TrainRows: one rank's training rows, either a view of a dataset held whole or read from the
-// file epoch by epoch (only this rank's rows, in use order), the next epoch read ahead on a thread.
+// TrainRows: one rank's training rows, either a view of a dataset held whole, read from the file
+// epoch by epoch (only this rank's rows, in use order; the next epoch read ahead on a thread), or
+// streamed a micro-batch at a time (data.read = stream).
 #include "internal.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -13,12 +19,10 @@
 namespace dpt {
 using namespace data_internal;
 
-namespace {
-uint64_t next_version() {
+uint64_t data_internal::next_version() {
   static std::atomic<uint64_t> v{0};
   return ++v;
 }
-}  // namespace
 
 struct TrainRows::Pending {
   int64_t epoch = -1;
@@ -51,7 +55,6 @@ TrainRows::TrainRows(const std::string& path, const RankOrder& o) : path_(path),
   cur_ = empty_like(path, info_);
 }
 
-TrainRows::~TrainRows() = default;
 
 // Epoch e's rows for this rank, in the order it uses them.
 Dataset TrainRows::read_epoch(int64_t e) const {
@@ -76,6 +79,7 @@ void TrainRows::prefetch(int64_t e) {
 
 std::vector<int64_t> TrainRows::start_epoch(int64_t e, bool read_next) {
   if (whole_) return epoch_order(info_.n, order_.shuffle, order_.seed, e);
+  if (stream_) return std::vector<int64_t>(size_t(info_.n), 0);  // rows come with micro_batch
   // Without shuffling every epoch uses the same rows: the first read serves them all.
   if (cur_epoch_ < 0 || (order_.shuffle && cur_epoch_ != e)) {
     Dataset d;
@@ -100,6 +104,142 @@ std::vector<int64_t> TrainRows::start_epoch(int64_t e, bool read_next) {
   const std::vector<int64_t> pos = rank_positions(info_.n, order_);
   for (size_t i = 0; i < pos.size(); ++i) index[size_t(pos[i])] = int64_t(i);
   return index;
+}
+
+// ---- data.read = stream ----
+// Rows read a micro-batch at a time, in the order the rank uses them, by a background thread
+// that stays at most `depth` micro-batches ahead of training. The rows of micro-batch a of step
+// k of epoch e are positions batch_offset(k, a, r, ...) + [0, b) of epoch e's order, the rows
+// data.read = all gathers, so the two train alike bit for bit. HDF5 (thread-safe as Debian
+// builds it) serialises the reader's calls with any other thread's.
+
+struct TrainRows::Stream {
+  struct Item {
+    int64_t e, k;
+    int a;
+    Dataset rows;
+  };
+  int depth = 8;
+  int64_t epochs = 1;
+  Opened file;
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<Item> queue;
+  std::exception_ptr error;
+  bool stop = false;
+  std::thread thread;
+  int64_t next_e = -1, next_k = -1;  // the request micro_batch expects next
+  int next_a = -1;
+  Dataset cur;
+  double waited = 0;
+  int64_t rows_read = 0;  // guarded by m
+
+  ~Stream() { halt(); }
+  void halt() {
+    {
+      std::lock_guard<std::mutex> lk(m);
+      stop = true;
+    }
+    cv.notify_all();
+    if (thread.joinable()) thread.join();
+    queue.clear();
+    error = nullptr;
+    stop = false;
+  }
+};
+
+TrainRows::TrainRows(const std::string& path, const RankOrder& o, int depth, int64_t epochs)
+    : TrainRows(path, o) {
+  stream_ = std::make_shared<Stream>();
+  stream_->depth = std::max(1, depth);
+  stream_->epochs = std::max<int64_t>(1, epochs);
+  stream_->file = open_checked(path, /*whole=*/false);
+  cur_.streamed = true;
+}
+
+TrainRows::~TrainRows() = default;
+
+int64_t TrainRows::rows_read() const {
+  if (whole_) return info_.n;
+  if (!stream_) return rows_read_;
+  std::lock_guard<std::mutex> lk(stream_->m);
+  return stream_->rows_read;
+}
+
+double TrainRows::waited_s() const { return stream_ ? stream_->waited : 0.0; }
+int TrainRows::depth() const { return stream_ ? stream_->depth : 0; }
+
+const Dataset& TrainRows::micro_batch(int64_t e, int64_t k, int a) {
+  if (!stream_) throw Error("TrainRows::micro_batch: data.read is not stream");
+  Stream& s = *stream_;
+  const int A = order_.accumulate;
+  const int64_t steps = info_.n / order_.global_batch();
+  if (!(e == s.next_e && k == s.next_k && a == s.next_a)) {
+    // Not where the reader is heading: start it at (e, k), micro-batch 0.
+    if (a != 0) throw Error("TrainRows::micro_batch: a stream starts at a step's first micro-batch");
+    s.halt();
+    s.thread = std::thread([this, &s, e, k, A, steps] {
+      try {
+        for (int64_t ep = e; ep < std::max(e + 1, s.epochs); ++ep) {
+          const std::vector<int64_t> order = epoch_order(info_.n, order_.shuffle, order_.seed, ep);
+          for (int64_t kk = ep == e ? k : 0; kk < steps; ++kk)
+            for (int aa = 0; aa < A; ++aa) {
+              {
+                std::unique_lock<std::mutex> lk(s.m);
+                s.cv.wait(lk, [&] { return s.stop || int(s.queue.size()) < s.depth; });
+                if (s.stop) return;
+              }
+              const int64_t at = batch_offset(kk, aa, order_.rank, order_.batch, order_.world, A);
+              std::vector<int64_t> rows(order.begin() + at, order.begin() + at + order_.batch);
+              Dataset d = read_rows(path_, s.file, rows);
+              d.streamed = true;
+              d.version = next_version();
+              d.file_rows = 0;
+              {
+                std::lock_guard<std::mutex> lk(s.m);
+                s.rows_read += d.n;
+                s.queue.push_back({ep, kk, aa, std::move(d)});
+              }
+              s.cv.notify_all();
+            }
+        }
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lk(s.m);
+          s.error = std::current_exception();
+        }
+        s.cv.notify_all();
+      }
+    });
+  }
+  Stream::Item item;
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lk(s.m);
+    s.cv.wait(lk, [&] { return !s.queue.empty() || s.error; });
+    s.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s.queue.empty()) std::rethrow_exception(s.error);
+    item = std::move(s.queue.front());
+    s.queue.pop_front();
+  }
+  s.cv.notify_all();
+  if (item.e != e || item.k != k || item.a != a)
+    throw Error("TrainRows::micro_batch: the reader delivered epoch " + std::to_string(item.e) + " step " +
+                std::to_string(item.k) + " micro-batch " + std::to_string(item.a) + " for epoch " + std::to_string(e) +
+                " step " + std::to_string(k) + " micro-batch " + std::to_string(a));
+  // The request after this one.
+  s.next_e = e;
+  s.next_k = k;
+  s.next_a = a + 1;
+  if (s.next_a == A) {
+    s.next_a = 0;
+    if (++s.next_k == steps) {
+      s.next_k = 0;
+      ++s.next_e;
+    }
+  }
+  s.cur = std::move(item.rows);
+  return s.cur;
 }
 
 }  // namespace dpt

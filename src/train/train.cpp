@@ -103,9 +103,11 @@ template <class F> auto in_host_memory(const char* key, const std::string& path,
 
 RunData load_run_data(const Config& cfg, int rank, int world, bool with_train) {
   RunData d;
-  const bool shard = cfg.data_read == "shard";
+  const bool shard = cfg.data_read == "shard" || cfg.data_read == "stream";
   const std::string& tr = cfg.train_file;
-  if (with_train && shard)
+  if (with_train && cfg.data_read == "stream")
+    d.rows = std::make_unique<TrainRows>(tr, rank_order(cfg, rank, world), cfg.stream_batches, int64_t(cfg.epochs));
+  else if (with_train && shard)
     d.rows = in_host_memory("data.train", tr, shard, [&] { return std::make_unique<TrainRows>(tr, rank_order(cfg, rank, world)); });
   else if (with_train)
     d.train = in_host_memory("data.train", tr, shard, [&] { return load_dataset(tr); });
@@ -183,6 +185,34 @@ TensorShape augment_shape(const Config& cfg, const ModelPlan& mp, const std::vec
   throw InputError("data.augment = " + cfg.augment + " needs images, but " + path +
                    " holds flat samples: set model.input_shape = C,H,W");
 }
+// With resized crops (data.augment = random_resized_crop, data.crop_size, data.mean), the
+// shape of the stored images (C, H, W: the data's, else model.input_shape's) into *stored, and
+// the shape the model sees (C, crop, crop); else the data's own.
+std::vector<int64_t> seen_shape(const ImageTransform& t, const Config& cfg, const std::vector<int64_t>& sample_shape,
+                                const std::string& path, TensorShape* stored) {
+  if (!t.any()) return sample_shape;
+  TensorShape img;
+  if (sample_shape.size() == 3) img = TensorShape::image(sample_shape[0], sample_shape[1], sample_shape[2]);
+  else if (!cfg.input_shape.empty()) img = model_input_shape(sample_shape, cfg.input_shape, path);
+  else
+    throw InputError((t.random_crop ? "data.augment = " + cfg.augment : t.size ? std::string("data.crop_size")
+                                                                                : std::string("data.mean")) +
+                     " needs images, but " + path + " holds flat samples: set model.input_shape = C,H,W");
+  if (!t.mean.empty() && int64_t(t.mean.size()) != img.c)
+    throw InputError("data.mean and data.std have " + std::to_string(t.mean.size()) + " values, but the images of " +
+                     path + " have " + std::to_string(img.c) + " channel(s) (" + img.str() + ")");
+  if (img.h > kMaxImageSide || img.w > kMaxImageSide)
+    throw InputError(path + " holds images of " + img.str() + ": resized crops take sides up to " +
+                     std::to_string(kMaxImageSide));
+  *stored = img;
+  return {img.c, t.out_h(int(img.h)), t.out_w(int(img.w))};
+}
+
+int64_t product(const std::vector<int64_t>& v) {
+  int64_t d = 1;
+  for (int64_t x : v) d *= x;
+  return d;
+}
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train,
@@ -198,13 +228,31 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
       rows_(own_rows_ ? own_rows_.get() : rows), test_(test) {
   // The model's shapes from the data (every rank alike, before anything is allocated).
   const bool list = !cfg.layer_list.empty();
+  // Resized crops: the model sees (C, crop, crop) of images stored at another size (its
+  // model.input_shape, if any, describes the stored images).
+  xform_ = parse_transform(cfg.augment, cfg.crop_size, cfg.crop_scale, cfg.crop_ratio, cfg.eval_crop_ratio, cfg.mean,
+                           cfg.std);
+  Config seen_cfg = cfg;
+  if (xform_.any()) seen_cfg.input_shape.clear();
   ModelPlan mp;
-  if (rows_) mp = model_plan(cfg, rows_->info().sample_shape, rows_->info().dim, rows_->info().num_classes, rows_->path());
+  int64_t data_dim = 0;  // the most values per stored sample, train or test
+  if (rows_) {
+    const auto shape = seen_shape(xform_, cfg, rows_->info().sample_shape, rows_->path(), &stored_);
+    mp = model_plan(seen_cfg, shape, product(shape), rows_->info().num_classes, rows_->path());
+    data_dim = rows_->info().dim;
+    if (xform_.any()) model_in_ = TensorShape::image(shape[0], shape[1], shape[2]);
+  }
   if (test) {
-    ModelPlan t = model_plan(cfg, test->sample_shape, test->dim, test->num_classes, test->path);
+    TensorShape stored;
+    const auto shape = seen_shape(xform_, cfg, test->sample_shape, test->path, &stored);
+    ModelPlan t = model_plan(seen_cfg, shape, product(shape), test->num_classes, test->path);
     if (rows_ && !(t.input == mp.input))
       throw InputError(test->path + " has samples of shape " + t.input.str() + ", " + rows_->path() + " of " + mp.input.str());
-    if (!rows_) mp = std::move(t);
+    if (!rows_) {
+      mp = std::move(t);
+      if (xform_.any()) model_in_ = TensorShape::image(shape[0], shape[1], shape[2]);
+    }
+    data_dim = std::max(data_dim, test->dim);
   }
   if (!rows_ && !test) mp = model_plan(cfg, {}, list ? 0 : cfg.layers.front(), 0, "(no data)");
   if (comm.rank() == 0) log::info("model (" + std::string(list ? "layer list" : "MLP widths") + "):\n" + mp.describe());
@@ -226,8 +274,18 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
               ") made again in the backward pass instead of kept (device.recompute = " + cfg.recompute + ")");
   augment_ = parse_augment(cfg.augment, cfg.crop_padding);
   if (augment_.any() && rows_) {
-    image_ = augment_shape(cfg, mp, rows_->info().sample_shape, rows_->path());
-    xa_ = Buffer<float>(be, size_t(max_batch) * size_t(model_->in_dim()));
+    // Pad-crop and flip work on the stored images, before any resized crop.
+    image_ = xform_.any() ? stored_ : augment_shape(cfg, mp, rows_->info().sample_shape, rows_->path());
+    xa_ = Buffer<float>(be, size_t(max_batch) * size_t(image_.size()));
+  }
+  if (xform_.any()) {
+    xt_ = Buffer<float>(be, size_t(max_batch) * size_t(model_->in_dim()));
+    if (!xform_.mean.empty()) {
+      std::vector<float> norm(xform_.mean);
+      norm.insert(norm.end(), xform_.std.begin(), xform_.std.end());
+      norm_ = Buffer<float>(be, norm.size());
+      be.upload(norm_.data(), norm.data(), norm.size() * sizeof(float));
+    }
   }
   if (cfg.sync_bn && comm.size() > 1) {
     // Batch norm's per-channel sums over every rank's micro-batch: a small allreduce per layer,
@@ -253,7 +311,7 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
     sync_ = std::make_unique<GradSync>(*plan_, be, comm, *model_, *opt_, cfg.grad_dtype == "bf16", eager);
   }
   report_memory();
-  x_ = Buffer<float>(be, size_t(max_batch) * size_t(model_->in_dim()));
+  x_ = Buffer<float>(be, size_t(max_batch) * size_t(std::max(model_->in_dim(), data_dim)));
   y_ = Buffer<int32_t>(be, size_t(max_batch));
   stats_ = Buffer<float>(be, 2);
   on_rank0(comm.mpi(), comm.rank(), "opening the metrics file", [&] { metrics_ = std::make_unique<MetricsWriter>(cfg.metrics_file, true); });
@@ -308,7 +366,10 @@ void Trainer::report_memory() {
   if (rows_ && !rows_->sharded()) data += bytes(rows_->data());
   if (rows_ && rows_->sharded()) {  // not read yet: its size from the file's layout
     const DatasetInfo& in = rows_->info();
-    data += 2 * uint64_t(rows_->rows_per_epoch()) * uint64_t(in.dim * (in.feature_type == "uint8" ? 1 : 4) + 4);
+    const uint64_t row = uint64_t(in.dim * (in.feature_type == "uint8" ? 1 : 4) + 4);
+    // stream: the micro-batches read ahead, the one being read and the one in use.
+    data += rows_->streamed() ? uint64_t(rows_->depth() + 2) * uint64_t(cfg_.batch_per_rank) * row
+                              : 2 * uint64_t(rows_->rows_per_epoch()) * row;
   }
   constexpr int kFields = 5;
   uint64_t mine[kFields] = {m.params, m.grads, m.optimizer, m.comm, data};
@@ -328,8 +389,23 @@ void Trainer::report_memory() {
               " MiB, gradients " + mib(v[1]) + " MiB, optimizer state " + mib(v[2]) + " MiB" +
               (plan_->sharded ? " (sharded over " + std::to_string(W) + " ranks)" : "") +
               ", communication buffers " + mib(v[3]) + " MiB; datasets in host memory " + mib(v[4]) + " MiB" +
-              (rows_ && rows_->sharded() ? " (data.read = shard: an epoch's rows, and the next's as they are read)" : ""));
+              (rows_ && rows_->streamed()
+                   ? " (data.read = stream: " + std::to_string(rows_->depth()) + " micro-batches read ahead)"
+                   : rows_ && rows_->sharded() ? " (data.read = shard: an epoch's rows, and the next's as they are read)"
+                                               : ""));
   }
+}
+
+// data.read = stream: how long the host waited for the reader (the slowest rank's), against the
+// training time. While the host waits, the GPU works through the steps already enqueued, so
+// this bounds from above the time the device idled for want of data.
+void Trainer::report_stream_wait(double seconds) {
+  double w = rows_->waited_s();
+  DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE, MPI_MAX, comm_.mpi()));
+  if (comm_.rank() == 0)
+    log::info("data.read = stream: waited " + fmt("%.2f", w) + " s for rows in " + fmt("%.2f", seconds) +
+              " s of training (" + fmt("%.1f", 100.0 * w / std::max(1e-9, seconds)) + "%, the slowest rank); " +
+              std::to_string(rows_->rows_read()) + " rows read by rank 0");
 }
 
 void Trainer::average_parameters() {
@@ -378,6 +454,9 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   const size_t chunks = size_t((end - begin + chunk - 1) / chunk);
   if (eval_stats_.size() < 2 * chunks) eval_stats_ = Buffer<float>(be_, 2 * chunks);
   std::vector<float> host_stats(2 * chunks);
+  TensorShape img;
+  if (xt_.data()) seen_shape(xform_, cfg_, ds.sample_shape, ds.path, &img);
+  const int64_t center = xt_.data() ? center_window(xform_, int(img.h), int(img.w)) : 0;
   // A big test set takes long in total but each chunk is bounded: the clock restarts per chunk.
   watchdog::Phase phase("evaluating", step_);
   timing::Scope timed(timing::Phase::eval);
@@ -387,7 +466,14 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
     const int n = int(std::min<int64_t>(chunk, end - r0));
     for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
     be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
-    model_->forward(x_.data(), n);
+    const float* x = x_.data();
+    if (xt_.data()) {
+      // Evaluation's center window of this set's images.
+      be_.resized_crop(x, xt_.data(), n, int(img.c), int(img.h), int(img.w), int(model_in_.h), int(model_in_.w),
+                       nullptr, nullptr, 0, center, norm_.data());
+      x = xt_.data();
+    }
+    model_->forward(x, n);
     model_->loss(y_.data(), n, 0.f, eval_stats_.data() + 2 * k, false, false);
   }
   be_.download(host_stats.data(), eval_stats_.data(), host_stats.size() * sizeof(float));
@@ -427,13 +513,26 @@ void Trainer::enqueue_step(GradSync* sync) {
     const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
     // The host's copy of the rows, for a backend that streams the data rather than holding it.
     const int64_t* host_rows = index_host_.data() + step_in_epoch_ * global_batch() + offset;
-    be_.load_batch_at(rows_->data(), order_.data(), ctl_.data(), offset, b, x_.data(), y_.data(), host_rows);
+    if (rows_->streamed()) {
+      // data.read = stream: this micro-batch's rows, read ahead by the stream, rows 0..b-1.
+      const Dataset& mb = rows_->micro_batch(epoch_, step_in_epoch_, a);
+      be_.load_batch(mb, iota_.data(), b, x_.data(), y_.data());
+    } else {
+      be_.load_batch_at(rows_->data(), order_.data(), ctl_.data(), offset, b, x_.data(), y_.data(), host_rows);
+    }
     // Augmentation draws are per epoch position (start_epoch), read at ctl->cursor + offset.
     const float* x = x_.data();
     if (xa_.data()) {
       be_.augment(x, xa_.data(), b, int(image_.c), int(image_.h), int(image_.w), augment_.pad, draws_.data(),
                   ctl_.data(), offset);
       x = xa_.data();
+    }
+    if (xt_.data()) {
+      // Training's resized crop: the draw at each position, else evaluation's center window.
+      be_.resized_crop(x, xt_.data(), b, int(stored_.c), int(stored_.h), int(stored_.w), int(model_in_.h),
+                       int(model_in_.w), windows_.data(), ctl_.data(), offset,
+                       center_window(xform_, int(stored_.h), int(stored_.w)), norm_.data());
+      x = xt_.data();
     }
     // Dropout's masks follow the sample's place in the global batch, whatever the rank count.
     TrainPass pass;
@@ -525,11 +624,17 @@ void Trainer::start_epoch() {
   }
   be_.refresh_dataset(rows_->data());
   be_.upload(order_.data(), index.data(), index.size() * sizeof(int64_t));
-  if (xa_.data()) {
+  if (xa_.data() || windows_.data()) {
     // Each position's draw from (seed, epoch, its row in the file): the epoch order's rows.
-    const auto draws = augment_draws(augment_, cfg_.seed, epoch_,
-                                     epoch_order(rows_->file_rows(), cfg_.shuffle, cfg_.seed, epoch_));
-    be_.upload(draws_.data(), draws.data(), draws.size() * sizeof(int32_t));
+    const auto rows = epoch_order(rows_->file_rows(), cfg_.shuffle, cfg_.seed, epoch_);
+    if (xa_.data()) {
+      const auto draws = augment_draws(augment_, cfg_.seed, epoch_, rows);
+      be_.upload(draws_.data(), draws.data(), draws.size() * sizeof(int32_t));
+    }
+    if (windows_.data()) {
+      const auto w = window_draws(xform_, int(stored_.h), int(stored_.w), cfg_.seed, epoch_, rows);
+      be_.upload(windows_.data(), w.data(), w.size() * sizeof(int64_t));
+    }
   }
   index_host_ = std::move(index);
   const int64_t cursor = step_in_epoch_ * global_batch();
@@ -550,7 +655,12 @@ void Trainer::prepare_run(int64_t per_epoch) {
   be_.upload(lr_.data(), lr.data(), lr.size() * sizeof(float));
   prepare_fine_tuning(sched, lr.size());
   order_ = Buffer<int64_t>(be_, size_t(rows_->file_rows()));
+  if (rows_->streamed()) {
+    iota_.resize(size_t(cfg_.batch_per_rank));
+    for (size_t i = 0; i < iota_.size(); ++i) iota_[i] = int64_t(i);
+  }
   if (xa_.data()) draws_ = Buffer<int32_t>(be_, size_t(rows_->file_rows()));
+  if (xform_.random_crop) windows_ = Buffer<int64_t>(be_, size_t(rows_->file_rows()));
   ctl_ = Buffer<StepCtl>(be_, 1);
   StepCtl c;
   c.step = step_;
@@ -737,6 +847,7 @@ TrainResult Trainer::run() {
   res.seconds = seconds_since(t0_);
   res.samples_per_s = double((step_ - first_step) * G) / std::max(1e-9, res.seconds);
   res.graph = runner->captured();
+  if (rows_->streamed()) report_stream_wait(res.seconds);
   check_health();
   if (!by_gradients && step_ % cfg_.average_every != 0) average_parameters();  // one final model
   {

@@ -3,6 +3,7 @@
 // (cudnn_conv.cpp); with DPT_CONV=im2col, as im2col and linear.cpp's GEMMs (kept to measure).
 #include "backend_impl.hpp"
 #include "conv_kernels.cuh"
+#include "data/transform.cuh"
 #include "dpt/check.hpp"
 #include "cudnn_kernels.cuh"
 #include "norm/norm_kernels.cuh"
@@ -166,6 +167,13 @@ void CudaBackendImpl::augment(const float* x, float* y, int batch, int c, int h,
                               const int32_t* draws, const StepCtl* ctl, int64_t offset) {
   note_write(y, size_t(batch) * c * h * w * sizeof(float));
   cuda::augment(x, y, batch, c, h, w, pad, draws, ctl, offset, stream_.get());
+}
+
+void CudaBackendImpl::resized_crop(const float* x, float* y, int batch, int c, int h, int w, int oh, int ow,
+                                   const int64_t* draws, const StepCtl* ctl, int64_t offset, int64_t fixed,
+                                   const float* norm) {
+  note_write(y, size_t(batch) * c * oh * ow * sizeof(float));
+  cuda::resized_crop(x, y, batch, c, h, w, oh, ow, draws, ctl, offset, fixed, norm, stream_.get());
 }
 
 }  // namespace dpt::cuda_impl

@@ -144,6 +144,10 @@ void CudaBackendImpl::refresh_dataset(const Dataset& ds) { resident(ds); }
 // address and re-checked against its host array and size, so a new Dataset at an old address
 // is uploaded afresh.
 const Resident& CudaBackendImpl::resident(const Dataset& ds) {
+  if (ds.streamed) {  // data.read = stream: each micro-batch once through the pinned buffers
+    static const Resident streamed;
+    return streamed;
+  }
   const void* host = ds.is_u8 ? static_cast<const void*>(ds.u8.data()) : ds.f32.data();
   Resident& r = resident_[&ds];
   const bool same_shape = r.checked && r.n == ds.n && r.dim == ds.dim && r.u8 == ds.is_u8;
