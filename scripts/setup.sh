@@ -17,15 +17,16 @@ case ${1:-} in
 esac
 
 # The main job: compiler, CMake, Open MPI, HDF5, Boost.Program_options, OpenBLAS, oneDNN (the CPU's
-# convolutions), zlib, nlohmann-json (a .safetensors file's header), and the Fashion-MNIST files
-# that `dpdata fashion-mnist` imports.
+# convolutions), zlib, nlohmann-json (a .safetensors file's header), libjpeg and libpng (`dpdata
+# images`), and the Fashion-MNIST files that `dpdata fashion-mnist` imports.
 packages=(g++ make cmake libopenmpi-dev openmpi-bin libhdf5-dev libboost-program-options-dev
-          libopenblas-dev libdnnl-dev zlib1g-dev nlohmann-json3-dev dataset-fashion-mnist)
-# The tests: GoogleTest; h5dump; PyTorch, torchvision, h5py and NumPy for the cross-checks; Slurm and munge
+          libopenblas-dev libdnnl-dev zlib1g-dev nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev
+          dataset-fashion-mnist)
+# The tests: GoogleTest; h5dump; PyTorch, torchvision, h5py, NumPy and PIL for the cross-checks; Slurm and munge
 # for the batch-script tests; clang and its sanitizer runtime for the fuzzers; matplotlib for
 # bench-scaling's plots.
 ((tests)) && packages+=(build-essential pkg-config libgtest-dev hdf5-tools python3-torch python3-torchvision python3-h5py
-                        python3-numpy slurm-wlm slurm-wlm-basic-plugins munge clang libclang-rt-14-dev
+                        python3-numpy python3-pil slurm-wlm slurm-wlm-basic-plugins munge clang libclang-rt-14-dev
                         python3-matplotlib)
 
 now() { date +%s.%N; }
