@@ -9,3 +9,11 @@ add_test(NAME torch_transform
                  --probe $<TARGET_FILE:transform_probe>
          WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 set_tests_properties(torch_transform PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# dptrain --predict on an image tree against --eval on its import (top-1 agreement exact), 1 and
+# 2 ranks alike, a corrupt file reported in its row, bad invocations exit 2. Needs PIL.
+add_test(NAME predict
+         COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/predict_check.py
+                 --build ${CMAKE_BINARY_DIR} --root ${CMAKE_SOURCE_DIR}
+         WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(predict PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77 PROCESSORS 2)

@@ -39,6 +39,9 @@ struct Checkpoint {
   int64_t schedule_steps = 0;
   std::string run_id;        // the run that wrote it (root attribute `run_id`; "" in files of
                              // older versions): a run prunes and overwrites only its own
+  // The training set's class names (root attribute `class_names`, one per line; absent when
+  // the data had none): what --predict and --eval name classes by.
+  std::vector<std::string> class_names;
   // The model: the MLP widths form in `layers` (root attribute `layers`), or a layer list in
   // `model` (root attribute `model`, the normalised list) with the input shape it was planned
   // for (root attribute `input_shape`: {C, H, W} or {D}); `layers` is empty then.

@@ -124,6 +124,11 @@ struct Invocation {
   bool eval_only = false;        // --eval --checkpoint FILE [--data.test FILE]
   bool version = false;          // --version
   std::string eval_checkpoint;
+  // --predict PATH... --checkpoint FILE [--top-k K] [--predictions OUT.csv]: classes of image
+  // files (or the images in folders) written to a CSV.
+  std::vector<std::string> predict;
+  int top_k = 5;
+  std::string predictions = "predictions.csv";
   std::string help_text;
 };
 

@@ -124,6 +124,17 @@ struct ImageImportSummary {
 };
 ImageImportSummary import_images(const ImageImportOptions& o);
 
+// `dptrain --predict`: the image files the paths name (a folder: its .jpg, .jpeg and .png files,
+// walked recursively without following links, in sorted order); throws InputError for a path
+// that does not exist or a folder without images.
+std::vector<std::string> list_image_files(const std::vector<std::string>& paths);
+// files[begin, end) decoded and brought to channels x side x side uint8 as `dpdata images`
+// stores them (shorter side to `side`, center crop): a Dataset of those rows (first_row = begin,
+// file_rows = files.size(), labels 0). A file that cannot be decoded leaves zeros and its reason
+// in problems[i - begin] ("" for the others).
+Dataset predict_images(const std::vector<std::string>& files, int64_t begin, int64_t end, int channels, int side,
+                       int num_classes, std::vector<std::string>& problems);
+
 // ---- data order ----
 // Deterministic 64-bit generator (SplitMix64): the same stream on every platform and rank.
 struct SplitMix64 {

@@ -20,6 +20,11 @@
 
 namespace dpt {
 
+struct Prediction {
+  std::vector<int32_t> classes;  // the top k, most probable first
+  std::vector<float> probs;
+};
+
 struct EvalResult {
   double loss = 0;      // mean over the dataset
   double accuracy = 0;  // fraction correct
@@ -55,6 +60,11 @@ class Trainer {
 
   TrainResult run();
   EvalResult evaluate(const Dataset& ds);
+  // --predict: the k most probable classes of each row of ds (a set read as load_eval_shard
+  // reads one: this rank's rows) and their softmax probabilities, the most probable first, after
+  // evaluation's transform. Collective; rank 0 gets every rank's rows in file order, the others
+  // nothing.
+  std::vector<Prediction> predict(const Dataset& ds, int top_k);
 
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *opt_; }
@@ -110,6 +120,7 @@ class Trainer {
   Buffer<int64_t> order_;    // (n) this epoch's row order
   std::vector<int64_t> index_host_;  // the same, on the host
   std::vector<int64_t> iota_;        // data.read = stream: 0, 1, ..., batch_per_rank - 1
+  std::vector<std::string> class_names_;  // the training set's (or the test set's), for checkpoints
   Buffer<StepCtl> ctl_;      // (1) what the device-side step reads and advances
   Buffer<float> lr_;         // (total steps) learning rate of each step
   Buffer<float> lr_body_;    // (total steps) the body's (train.body_lr_scale), else unallocated

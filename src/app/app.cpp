@@ -148,7 +148,7 @@ Invocation read_invocation(MPI_Comm c, int argc, char** argv) {
   bcast_string(c, err);
   if (!err.empty()) throw InputError(err);
   bcast_string(c, text);
-  return parse_invocation(argc, argv, path, text, !has_flag(argc, argv, "--eval"));
+  return parse_invocation(argc, argv, path, text, !has_flag(argc, argv, "--eval") && !has_flag(argc, argv, "--predict"));
 }
 
 namespace {

@@ -3,6 +3,7 @@
 //   mpirun -np 2 ./dptrain --config inputs/run.ini [--section.key value ...]
 //   mpirun -np 2 ./dptrain --eval --checkpoint runs/x/ckpt-000001000.h5 [--data.test FILE]
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -25,13 +26,21 @@ namespace {
 // --eval: a dptrain checkpoint's own configuration is the base, the command line overrides it;
 // other weights (an HDF5 /model group, a .safetensors file) take the command line's (--config,
 // keys), which must then say what model they are.
-Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& given) {
+// The model's input shape ("C,H,W") and the class names (one per line) of a dptrain checkpoint
+// (--predict), else "".
+Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& given, std::string* input_shape = nullptr,
+                           std::string* class_names = nullptr) {
   const std::string ckpt = given.eval_checkpoint;
-  std::string text, err, kind;
+  std::string text, err, kind, shape, names;
   if (log::rank() == 0) {
     try {
       kind = weights_kind(ckpt);  // a file that holds no weights is named before the config is asked for
-      if (kind == "dptrain checkpoint") text = read_checkpoint(ckpt).config;
+      if (kind == "dptrain checkpoint") {
+        const Checkpoint ck = read_checkpoint(ckpt);
+        text = ck.config;
+        for (int v : ck.input_shape) shape += (shape.empty() ? "" : ",") + std::to_string(v);
+        for (const std::string& n : ck.class_names) names += (names.empty() ? "" : "\n") + n;
+      }
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -40,6 +49,10 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
   if (!err.empty()) throw InputError(err);
   bcast_string(c, kind);
   bcast_string(c, text);
+  bcast_string(c, shape);
+  bcast_string(c, names);
+  if (input_shape) *input_shape = shape;
+  if (class_names) *class_names = names;
   Invocation inv = kind == "dptrain checkpoint" ? parse_invocation(argc, argv, ckpt + " (its config)", text) : given;
   if (kind != "dptrain checkpoint") validate(inv.cfg);
   inv.cfg.init = ckpt;
@@ -54,10 +67,108 @@ struct CommWatch {
   ~CommWatch() { watchdog::set_comm(nullptr); }
 };
 
+// --predict: the images this rank classifies (its evaluation shard of the files), at the size
+// the model's evaluation expects them stored: crop_size / eval_crop_ratio with resized crops
+// (torchvision's Resize(256) + CenterCrop(224) for 224 and 0.875), else the model's input side.
+struct PredictInput {
+  std::vector<std::string> files, problems;  // problems: this rank's rows'
+  std::vector<std::string> class_names;
+  int64_t begin = 0;
+};
+Dataset predict_input(const Invocation& inv, const std::string& shape, const std::string& names, int rank, int world,
+                      PredictInput& p) {
+  const Config& cfg = inv.cfg;
+  int c = 0, h = 0, w = 0;
+  if (std::sscanf(shape.c_str(), "%d,%d,%d", &c, &h, &w) != 3)
+    throw InputError("--predict needs a dptrain checkpoint of a model for images (C,H,W input); " +
+                     inv.eval_checkpoint + " records input shape '" + shape + "'");
+  const int side = cfg.crop_size > 0 ? int(std::lround(cfg.crop_size / cfg.eval_crop_ratio)) : h;
+  p.files = list_image_files(inv.predict);
+  for (size_t at = 0; !names.empty() && at <= names.size();) {
+    const size_t nl = std::min(names.find('\n', at), names.size());
+    p.class_names.push_back(names.substr(at, nl - at));
+    at = nl + 1;
+  }
+  int64_t end = 0;
+  eval_shard(int64_t(p.files.size()), rank, world, p.begin, end);
+  Dataset ds = predict_images(p.files, p.begin, end, c, side, 1, p.problems);
+  ds.num_classes = 1;  // labels are 0 and unused; the model's classes come from the checkpoint
+  return ds;
+}
+
+// A CSV field: quoted when it holds a comma, a quote or a line break (RFC 4180).
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char ch : s) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return q + "\"";
+}
+
+// Rank 0 writes the CSV: path, then top_k (class, probability) pairs, then why a file could not
+// be read (its row has no classes then). Every rank's problems are gathered first.
+void write_predictions(MPI_Comm c, const Invocation& inv, const PredictInput& p, const std::vector<Prediction>& preds) {
+  std::string mine;
+  for (size_t i = 0; i < p.problems.size(); ++i)
+    if (!p.problems[i].empty()) mine += std::to_string(p.begin + int64_t(i)) + "\t" + p.problems[i] + "\n";
+  const int rank = log::rank();
+  int len = int(mine.size()), world = 0;
+  MPI_Comm_size(c, &world);
+  std::vector<int> lens(static_cast<size_t>(world)), at(static_cast<size_t>(world));
+  DPT_CHECK_MPI(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c));
+  int total = 0;
+  for (int r = 0; r < world; ++r) {
+    at[size_t(r)] = total;
+    total += lens[size_t(r)];
+  }
+  std::string all(rank == 0 ? size_t(total) : 0, '\0');
+  DPT_CHECK_MPI(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), at.data(), MPI_CHAR, 0, c));
+  if (rank != 0) return;
+  std::vector<std::string> problem(p.files.size());
+  for (size_t i = 0; i < all.size();) {
+    const size_t tab = all.find('\t', i), nl = all.find('\n', i);
+    problem[size_t(std::stoll(all.substr(i, tab - i)))] = all.substr(tab + 1, nl - tab - 1);
+    i = nl + 1;
+  }
+  const std::string tmp = inv.predictions + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) throw InputError("--predictions " + inv.predictions + ": cannot write " + tmp);
+  const int k = preds.empty() ? inv.top_k : int(preds.front().classes.size());
+  std::string line = "path";
+  for (int j = 1; j <= k; ++j) line += ",class_" + std::to_string(j) + ",probability_" + std::to_string(j);
+  std::fprintf(f, "%s,problem\n", line.c_str());
+  int64_t bad = 0;
+  for (size_t i = 0; i < p.files.size(); ++i) {
+    line = csv_field(p.files[i]);
+    for (int j = 0; j < k; ++j) {
+      if (!problem[i].empty()) {
+        line += ",,";
+        continue;
+      }
+      const int cls = preds[i].classes[size_t(j)];
+      char prob[32];
+      std::snprintf(prob, sizeof prob, "%.6f", double(preds[i].probs[size_t(j)]));
+      line += "," + csv_field(size_t(cls) < p.class_names.size() ? p.class_names[size_t(cls)] : std::to_string(cls)) +
+              "," + prob;
+    }
+    bad += !problem[i].empty();
+    std::fprintf(f, "%s,%s\n", line.c_str(), csv_field(problem[i]).c_str());
+  }
+  const bool ok = std::fflush(f) == 0 && !std::ferror(f);
+  std::fclose(f);
+  if (!ok || std::rename(tmp.c_str(), inv.predictions.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw InputError("--predictions " + inv.predictions + ": cannot write it");
+  }
+  log::info("predicted " + std::to_string(int64_t(p.files.size()) - bad) + " of " + std::to_string(p.files.size()) +
+            " images: " + inv.predictions + (bad ? " (" + std::to_string(bad) + " could not be read: see its problem column)" : "") +
+            (p.class_names.empty() ? "; the checkpoint names no classes: class indices" : ""));
+}
+
 constexpr const char* kUsage =
     "usage: dptrain --config FILE [--section.key value ...]   train (mpirun -np N ./dptrain ...)\n"
     "       dptrain --eval --checkpoint FILE [--data.test FILE]\n"
     "       dptrain --eval --checkpoint WEIGHTS --config FILE   (an HDF5 /model group, .safetensors)\n"
+    "       dptrain --predict IMAGE|FOLDER... --checkpoint FILE [--top-k K] [--predictions OUT.csv]\n"
     "       dptrain --help | --version";
 
 void print_summary(const TrainResult& r, const Config& cfg) {
@@ -149,6 +260,21 @@ int main(int argc, char** argv) {
         watchdog::set_timeout(inv.cfg.timeout_s);
       }))
     return kExitUsage;
+  // --predict: the checkpoint's model and config, no data files; the images in place of a test set.
+  const bool predicting = !inv.predict.empty();
+  std::string predict_shape, predict_names;
+  if (predicting && stage(world, [&] {
+        if (inv.eval_checkpoint.empty()) throw InputError("--predict needs --checkpoint FILE (a dptrain checkpoint)");
+        Invocation given = inv;
+        inv = eval_invocation(world, argc, argv, inv, &predict_shape, &predict_names);
+        inv.predict = given.predict;
+        inv.top_k = given.top_k;
+        inv.predictions = given.predictions;
+        inv.eval_only = true;
+        inv.cfg.test_file.clear();
+        watchdog::set_timeout(inv.cfg.timeout_s);
+      }))
+    return kExitUsage;
   // A training run's checkpoint to continue, judged before any data is read: another run's
   // checkpoint stops every rank here (exit 2), and the global batch's split is decided before
   // the shard reader plans its rows.
@@ -198,9 +324,16 @@ int main(int argc, char** argv) {
                            "run's path, relative to the folder that run started in. Run from that "
                            "folder, or name the test set: --data.test FILE");
         }
-        if (inv.eval_only && cfg.test_file.empty()) throw InputError("--eval needs data.test");
+        if (inv.eval_only && !predicting && cfg.test_file.empty()) throw InputError("--eval needs data.test");
       }))
     return rc;
+  PredictInput pin;
+  if (predicting && stage(world, [&] {
+        watchdog::Phase phase("reading the images to predict", 0);
+        data.test = predict_input(inv, predict_shape, predict_names, rt.comm->rank(), rt.comm->size(), pin);
+        data.has_test = true;
+      }))
+    return kExitUsage;
   if (data.rows && data.rows->file_rows() > 0)
     log::info("data.read = shard: each rank reads " + std::to_string(data.rows->rows_per_epoch()) +
               " of the " + std::to_string(data.rows->file_rows()) + " rows of " + cfg.train_file +
@@ -214,7 +347,10 @@ int main(int argc, char** argv) {
     return rc;
   int rc = kExitOk;
   try {
-    if (inv.eval_only) {
+    if (predicting) {
+      const std::vector<Prediction> preds = trainer->predict(data.test, inv.top_k);
+      write_predictions(world, inv, pin, preds);
+    } else if (inv.eval_only) {
       EvalResult e = trainer->evaluate(data.test);
       char buf[256];
       std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.8g, accuracy %.4f", cfg.test_file.c_str(),

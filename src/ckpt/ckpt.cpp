@@ -308,6 +308,11 @@ void write_root_attrs(hid_t file, const Checkpoint& ck) {
   if (!ck.data_train.empty()) write_string_attr(file, "data_train", ck.data_train);
   if (ck.schedule_steps > 0)
     write_attr(file, "schedule_steps", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.schedule_steps);
+  if (!ck.class_names.empty()) {
+    std::string names;
+    for (const std::string& n : ck.class_names) names += (names.empty() ? "" : "\n") + n;
+    write_string_attr(file, "class_names", names);
+  }
   if (ck.model.empty()) {
     write_ints_attr(file, "layers", ck.layers);
   } else {
@@ -543,6 +548,14 @@ uint32_t read_header(const Reader& r, hid_t file, Checkpoint& ck) {
   if (H5Aexists(file, "run_id") > 0) ck.run_id = read_string(r, file, "run_id");
   if (H5Aexists(file, "data_train") > 0) ck.data_train = read_string(r, file, "data_train");
   if (H5Aexists(file, "schedule_steps") > 0) ck.schedule_steps = read_count(r, file, "schedule_steps", 1, big);
+  if (H5Aexists(file, "class_names") > 0) {
+    const std::string names = read_string(r, file, "class_names");
+    for (size_t at = 0; at <= names.size();) {
+      const size_t nl = std::min(names.find('\n', at), names.size());
+      ck.class_names.push_back(names.substr(at, nl - at));
+      at = nl + 1;
+    }
+  }
   // The MLP widths form, or a layer list with its input shape (checked with the tensors).
   const htri_t list = H5Aexists(file, "model");
   if (list < 0) r.ok(-1, "cannot look up attribute 'model'");

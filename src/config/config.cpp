@@ -314,7 +314,12 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   generic.add_options()("help,h", "print this help")("version", "print the version and exit")("config", po::value<std::string>(&cfg_path),
                                                      "INI file with the keys below")(
       "eval", "evaluate --checkpoint on data.test and exit")(
-      "checkpoint", po::value<std::string>(&inv.eval_checkpoint), "checkpoint for --eval");
+      "checkpoint", po::value<std::string>(&inv.eval_checkpoint), "checkpoint for --eval or --predict")(
+      "predict", po::value<std::vector<std::string>>(&inv.predict)->multitoken(),
+      "image files or folders (.jpg, .jpeg, .png) to classify with --checkpoint's model; writes "
+      "--predictions")(
+      "top-k", po::value<int>(&inv.top_k), "--predict: classes per image (default 5)")(
+      "predictions", po::value<std::string>(&inv.predictions), "--predict: the CSV written (default predictions.csv)");
   po::options_description all;
   all.add(generic).add(t.desc);
   std::ostringstream help;
@@ -346,6 +351,10 @@ Invocation parse_invocation(int argc, const char* const* argv, const std::string
   inv.version = vm.count("version") > 0;
   if (inv.version) return inv;
   inv.eval_only = vm.count("eval") > 0;
+  if (!inv.predict.empty() && inv.eval_only)
+    throw InputError("command line error: --eval and --predict are two runs: give one of them");
+  if (inv.top_k < 1 || inv.top_k > 1000)
+    throw InputError("command line error: --top-k " + std::to_string(inv.top_k) + ": must be in [1, 1000]");
   if (inv.help) return inv;
   parse_model_keys(c, keys, vm);
   if (check) validate(c);

@@ -42,6 +42,7 @@ TrainRows::TrainRows(const Dataset& whole, const RankOrder& o) : whole_(&whole),
   info_.feature_type = whole.is_u8 ? "uint8" : "float32";
   info_.scale = whole.scale;
   info_.offset = whole.offset;
+  info_.class_names = whole.class_names;
 }
 
 TrainRows::TrainRows(const std::string& path, const RankOrder& o) : path_(path), order_(o) {

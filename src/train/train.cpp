@@ -45,174 +45,15 @@ std::string hms(double s) {
   return buf;
 }
 
-// Host-side reduction of a few doubles over the ranks (metrics, verdicts): plain MPI, whatever
-// the transport, since the values live on the host.
-void host_sum(MPI_Comm c, double* v, int n) {
-  watchdog::Phase phase("waiting in allreduce of metrics");
-  DPT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, c));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-
-RankOrder rank_order(const Config& cfg, const Comm& comm) {
-  return rank_order(cfg, comm.rank(), comm.size());
-}
-
-RankOrder rank_order(const Config& cfg, int rank, int world) {
-  RankOrder o;
-  o.shuffle = cfg.shuffle;
-  o.seed = cfg.seed;
-  o.rank = rank;
-  o.world = world;
-  o.batch = cfg.batch_per_rank;
-  o.accumulate = cfg.accumulate;
-  return o;
-}
-
-RunData load_run_data(const Config& cfg, const Comm& comm, bool with_train) {
-  return load_run_data(cfg, comm.rank(), comm.size(), with_train);
-}
-
-namespace {
-// Reads a dataset into host memory; out of memory names the file, what it needs and the ways out
-// rather than ending as a bare std::bad_alloc.
-template <class F> auto in_host_memory(const char* key, const std::string& path, bool shard, F&& read) {
-  try {
-    return read();
-  } catch (const std::bad_alloc&) {
-    std::string size;
-    try {
-      const DatasetInfo in = probe_dataset(path);
-      const double bytes = double(in.n) * double(in.dim) * (in.feature_type == "uint8" ? 1 : 4) + 4.0 * double(in.n);
-      char buf[160];
-      std::snprintf(buf, sizeof buf, " (%lld rows x %lld %s features: %.2f GiB)", static_cast<long long>(in.n),
-                    static_cast<long long>(in.dim), in.feature_type.c_str(), bytes / double(1u << 30));
-      size = buf;
-    } catch (const std::exception&) {
-    }
-    throw Error(std::string("out of host memory reading ") + key + " " + path + size +
-                (shard ? "" : "; with data.read = all every rank holds the whole file: data.read = shard holds only "
-                              "the rows a rank trains on (an epoch at a time)") +
-                "; or run fewer ranks per node, store features as uint8 (a quarter of float32), or ask the "
-                "scheduler for more memory");
-  }
-}
-}  // namespace
-
-RunData load_run_data(const Config& cfg, int rank, int world, bool with_train) {
-  RunData d;
-  const bool shard = cfg.data_read == "shard" || cfg.data_read == "stream";
-  const std::string& tr = cfg.train_file;
-  if (with_train && cfg.data_read == "stream")
-    d.rows = std::make_unique<TrainRows>(tr, rank_order(cfg, rank, world), cfg.stream_batches, int64_t(cfg.epochs));
-  else if (with_train && shard)
-    d.rows = in_host_memory("data.train", tr, shard, [&] { return std::make_unique<TrainRows>(tr, rank_order(cfg, rank, world)); });
-  else if (with_train)
-    d.train = in_host_memory("data.train", tr, shard, [&] { return load_dataset(tr); });
-  d.has_test = !cfg.test_file.empty();
-  const std::string& te = cfg.test_file;
-  if (d.has_test)
-    d.test = in_host_memory("data.test", te, shard,
-                            [&] { return shard ? load_eval_shard(te, rank, world) : load_dataset(te); });
-  return d;
-}
-
-std::unique_ptr<Trainer> make_trainer(const Config& cfg, Backend& be, Comm& comm, RunData& d) {
-  const Dataset* test = d.has_test ? &d.test : nullptr;
-  if (d.rows) return std::make_unique<Trainer>(cfg, be, comm, d.rows.get(), test);
-  return std::make_unique<Trainer>(cfg, be, comm, d.train.n ? &d.train : nullptr, test);
-}
 
 namespace {
 std::unique_ptr<TrainRows> wrap(const Dataset* train, const Config& cfg, const Comm& comm) {
   return train ? std::make_unique<TrainRows>(*train, rank_order(cfg, comm)) : nullptr;
 }
 
-std::string widths_text(const std::vector<int64_t>& w) {
-  std::string s;
-  for (int64_t x : w) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
-// The MLP shorthand gives the input width first and the output width last; a user who wrote
-// only the hidden and output widths, or widths for other data, is told which list to give.
-void check_shape(const Config& cfg, const std::string& path, int64_t dim, int classes) {
-  const std::vector<int64_t> w(cfg.layers.begin(), cfg.layers.end());
-  const std::string key = path == cfg.train_file ? "data.train" : path == cfg.test_file ? "data.test" : "data";
-  const std::string data = key + " (" + path + ")";
-  std::vector<int64_t> fixed = w;
-  fixed.back() = std::max<int64_t>(fixed.back(), classes);
-  if (dim != w.front()) {
-    std::vector<int64_t> prepended = fixed, replaced = fixed;
-    prepended.insert(prepended.begin(), dim);
-    replaced.front() = dim;
-    throw InputError("model.layers = " + widths_text(w) + " starts with input width " + std::to_string(w.front()) +
-                     ", but " + data + " has " + std::to_string(dim) + " features per row: give model.layers = " +
-                     widths_text(prepended) + " (the first width is the input width), or " + widths_text(replaced) +
-                     " if " + std::to_string(w.front()) + " was meant as the input width");
-  }
-  if (classes > w.back())
-    throw InputError("model.layers = " + widths_text(w) + " ends with " + std::to_string(w.back()) + " outputs, but " +
-                     data + " has " + std::to_string(classes) + " classes: give model.layers = " + widths_text(fixed) +
-                     " (the last width is the number of outputs, at least num_classes)");
-}
-
-// The model cfg describes, on data whose samples have this shape (path names the data): the
-// widths form checked against the data's width and classes; a layer list's shapes inferred.
-ModelPlan model_plan(const Config& cfg, const std::vector<int64_t>& sample_shape, int64_t dim,
-                     int classes, const std::string& path) {
-  if (cfg.layer_list.empty()) {
-    check_shape(cfg, path, dim, classes);
-    return plan_model(mlp_layer_list(cfg.layers, parse_act(cfg.activation)), TensorShape::features(dim), 0);
-  }
-  try {
-    return plan_model(parse_layer_list(cfg.layer_list), model_input_shape(sample_shape, cfg.input_shape, path),
-                      classes);
-  } catch (const InputError& e) {
-    throw InputError("model.layers on " + path + ": " + e.what());
-  }
-}
-
-// The training images' shape for data.augment: the model's input, else the data's (C, H, W),
-// else model.input_shape.
-TensorShape augment_shape(const Config& cfg, const ModelPlan& mp, const std::vector<int64_t>& sample_shape,
-                          const std::string& path) {
-  if (!mp.input.flat) return mp.input;
-  if (sample_shape.size() == 3) return TensorShape::image(sample_shape[0], sample_shape[1], sample_shape[2]);
-  if (!cfg.input_shape.empty()) return model_input_shape(sample_shape, cfg.input_shape, path);
-  throw InputError("data.augment = " + cfg.augment + " needs images, but " + path +
-                   " holds flat samples: set model.input_shape = C,H,W");
-}
-// With resized crops (data.augment = random_resized_crop, data.crop_size, data.mean), the
-// shape of the stored images (C, H, W: the data's, else model.input_shape's) into *stored, and
-// the shape the model sees (C, crop, crop); else the data's own.
-std::vector<int64_t> seen_shape(const ImageTransform& t, const Config& cfg, const std::vector<int64_t>& sample_shape,
-                                const std::string& path, TensorShape* stored) {
-  if (!t.any()) return sample_shape;
-  TensorShape img;
-  if (sample_shape.size() == 3) img = TensorShape::image(sample_shape[0], sample_shape[1], sample_shape[2]);
-  else if (!cfg.input_shape.empty()) img = model_input_shape(sample_shape, cfg.input_shape, path);
-  else
-    throw InputError((t.random_crop ? "data.augment = " + cfg.augment : t.size ? std::string("data.crop_size")
-                                                                                : std::string("data.mean")) +
-                     " needs images, but " + path + " holds flat samples: set model.input_shape = C,H,W");
-  if (!t.mean.empty() && int64_t(t.mean.size()) != img.c)
-    throw InputError("data.mean and data.std have " + std::to_string(t.mean.size()) + " values, but the images of " +
-                     path + " have " + std::to_string(img.c) + " channel(s) (" + img.str() + ")");
-  if (img.h > kMaxImageSide || img.w > kMaxImageSide)
-    throw InputError(path + " holds images of " + img.str() + ": resized crops take sides up to " +
-                     std::to_string(kMaxImageSide));
-  *stored = img;
-  return {img.c, t.out_h(int(img.h)), t.out_w(int(img.w))};
-}
-
-int64_t product(const std::vector<int64_t>& v) {
-  int64_t d = 1;
-  for (int64_t x : v) d *= x;
-  return d;
-}
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, const Dataset* train,
@@ -255,6 +96,7 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
     data_dim = std::max(data_dim, test->dim);
   }
   if (!rows_ && !test) mp = model_plan(cfg, {}, list ? 0 : cfg.layers.front(), 0, "(no data)");
+  class_names_ = rows_ ? rows_->info().class_names : test ? test->class_names : std::vector<std::string>{};
   if (comm.rank() == 0) log::info("model (" + std::string(list ? "layer list" : "MLP widths") + "):\n" + mp.describe());
   // Evaluation runs in chunks of max_batch: the MLP's cost little memory; convolutions keep
   // their columns and activations per layer, so a layer list's chunk is a training batch.
@@ -433,60 +275,6 @@ void Trainer::average_bn_stats() {
       comm_.synchronize();
       be_.scale(s, size_t(b.c), inv);
     }
-}
-
-EvalResult Trainer::evaluate(const Dataset& ds) {
-  average_bn_stats();  // collective, as the evaluation is
-  int64_t begin = 0, end = 0;
-  eval_shard(ds.rows_in_file(), comm_.rank(), comm_.size(), begin, end);
-  // A shard read alone (load_eval_shard) holds exactly these rows.
-  if (begin < ds.first_row || end - ds.first_row > ds.n)
-    throw Error(ds.path + ": rows [" + std::to_string(ds.first_row) + ", " +
-                std::to_string(ds.first_row + ds.n) + ") held, but this rank evaluates [" +
-                std::to_string(begin) + ", " + std::to_string(end) + ")");
-  begin -= ds.first_row;
-  end -= ds.first_row;
-  const int chunk = model_->max_batch();
-  std::vector<int64_t> rows(static_cast<size_t>(chunk));
-  double sums[3] = {0, 0, double(end - begin)};
-  // Each chunk's [Σ loss, #correct] goes to a slot of its own on the device, read back once at
-  // the end and summed here in chunk order: the host never waits for the device between chunks.
-  const size_t chunks = size_t((end - begin + chunk - 1) / chunk);
-  if (eval_stats_.size() < 2 * chunks) eval_stats_ = Buffer<float>(be_, 2 * chunks);
-  std::vector<float> host_stats(2 * chunks);
-  TensorShape img;
-  if (xt_.data()) seen_shape(xform_, cfg_, ds.sample_shape, ds.path, &img);
-  const int64_t center = xt_.data() ? center_window(xform_, int(img.h), int(img.w)) : 0;
-  // A big test set takes long in total but each chunk is bounded: the clock restarts per chunk.
-  watchdog::Phase phase("evaluating", step_);
-  timing::Scope timed(timing::Phase::eval);
-  if (chunks) be_.fill(eval_stats_.data(), 2 * chunks, 0.f);
-  size_t k = 0;
-  for (int64_t r0 = begin; r0 < end; r0 += chunk, ++k, phase.restart()) {
-    const int n = int(std::min<int64_t>(chunk, end - r0));
-    for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
-    be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
-    const float* x = x_.data();
-    if (xt_.data()) {
-      // Evaluation's center window of this set's images.
-      be_.resized_crop(x, xt_.data(), n, int(img.c), int(img.h), int(img.w), int(model_in_.h), int(model_in_.w),
-                       nullptr, nullptr, 0, center, norm_.data());
-      x = xt_.data();
-    }
-    model_->forward(x, n);
-    model_->loss(y_.data(), n, 0.f, eval_stats_.data() + 2 * k, false, false);
-  }
-  be_.download(host_stats.data(), eval_stats_.data(), host_stats.size() * sizeof(float));
-  for (size_t i = 0; i < chunks; ++i) {
-    sums[0] += host_stats[2 * i];
-    sums[1] += host_stats[2 * i + 1];
-  }
-  host_sum(comm_.mpi(), sums, 3);
-  EvalResult r;
-  r.n = int64_t(sums[2]);
-  r.loss = r.n ? sums[0] / double(r.n) : 0;
-  r.accuracy = r.n ? sums[1] / double(r.n) : 0;
-  return r;
 }
 
 int64_t Trainer::global_batch() const {

@@ -377,6 +377,7 @@ void Trainer::save_checkpoint() {
     ck.run_id = run_id_;
     ck.data_train = cfg_.data_identity;
     ck.schedule_steps = horizon_;
+    ck.class_names = class_names_;
     describe_model(cfg_, *model_, ck);
     bn_to_tensors(be_, *model_, pending->bn);
   } else {
