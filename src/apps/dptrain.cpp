@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "dpt/app.hpp"
@@ -26,8 +27,8 @@ namespace {
 // --eval: a dptrain checkpoint's own configuration is the base, the command line overrides it;
 // other weights (an HDF5 /model group, a .safetensors file) take the command line's (--config,
 // keys), which must then say what model they are.
-// The model's input shape ("C,H,W") and the class names (one per line) of a dptrain checkpoint
-// (--predict), else "".
+// The model's input shape and classes ("C,H,W;K") and the class names (one per line) of a
+// dptrain checkpoint (--predict), else "".
 Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& given, std::string* input_shape = nullptr,
                            std::string* class_names = nullptr) {
   const std::string ckpt = given.eval_checkpoint;
@@ -40,6 +41,15 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
         text = ck.config;
         for (int v : ck.input_shape) shape += (shape.empty() ? "" : ",") + std::to_string(v);
         for (const std::string& n : ck.class_names) names += (names.empty() ? "" : "\n") + n;
+        // The classes the model was trained for: its class names, else its data's identity
+        // ("..., 10 classes, ...").
+        int classes = int(ck.class_names.size());
+        const size_t at = ck.data_train.find(" classes,");
+        if (classes == 0 && at != std::string::npos) {
+          const size_t from = ck.data_train.rfind(' ', at - 1);
+          classes = std::atoi(ck.data_train.c_str() + (from == std::string::npos ? 0 : from + 1));
+        }
+        if (classes > 0) shape += ";" + std::to_string(classes);
       }
     } catch (const std::exception& e) {
       err = e.what();
@@ -78,10 +88,13 @@ struct PredictInput {
 Dataset predict_input(const Invocation& inv, const std::string& shape, const std::string& names, int rank, int world,
                       PredictInput& p) {
   const Config& cfg = inv.cfg;
-  int c = 0, h = 0, w = 0;
-  if (std::sscanf(shape.c_str(), "%d,%d,%d", &c, &h, &w) != 3)
+  int c = 0, h = 0, w = 0, classes = 0;
+  if (std::sscanf(shape.c_str(), "%d,%d,%d;%d", &c, &h, &w, &classes) < 3)
     throw InputError("--predict needs a dptrain checkpoint of a model for images (C,H,W input); " +
-                     inv.eval_checkpoint + " records input shape '" + shape + "'");
+                     inv.eval_checkpoint + " records input shape '" + shape.substr(0, shape.find(';')) + "'");
+  if (classes < 1)
+    throw InputError("--predict: " + inv.eval_checkpoint + " records neither class names nor its training data's "
+                     "classes (a checkpoint of an older version): evaluate it with --eval instead");
   const int side = cfg.crop_size > 0 ? int(std::lround(cfg.crop_size / cfg.eval_crop_ratio)) : h;
   p.files = list_image_files(inv.predict);
   for (size_t at = 0; !names.empty() && at <= names.size();) {
@@ -91,9 +104,8 @@ Dataset predict_input(const Invocation& inv, const std::string& shape, const std
   }
   int64_t end = 0;
   eval_shard(int64_t(p.files.size()), rank, world, p.begin, end);
-  Dataset ds = predict_images(p.files, p.begin, end, c, side, 1, p.problems);
-  ds.num_classes = 1;  // labels are 0 and unused; the model's classes come from the checkpoint
-  return ds;
+  // Labels are 0 and unused; num_classes plans the model's head as the checkpoint holds it.
+  return predict_images(p.files, p.begin, end, c, side, classes, p.problems);
 }
 
 // A CSV field: quoted when it holds a comma, a quote or a line break (RFC 4180).
@@ -146,7 +158,7 @@ void write_predictions(MPI_Comm c, const Invocation& inv, const PredictInput& p,
       }
       const int cls = preds[i].classes[size_t(j)];
       char prob[32];
-      std::snprintf(prob, sizeof prob, "%.6f", double(preds[i].probs[size_t(j)]));
+      std::snprintf(prob, sizeof prob, "%.6g", double(preds[i].probs[size_t(j)]));
       line += "," + csv_field(size_t(cls) < p.class_names.size() ? p.class_names[size_t(cls)] : std::to_string(cls)) +
               "," + prob;
     }
