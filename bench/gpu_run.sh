@@ -20,11 +20,11 @@ for lib in libopenblas.so.0 libdnnl.so.2 libOpenCL.so.1; do
 done
 what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sections below (tests, e2e, mps,
 # layouts, bench, epilogues, profile, scaling, multi, cnn, resnet, grid, startup, finetune, scale12, one12,
-# samebits, images, images_acc; the last five not in all)
+# samebits, images, images_acc, streambits; the last six not in all)
 # cuDNN: the version built against (9.19) is PyTorch's copy there; the machine's default is older.
 CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
 [ -d $CUDNN_LIB ] && export LD_LIBRARY_PATH=$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits && $1 != images && $1 != images_acc) || ,$what, == *,$1,* ]]; }
+want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits && $1 != images && $1 != images_acc && $1 != streambits) || ,$what, == *,$1,* ]]; }
 # EXTRA_ENV="NAME=VALUE ...": variables for dptrain's runs in scale12 (all of them) and one12
 # (bench-step a second time with them, A/B in one call); forwarded to every rank with mpirun -x.
 xenv=()
@@ -500,9 +500,14 @@ if want images; then
     > "$IO/import-rate.jsonl" 2>&1
   echo "import_rate rc=$?"; grep -hE '"side": "(dpdata|torchvision|ratio)"' "$IO/import-rate.jsonl" | cut -c1-300
   if [ -f "$H5" ]; then
-    timeout "$(cap 150 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" \
+    # Resident (data.read = all: the file in host memory, uint8 on the GPU) and streamed from the
+    # file (data.read = stream: each micro-batch's rows read a few batches ahead).
+    timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read all \
       --log.metrics "$IO/dptrain-metrics.jsonl" > "$IO/dptrain.log" 2>&1
-    echo "dptrain rc=$?"; grep -E "done|rror|augment" "$IO/dptrain.log" | tail -n 4
+    echo "dptrain rc=$?"; grep -E "done|rror|augment|memory" "$IO/dptrain.log" | tail -n 4
+    timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read stream \
+      --log.metrics "$IO/dptrain-stream-metrics.jsonl" > "$IO/dptrain-stream.log" 2>&1
+    echo "dptrain stream rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-stream.log" | tail -n 4
   else
     echo "images: $H5 not written (dpdata images failed or missing): dptrain's run skipped"
   fi
@@ -513,6 +518,36 @@ if want images; then
     --steps ${TORCH_STEPS:-100} --arch resnet50 > "$IO/torch.jsonl" 2>&1
   echo "torch_imagefolder rc=$?"
   python3 bench/images_summary.py "$IO" | tee /tmp/dpt-summary-images.txt
+fi
+if want streambits; then
+  # data.read = stream trains bit for bit as data.read = all on the GPU: inputs/cnn.ini on
+  # Fashion-MNIST for 300 steps with random_resized_crop, flip and normalisation, each way; the
+  # losses logged every 50 steps and the final test figures must be equal (the resident run's
+  # step is a CUDA graph, the streamed one's is not).
+  mkdir -p "$OUT/streambits" /tmp/sb
+  $B/dpdata import-idx --images .gpu/fashion/train-images-idx3-ubyte.gz --labels .gpu/fashion/train-labels-idx1-ubyte.gz \
+    --out /tmp/sb/train.h5 > /dev/null && \
+  $B/dpdata import-idx --images .gpu/fashion/t10k-images-idx3-ubyte.gz --labels .gpu/fashion/t10k-labels-idx1-ubyte.gz \
+    --out /tmp/sb/test.h5 > /dev/null
+  for r in all stream; do
+    timeout 120 mpirun -np 1 $B/dptrain --config inputs/cnn.ini --data.train /tmp/sb/train.h5 --data.test /tmp/sb/test.h5 \
+      --train.steps 300 --data.read $r --data.augment random_resized_crop,flip --data.crop_size 24 \
+      --data.mean 0.286 --data.std 0.353 --checkpoint.dir /tmp/sb/ck-$r --checkpoint.resume none \
+      --log.metrics "$OUT/streambits/$r.jsonl" > "$OUT/streambits/$r.log" 2>&1
+    echo "streambits $r rc=$?"; grep -E "final|stream|graph" "$OUT/streambits/$r.log" | tail -n 3
+    # The final model evaluated with 8 significant digits of the loss.
+    timeout 60 mpirun -np 1 $B/dptrain --eval --checkpoint /tmp/sb/ck-$r/ckpt-000000300.h5 --data.test /tmp/sb/test.h5 \
+      2>&1 | grep "^eval" | sed 's/^eval [^:]*: //' > "$OUT/streambits/$r.eval"
+    cat "$OUT/streambits/$r.eval"
+  done
+  if cmp -s <(grep -oE '"(loss|accuracy)": *[^,}]*' "$OUT/streambits/all.jsonl") \
+            <(grep -oE '"(loss|accuracy)": *[^,}]*' "$OUT/streambits/stream.jsonl") &&
+     [ -s "$OUT/streambits/all.eval" ] && cmp -s "$OUT/streambits/all.eval" "$OUT/streambits/stream.eval"; then
+    echo "streambits: all and stream logged the same losses and test figures and evaluate alike"
+  else
+    echo "streambits: DIFFER"; diff <(grep -oE '"loss": *[^,}]*' "$OUT/streambits/all.jsonl") \
+      <(grep -oE '"loss": *[^,}]*' "$OUT/streambits/stream.jsonl") | head -n 6
+  fi
 fi
 if want images_acc; then
   # Fashion-MNIST as PNG files (bench/fmnist_png.py) imported by `dpdata images --size 28

@@ -69,7 +69,9 @@ def main():
     rate = steady_rate(os.path.join(d, "dptrain-metrics.jsonl"), a.skip)
     step = [r for r in records(os.path.join(d, "bench-step.log")) if r.get("bench") == "step"]
     torch = {r["part"]: r for r in records(os.path.join(d, "torch.jsonl")) if "part" in r}
-    rows = [("dptrain, imported set, random_resized_crop,flip", rate),
+    stream = steady_rate(os.path.join(d, "dptrain-stream-metrics.jsonl"), a.skip)
+    rows = [("dptrain, imported set resident, random_resized_crop,flip", rate),
+            ("dptrain, imported set streamed (data.read = stream)", stream),
             ("dptrain bench-step, synthetic resident", step[-1]["samples_per_s"] if step else None),
             (f"PyTorch loader alone ({torch.get('setup', {}).get('workers', '?')} workers)",
              torch.get("loader", {}).get("images_per_s")),
@@ -80,9 +82,15 @@ def main():
     for name, v in rows:
         print(f"{name:<52}{v:>9.0f}" if v else f"{name:<52}{'-':>9}")
     res["train"] = {name: v for name, v in rows}
-    if rate and torch.get("train", {}).get("images_per_s"):
-        res["dptrain_over_torch_fed"] = round(rate / torch["train"]["images_per_s"], 2)
-        print(f"dptrain on the imported set / PyTorch fed by its loader: {res['dptrain_over_torch_fed']}")
+    fed = torch.get("train", {}).get("images_per_s")
+    synth = step[-1]["samples_per_s"] if step else None
+    for tag, v in (("resident", rate), ("stream", stream)):
+        if v and fed:
+            res[f"dptrain_{tag}_over_torch_fed"] = round(v / fed, 2)
+            print(f"dptrain on the imported set ({tag}) / PyTorch fed by its loader: {res[f'dptrain_{tag}_over_torch_fed']}")
+        if v and synth:
+            res[f"dptrain_{tag}_over_synthetic"] = round(v / synth, 3)
+            print(f"dptrain on the imported set ({tag}) / dptrain synthetic resident: {res[f'dptrain_{tag}_over_synthetic']}")
     acc = [r for r in records(os.path.join(d, "fmnist.jsonl")) if r.get("step") == "result"]
     if acc:
         r = acc[-1]
