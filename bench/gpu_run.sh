@@ -3,7 +3,7 @@
 # start-up and shut-down phase by phase, bench-step beside the PyTorch peer, the batch-size / lr
 # grid with time to target, logs under $OUT. Expects the executables built here in
 # .gpu/bin, the Debian runtimes the GPU machine may lack (oneDNN's libdnnl.so.2 and its
-# libOpenCL.so.1, OpenBLAS) in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
+# libOpenCL.so.1, OpenBLAS, libjpeg-turbo's libjpeg.so.62, libpng16) in .gpu/gpulibs.tar.xz and Fashion-MNIST's .gz files in
 # .gpu/fashion (see docs/benchmarks.md, "GPU"). scale12 (2 GPUs) and one12 (1 GPU) are each one
 # call of their own (run them alone: `bash bench/gpu_run.sh scale12`).
 set -uo pipefail
@@ -12,7 +12,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABL
 B=.gpu/bin
 # The machine has its own libopenblas.so.0, not (as far as seen) Debian's oneDNN: copies travel,
 # used for whichever library the machine lacks (appended to the path: its own come first).
-for lib in libopenblas.so.0 libdnnl.so.2 libOpenCL.so.1; do
+for lib in libopenblas.so.0 libdnnl.so.2 libOpenCL.so.1 libjpeg.so.62 libpng16.so.16; do
   if ! ldconfig -p | grep -q "$lib" && [ -f .gpu/gpulibs.tar.xz ]; then
     mkdir -p /tmp/gl && tar -xJf .gpu/gpulibs.tar.xz -C /tmp/gl && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/gl
     break
@@ -499,12 +499,21 @@ if want images; then
   timeout "$(cap 200 200)" python3 bench/import_rate.py --build $B --images "$IMG" --size 256 --workers "$W" --out "$H5" --keep \
     > "$IO/import-rate.jsonl" 2>&1
   echo "import_rate rc=$?"; grep -hE '"side": "(dpdata|torchvision|ratio)"' "$IO/import-rate.jsonl" | cut -c1-300
+  # The same import written to /dev/shm (memory: no disk behind the final fsync), to tell the
+  # decoding's rate from the disk's.
+  if [ -d /dev/shm ]; then
+    t0=$SECONDS; timeout "$(cap 60 150)" $B/dpdata images --folder "$IMG" --out /dev/shm/images-shm.h5 --size 256 \
+      --threads "$W" > "$IO/import-shm.log" 2>&1; echo "dpdata to /dev/shm rc=$? in $((SECONDS - t0)) s"
+    grep -E "^images:" "$IO/import-shm.log" | tail -n 1; rm -f /dev/shm/images-shm.h5
+  fi
   if [ -f "$H5" ]; then
     # Resident (data.read = all: the file in host memory, uint8 on the GPU) and streamed from the
     # file (data.read = stream: each micro-batch's rows read a few batches ahead).
     timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read all \
       --log.metrics "$IO/dptrain-metrics.jsonl" > "$IO/dptrain.log" 2>&1
     echo "dptrain rc=$?"; grep -E "done|rror|augment|memory" "$IO/dptrain.log" | tail -n 4
+    # The page cache dropped first where the machine lets us, so the streamed rows come from the disk.
+    sync; if echo 1 > /proc/sys/vm/drop_caches 2>/dev/null; then echo "page cache dropped"; else echo "page cache not dropped (not permitted)"; fi
     timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read stream \
       --log.metrics "$IO/dptrain-stream-metrics.jsonl" > "$IO/dptrain-stream.log" 2>&1
     echo "dptrain stream rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-stream.log" | tail -n 4
