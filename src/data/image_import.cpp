@@ -38,8 +38,8 @@ Hid made(hid_t id, Hid::Closer close, const std::string& path, const char* what)
   return Hid(id, close);
 }
 
-// N × C × S × S uint8 in chunks of whole rows (one image, or as many as fit 64 KiB when images
-// are small), grown as rows arrive; labels and attributes at the end. Until commit() the file is
+// N × C × S × S uint8 in chunks of whole rows (as many as fit 8 MiB, one write block: a reader
+// that reads rows at their offsets looks up one chunk address per 8 MiB), grown as rows arrive; labels and attributes at the end. Until commit() the file is
 // OUT.tmp.<pid>, removed if the object dies first.
 class ImageFile {
  public:
@@ -52,7 +52,7 @@ class ImageFile {
                        hdf5_error_string());
     const hsize_t dims[4] = {0, hsize_t(c), hsize_t(s), hsize_t(s)};
     const hsize_t max[4] = {H5S_UNLIMITED, dims[1], dims[2], dims[3]};
-    const hsize_t chunk[4] = {std::max<hsize_t>(1, (hsize_t(1) << 16) / row_), dims[1], dims[2], dims[3]};
+    const hsize_t chunk[4] = {std::max<hsize_t>(1, (hsize_t(8) << 20) / row_), dims[1], dims[2], dims[3]};
     Hid space = made(H5Screate_simple(4, dims, max), H5Sclose, out_, "features space");
     Hid dcpl = made(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, out_, "properties");
     if (H5Pset_chunk(dcpl.get(), 4, chunk) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0)

@@ -45,6 +45,34 @@ Dataset empty_like(const std::string& path, const DatasetInfo& info);
 // train_rows.cpp: a new Dataset::version, never 0.
 uint64_t next_version();
 
+// raw_rows.cpp: rows read with pread at their byte offsets on several threads (data.read =
+// stream), for an uncompressed /features of the stored type, contiguous or in chunks of whole
+// rows; ok() is false for any other file, which is read through HDF5. Labels are read (and
+// checked) once, whole.
+class RawRows {
+ public:
+  RawRows(const std::string& path, const Opened& o);
+  ~RawRows();
+  RawRows(const RawRows&) = delete;
+  RawRows& operator=(const RawRows&) = delete;
+  bool ok() const { return ok_; }
+  // The rows in the order given (repeats allowed), as read_rows gives them.
+  Dataset read(const std::vector<int64_t>& rows, int threads);
+
+ private:
+  std::string path_;
+  DatasetInfo info_;
+  bool ok_ = false;
+  int fd_ = -1;
+  size_t row_bytes_ = 0;
+  haddr_t base_ = HADDR_UNDEF;   // contiguous: the first row's offset
+  int64_t per_chunk_ = 0;        // chunked: rows per chunk (0: contiguous)
+  hid_t features_ = -1;          // chunked: the open dataset (its owner outlives this)
+  std::vector<haddr_t> chunk_addr_;  // chunked: each chunk's offset, looked up when first needed
+  std::vector<int32_t> labels_;
+  uint64_t offset(int64_t row);
+};
+
 // reader.cpp: load_rows on a file already open and checked.
 Dataset read_rows(const std::string& path, const Opened& o, const std::vector<int64_t>& rows);
 

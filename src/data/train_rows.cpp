@@ -123,6 +123,8 @@ struct TrainRows::Stream {
   int depth = 8;
   int64_t epochs = 1;
   Opened file;
+  std::unique_ptr<RawRows> raw;  // pread on several threads where the file allows it
+  int io_threads = 1;
   std::mutex m;
   std::condition_variable cv;
   std::deque<Item> queue;
@@ -155,6 +157,10 @@ TrainRows::TrainRows(const std::string& path, const RankOrder& o, int depth, int
   stream_->depth = std::max(1, depth);
   stream_->epochs = std::max<int64_t>(1, epochs);
   stream_->file = open_checked(path, /*whole=*/false);
+  stream_->raw = std::make_unique<RawRows>(path, stream_->file);
+  if (!stream_->raw->ok()) stream_->raw.reset();
+  // Reads in flight: enough to keep a disk's queue busy, not more than the node's cores.
+  stream_->io_threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 16u));
   cur_.streamed = true;
 }
 
@@ -192,7 +198,7 @@ const Dataset& TrainRows::micro_batch(int64_t e, int64_t k, int a) {
               }
               const int64_t at = batch_offset(kk, aa, order_.rank, order_.batch, order_.world, A);
               std::vector<int64_t> rows(order.begin() + at, order.begin() + at + order_.batch);
-              Dataset d = read_rows(path_, s.file, rows);
+              Dataset d = s.raw ? s.raw->read(rows, s.io_threads) : read_rows(path_, s.file, rows);
               d.streamed = true;
               d.version = next_version();
               d.file_rows = 0;
