@@ -166,6 +166,9 @@ class Trainer {
   void claim_run(const std::string& resumed, const std::string& resumed_id);
   void write_start_record();
   void report_stream_wait(double seconds);
+  int64_t eval_window(const Dataset& ds, TensorShape& img) const;
+  const float* eval_forward(const Dataset& ds, int64_t first, int n, std::vector<int64_t>& rows,
+                            const TensorShape& img, int64_t center);
   void average_parameters();
   bool bn_apart_ = false;  // training passes moved the ranks' running statistics apart
   bool step_enqueued_ = false;  // enqueue_step ran in this step (not a replay of its graph)

@@ -175,6 +175,27 @@ std::vector<int64_t> seen_shape(const ImageTransform& t, const Config& cfg, cons
 
 }  // namespace train_detail
 
+// Evaluation's window of ds's images (resized crops; img gets their stored shape), else 0.
+int64_t Trainer::eval_window(const Dataset& ds, TensorShape& img) const {
+  if (!xt_.data()) return 0;
+  seen_shape(xform_, cfg_, ds.sample_shape, ds.path, &img);
+  return center_window(xform_, int(img.h), int(img.w));
+}
+
+// Rows [first, first + n) of ds through evaluation's transform and the model: the logits.
+const float* Trainer::eval_forward(const Dataset& ds, int64_t first, int n, std::vector<int64_t>& rows,
+                                   const TensorShape& img, int64_t center) {
+  for (int i = 0; i < n; ++i) rows[size_t(i)] = first + i;
+  be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
+  const float* x = x_.data();
+  if (xt_.data()) {
+    be_.resized_crop(x, xt_.data(), n, int(img.c), int(img.h), int(img.w), int(model_in_.h), int(model_in_.w),
+                     nullptr, nullptr, 0, center, norm_.data());
+    x = xt_.data();
+  }
+  return model_->forward(x, n);
+}
+
 EvalResult Trainer::evaluate(const Dataset& ds) {
   average_bn_stats();  // collective, as the evaluation is
   int64_t begin = 0, end = 0;
@@ -195,8 +216,7 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   if (eval_stats_.size() < 2 * chunks) eval_stats_ = Buffer<float>(be_, 2 * chunks);
   std::vector<float> host_stats(2 * chunks);
   TensorShape img;
-  if (xt_.data()) seen_shape(xform_, cfg_, ds.sample_shape, ds.path, &img);
-  const int64_t center = xt_.data() ? center_window(xform_, int(img.h), int(img.w)) : 0;
+  const int64_t center = eval_window(ds, img);
   // A big test set takes long in total but each chunk is bounded: the clock restarts per chunk.
   watchdog::Phase phase("evaluating", step_);
   timing::Scope timed(timing::Phase::eval);
@@ -204,16 +224,7 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   size_t k = 0;
   for (int64_t r0 = begin; r0 < end; r0 += chunk, ++k, phase.restart()) {
     const int n = int(std::min<int64_t>(chunk, end - r0));
-    for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
-    be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
-    const float* x = x_.data();
-    if (xt_.data()) {
-      // Evaluation's center window of this set's images.
-      be_.resized_crop(x, xt_.data(), n, int(img.c), int(img.h), int(img.w), int(model_in_.h), int(model_in_.w),
-                       nullptr, nullptr, 0, center, norm_.data());
-      x = xt_.data();
-    }
-    model_->forward(x, n);
+    eval_forward(ds, r0, n, rows, img, center);
     model_->loss(y_.data(), n, 0.f, eval_stats_.data() + 2 * k, false, false);
   }
   be_.download(host_stats.data(), eval_stats_.data(), host_stats.size() * sizeof(float));
@@ -237,8 +248,7 @@ std::vector<Prediction> Trainer::predict(const Dataset& ds, int top_k) {
   std::vector<int64_t> rows(static_cast<size_t>(chunk));
   std::vector<float> logits;
   TensorShape img;
-  if (xt_.data()) seen_shape(xform_, cfg_, ds.sample_shape, ds.path, &img);
-  const int64_t center = xt_.data() ? center_window(xform_, int(img.h), int(img.w)) : 0;
+  const int64_t center = eval_window(ds, img);
   // This rank's rows: k (class, probability) pairs each, the most probable first.
   std::vector<int32_t> cls(size_t(ds.n) * size_t(k));
   std::vector<float> prob(size_t(ds.n) * size_t(k));
@@ -246,15 +256,7 @@ std::vector<Prediction> Trainer::predict(const Dataset& ds, int top_k) {
   std::vector<int> order(static_cast<size_t>(classes));
   for (int64_t r0 = 0; r0 < ds.n; r0 += chunk, phase.restart()) {
     const int n = int(std::min<int64_t>(chunk, ds.n - r0));
-    for (int i = 0; i < n; ++i) rows[size_t(i)] = r0 + i;
-    be_.load_batch(ds, rows.data(), n, x_.data(), y_.data());
-    const float* x = x_.data();
-    if (xt_.data()) {
-      be_.resized_crop(x, xt_.data(), n, int(img.c), int(img.h), int(img.w), int(model_in_.h), int(model_in_.w),
-                       nullptr, nullptr, 0, center, norm_.data());
-      x = xt_.data();
-    }
-    const float* out = model_->forward(x, n);
+    const float* out = eval_forward(ds, r0, n, rows, img, center);
     logits.resize(size_t(n) * size_t(classes));
     be_.download(logits.data(), out, logits.size() * sizeof(float));
     for (int i = 0; i < n; ++i) {
