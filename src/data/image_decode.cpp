@@ -6,6 +6,7 @@
 #include "image_decode.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -264,6 +265,12 @@ int exif_orientation(const uint8_t* a, size_t n) {
     }
   }
   return 1;
+}
+
+void keep_buffers_on_heap() {
+  // Allocations below 256 MiB from the heap, and freed heap memory kept rather than trimmed.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 }  // namespace dpt::image

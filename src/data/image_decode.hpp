@@ -38,6 +38,12 @@ Image oriented(const Image& in, int orientation);
 Image resize_bilinear(const Image& in, int w, int h);
 // PIL's convert('L') of RGB: (R·19595 + G·38470 + B·7471 + 2^15) >> 16. Gray is returned as is.
 Image to_gray(const Image& in);
+// Keeps the few large buffers each image passes through (the file's bytes, its pixels, the
+// resize's passes: 0.1-1 MB each) on the heap for reuse: with glibc's defaults each one is a
+// fresh mmap, zeroed page by page and unmapped again (2,000 500x375 JPEGs to 256 on 2 threads:
+// 12.8 s with the defaults, 6.9 s with this). Process-wide; called before decoding starts.
+void keep_buffers_on_heap();
+
 // torchvision's Resize(s) (shorter side to s, longer to int(s · long / short)) then
 // CenterCrop(s) on a PIL image, written channels first (c × s × s) into out.
 void resize_crop_chw(const Image& in, int s, uint8_t* out);

@@ -385,6 +385,7 @@ void write_report(const std::string& path, const std::vector<Skip>& skipped) {
 
 ImageImportSummary import_images(const ImageImportOptions& o) {
   check_options(o);
+  keep_buffers_on_heap();
   Listing all = o.folder.empty() ? list_csv(o.csv, o.root) : list_folder(o.folder);
   ImageImportSummary sum;
   sum.classes = all.classes;

@@ -64,6 +64,7 @@ Dataset predict_images(const std::vector<std::string>& files, int64_t begin, int
   ds.u8.assign(size_t(ds.n) * size_t(ds.dim), 0);
   ds.labels.assign(size_t(ds.n), 0);
   problems.assign(size_t(ds.n), "");
+  image::keep_buffers_on_heap();
   image::DecodeOptions o;
   o.min_short = side;
   for (int64_t i = begin; i < end; ++i) {
