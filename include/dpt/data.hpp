@@ -49,6 +49,11 @@ struct DatasetInfo {
   std::string label_type;    // "int32" | "int64"
   float scale = 1.f, offset = 0.f;
   std::vector<std::string> class_names;  // the optional root attribute class_names (may be empty)
+  // How the rows are stored: "raw" (/features) or "jpeg" (/jpeg, /jpeg_offsets: each row a JPEG,
+  // decoded to uint8 C x H x W when read, so every reader sees the pixels as /features would hold them).
+  std::string encoding = "raw";
+  int64_t stored_bytes = 0;  // jpeg: the size of /jpeg (all rows' JPEG bytes)
+  int jpeg_quality = 0;      // jpeg: /jpeg's optional attribute quality (0: not recorded)
 };
 
 // Reads and validates the file; throws InputError naming the file, the dataset and what is
@@ -112,6 +117,8 @@ struct ImageImportOptions {
   std::string report;               // default: out + ".skipped.txt"
   uint64_t max_pixels = 89478485;   // PIL's Image.MAX_IMAGE_PIXELS
   bool progress = true;             // a line on stderr every 2 s
+  std::string store = "raw";        // "raw": /features pixels; "jpeg": each row re-encoded as a JPEG (/jpeg)
+  std::optional<int> quality;       // --store jpeg's quality, 1-100 (unset: 90); refused with raw
 };
 struct ImageImportSummary {
   std::vector<std::string> classes;

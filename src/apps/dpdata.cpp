@@ -161,22 +161,32 @@ int cmd_images(const Args& args) {
       ("exif-transpose", po::bool_switch(&o.exif_transpose),
        "turn JPEGs by their EXIF orientation (PIL's exif_transpose; torchvision does not)")
       ("full-decode", po::bool_switch(&o.full_decode),
-       "decode JPEGs at full size, as PIL does (slower; without it libjpeg downscales by M/8)");
+       "decode JPEGs at full size, as PIL does (slower; without it libjpeg downscales by M/8)")
+      ("store", po::value(&o.store)->default_value("raw"),
+       "raw: the S x S pixels (/features); jpeg: each S x S image re-encoded as a JPEG (/jpeg, lossy, "
+       "several times smaller), decoded when read")
+      ("quality", po::value<int>(), "--store jpeg's JPEG quality, 1-100 (default 90; 4:2:0 chroma for RGB)");
   po::variables_map vm;
   if (!parse("dpdata images (--folder DIR | --csv FILE [--root DIR]) --out OUT.h5 [--size S] [--channels 3|1] "
              "[--val-fraction F --val-out VAL.h5 [--seed N] | --val-folder DIR --val-out VAL.h5] [--threads N] "
-             "[--strict] [--report FILE] [--max-pixels N] [--exif-transpose] [--full-decode]",
+             "[--strict] [--report FILE] [--max-pixels N] [--exif-transpose] [--full-decode] "
+             "[--store raw|jpeg [--quality Q]]",
              opts, args, vm))
     return 0;
+  if (vm.count("quality")) o.quality = vm["quality"].as<int>();
   std::vector<std::string> inputs{o.csv};
   check_not_an_input(o.out, inputs);
   const dpt::ImageImportSummary s = dpt::import_images(o);
   print_classes(s);
   for (const auto& [path, rows] : {std::pair{o.out, s.train_rows}, std::pair{o.val_out, s.val_rows}}) {
     if (path.empty()) continue;
-    dpt::probe_dataset(path);
+    const dpt::DatasetInfo info = dpt::probe_dataset(path);
     std::printf("wrote %s: %lld rows x %d x %d x %d (uint8), %d classes\n", path.c_str(), (long long)rows,
                 o.channels, o.size, o.size, s.num_classes);
+    if (info.encoding == "jpeg")
+      std::printf("  stored as JPEG at quality %d: %.1f MB, %.1f KB per image (raw: %.1f KB)\n", o.quality.value_or(90),
+                  double(info.stored_bytes) / 1e6, double(info.stored_bytes) / 1e3 / double(std::max<int64_t>(info.n, 1)),
+                  double(info.dim) / 1e3);
   }
   std::printf("images: %lld in %.1f s, %.0f img/s\n", (long long)(s.train_rows + s.val_rows), s.seconds,
               double(s.train_rows + s.val_rows) / std::max(s.seconds, 1e-9));
@@ -301,6 +311,13 @@ int cmd_info(const Args& args) {
   std::printf("features      %s, value = raw x %g + %g\n", info.feature_type.c_str(),
               double(info.scale), double(info.offset));
   std::printf("labels        %s, num_classes %d\n", info.label_type.c_str(), info.num_classes);
+  if (info.encoding == "jpeg")
+    std::printf("storage       pixels stored as JPEG (/jpeg, quality %s): %lld bytes, %.0f bytes per "
+                "image (%.1fx smaller than raw)\n",
+                info.jpeg_quality ? std::to_string(info.jpeg_quality).c_str() : "not recorded", (long long)info.stored_bytes, double(info.stored_bytes) / double(info.n),
+                double(info.n) * double(info.dim) / double(std::max<int64_t>(info.stored_bytes, 1)));
+  else
+    std::printf("storage       raw (/features)\n");
   print_histogram(ds);
   return 0;
 }

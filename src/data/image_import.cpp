@@ -23,6 +23,7 @@
 #include "image_decode.hpp"
 #include "image_list.hpp"
 #include "internal.hpp"
+#include "jpeg_codec.hpp"
 
 namespace dpt {
 using namespace data_internal;
@@ -41,10 +42,15 @@ Hid made(hid_t id, Hid::Closer close, const std::string& path, const char* what)
 // N × C × S × S uint8 in chunks of whole rows (as many as fit 8 MiB, one write block: a reader
 // that reads rows at their offsets looks up one chunk address per 8 MiB), grown as rows arrive; labels and attributes at the end. Until commit() the file is
 // OUT.tmp.<pid>, removed if the object dies first.
+// --store jpeg: /jpeg instead, 1-D bytes in chunks of 8 MiB (less for a set whose raw pixels
+// would take less: `rows` is its number of files) written whole (append_bytes), and
+// /jpeg_offsets at the end.
 class ImageFile {
  public:
-  ImageFile(const std::string& out, int c, int s) : out_(out), tmp_(out + ".tmp." + std::to_string(getpid())) {
+  ImageFile(const std::string& out, int c, int s, bool jpeg = false, int quality = 0, size_t rows = 0)
+      : out_(out), tmp_(out + ".tmp." + std::to_string(getpid())), jpeg_(jpeg), c_(c), s_(s), quality_(quality) {
     row_ = hsize_t(c) * hsize_t(s) * hsize_t(s);
+    jpeg_chunk_ = std::clamp<hsize_t>(hsize_t(rows) * row_, hsize_t(64) << 10, hsize_t(8) << 20);
     quiet_hdf5();
     file_ = Hid(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (!file_.ok())
@@ -62,8 +68,19 @@ class ImageFile {
     Hid dapl = made(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose, out_, "access properties");
     if (H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0) < 0)
       throw Error("writing '" + out_ + "': chunk cache: " + hdf5_error_string());
-    feat_ = made(H5Dcreate2(file_.get(), "features", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()),
-                 H5Dclose, out_, "/features");
+    if (jpeg_) {  // no filters: a reader finds a row's bytes at its offset in a chunk
+      const hsize_t zero = 0, unlimited = H5S_UNLIMITED;
+      space = made(H5Screate_simple(1, &zero, &unlimited), H5Sclose, out_, "jpeg space");
+      dcpl = made(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, out_, "properties");
+      if (H5Pset_chunk(dcpl.get(), 1, &jpeg_chunk_) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0)
+        throw Error("writing '" + out_ + "': chunk properties: " + hdf5_error_string());
+      feat_ = made(H5Dcreate2(file_.get(), "jpeg", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()),
+                   H5Dclose, out_, "/jpeg");
+      offsets_.push_back(0);
+    } else {
+      feat_ = made(H5Dcreate2(file_.get(), "features", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()),
+                   H5Dclose, out_, "/features");
+    }
     // Written pages start for the disk as they are written (below), so the fsync at the end
     // waits for the last few hundred MiB rather than the whole file.
     sync_fd_ = ::open(tmp_.c_str(), O_RDONLY);
@@ -83,6 +100,17 @@ class ImageFile {
 
   int64_t rows() const { return int64_t(dims_[0]); }
 
+  // jpeg: the next rows' JPEG bytes; `sizes` their lengths. Whole chunks are written as they
+  // fill (the rest waits in pending_), the last partial one at finish().
+  void append_bytes(const std::vector<uint8_t>& bytes, const std::vector<uint64_t>& sizes) {
+    for (uint64_t n : sizes) offsets_.push_back(offsets_.back() + int64_t(n));
+    pending_.insert(pending_.end(), bytes.begin(), bytes.end());
+    const size_t whole = pending_.size() / jpeg_chunk_ * jpeg_chunk_;
+    if (whole == 0) return;
+    write_bytes(pending_.data(), whole);
+    pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(whole));
+  }
+
   void append(const uint8_t* rows, hsize_t count) {
     const hsize_t start[4] = {dims_[0], 0, 0, 0}, size[4] = {count, dims_[1], dims_[2], dims_[3]};
     dims_[0] += count;
@@ -92,17 +120,12 @@ class ImageFile {
     if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, size, nullptr) < 0 ||
         H5Dwrite(feat_.get(), H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, rows) < 0)
       throw Error("writing '" + out_ + "': /features rows: " + hdf5_error_string());
-    unsynced_ += count * row_;
-    if (sync_fd_ >= 0 && unsynced_ >= (hsize_t(256) << 20)) {
-      // Starts the writeback of what is written so far without waiting for it (a hint: errors
-      // surface at the fsync).
-      (void)sync_file_range(sync_fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
-      unsynced_ = 0;
-    }
+    written(count * row_);
   }
 
   // Labels, attributes, flush and fsync: after this the file is whole under its temporary name.
   void finish(const std::vector<int32_t>& labels, int num_classes, const std::vector<std::string>& names) {
+    if (jpeg_) finish_jpeg();
     const float scale = 1.f / 255.f, offset = 0.f;
     scalar_attr(feat_.get(), "scale", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &scale);
     scalar_attr(feat_.get(), "offset", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &offset);
@@ -125,6 +148,23 @@ class ImageFile {
     if (!synced) throw Error("writing '" + out_ + "': fsync: " + std::strerror(errno));
   }
 
+  void finish_jpeg() {
+    if (!pending_.empty()) write_bytes(pending_.data(), pending_.size());
+    pending_.clear();
+    const hsize_t n = offsets_.size(), three = 3;
+    Hid ospace = made(H5Screate_simple(1, &n, nullptr), H5Sclose, out_, "jpeg_offsets space");
+    Hid off = made(H5Dcreate2(file_.get(), "jpeg_offsets", H5T_STD_I64LE, ospace.get(), H5P_DEFAULT, H5P_DEFAULT,
+                              H5P_DEFAULT), H5Dclose, out_, "/jpeg_offsets");
+    if (H5Dwrite(off.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets_.data()) < 0)
+      throw Error("writing '" + out_ + "': /jpeg_offsets: " + hdf5_error_string());
+    const int64_t shape[3] = {c_, s_, s_};
+    Hid sspace = made(H5Screate_simple(1, &three, nullptr), H5Sclose, out_, "shape space");
+    Hid a = made(H5Acreate2(feat_.get(), "shape", H5T_STD_I64LE, sspace.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                 out_, "shape");
+    if (H5Awrite(a.get(), H5T_NATIVE_INT64, shape) < 0) throw Error("writing '" + out_ + "': attribute shape");
+    scalar_attr(feat_.get(), "quality", H5T_STD_I32LE, H5T_NATIVE_INT32, &quality_);
+  }
+
   void commit() {
     if (std::rename(tmp_.c_str(), out_.c_str()) != 0)
       throw Error("writing '" + out_ + "': rename from " + tmp_ + ": " + std::strerror(errno));
@@ -133,11 +173,40 @@ class ImageFile {
 
  private:
   std::string out_, tmp_;
+  bool jpeg_ = false;
+  int c_ = 0, s_ = 0;
+  int32_t quality_ = 0;           // jpeg: recorded as /jpeg's attribute quality
+  std::vector<int64_t> offsets_;  // jpeg: N + 1 so far
+  std::vector<uint8_t> pending_;  // jpeg: bytes short of a whole chunk
+  hsize_t jpeg_size_ = 0;         // jpeg: bytes in /jpeg
+  hsize_t jpeg_chunk_ = 0;        // jpeg: bytes per chunk
   hsize_t row_ = 0, dims_[4] = {0, 0, 0, 0};
   Hid file_, feat_;
   bool committed_ = false;
   int sync_fd_ = -1;
   hsize_t unsynced_ = 0;  // bytes written since the last writeback started
+
+  void write_bytes(const uint8_t* p, size_t count) {
+    const hsize_t start = jpeg_size_, size = count;
+    jpeg_size_ += count;
+    if (H5Dset_extent(feat_.get(), &jpeg_size_) < 0) throw Error("writing '" + out_ + "': extend /jpeg: " + hdf5_error_string());
+    Hid fspace = made(H5Dget_space(feat_.get()), H5Sclose, out_, "jpeg space");
+    Hid mspace = made(H5Screate_simple(1, &size, nullptr), H5Sclose, out_, "memory space");
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &size, nullptr) < 0 ||
+        H5Dwrite(feat_.get(), H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, p) < 0)
+      throw Error("writing '" + out_ + "': /jpeg bytes: " + hdf5_error_string());
+    written(count);
+  }
+
+  void written(hsize_t bytes) {
+    unsynced_ += bytes;
+    if (sync_fd_ >= 0 && unsynced_ >= (hsize_t(256) << 20)) {
+      // Starts the writeback of what is written so far without waiting for it (a hint: errors
+      // surface at the fsync).
+      (void)sync_file_range(sync_fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
+      unsynced_ = 0;
+    }
+  }
 
   void scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* v) {
     Hid space = made(H5Screate(H5S_SCALAR), H5Sclose, out_, name);
@@ -297,6 +366,11 @@ class DecodePool {
       resize_crop_chw(img, o_.size, s.row.data());
       if (o_.channels == 3 && img.c == 1)  // gray to RGB: every channel the gray (PIL's convert('RGB'))
         for (int ch = 1; ch < 3; ++ch) std::memcpy(&s.row[plane * size_t(ch)], s.row.data(), plane);
+      if (o_.store == "jpeg") {  // here, on the decoding threads: the writer only copies bytes
+        std::vector<uint8_t> jpeg;
+        encode_jpeg_chw(s.row.data(), o_.channels, o_.size, o_.size, o_.quality.value_or(90), jpeg);
+        s.row.swap(jpeg);
+      }
     } catch (const std::exception& e) {
       s.why = std::string("cannot decode: ") + e.what();
     }
@@ -318,6 +392,8 @@ void write_output(Output& out, const ImageImportOptions& o, int threads, int num
   std::vector<uint8_t> block;
   block.reserve(block_rows * row);
   std::vector<int32_t> labels;
+  const bool jpeg = o.store == "jpeg";
+  std::vector<uint64_t> sizes;  // jpeg: each row's bytes in block
   DecodePool pool(out.samples, o, threads);
   for (size_t i = 0; i < out.samples.size(); ++i) {
     check_interrupt();
@@ -330,12 +406,20 @@ void write_output(Output& out, const ImageImportOptions& o, int threads, int num
     }
     block.insert(block.end(), s.row.begin(), s.row.end());
     labels.push_back(out.samples[i].label);
-    if (block.size() == block_rows * row) {
+    if (jpeg) {
+      sizes.push_back(s.row.size());
+      if (block.size() >= (size_t(8) << 20)) {
+        file.append_bytes(block, sizes);
+        block.clear();
+        sizes.clear();
+      }
+    } else if (block.size() == block_rows * row) {
       file.append(block.data(), block_rows);
       block.clear();
     }
   }
-  if (!block.empty()) file.append(block.data(), block.size() / row);
+  if (jpeg) file.append_bytes(block, sizes);
+  else if (!block.empty()) file.append(block.data(), block.size() / row);
   out.rows = int64_t(labels.size());
   if (out.rows > 0) file.finish(labels, num_classes, names);
 }
@@ -348,6 +432,13 @@ void check_options(const ImageImportOptions& o) {
   if (o.channels != 1 && o.channels != 3) throw InputError("--channels must be 3 (RGB) or 1 (gray)");
   if (o.threads < 0 || o.threads > 1024) throw InputError("--threads must be in [0, 1024] (0: one per core)");
   if (o.max_pixels < 1) throw InputError("--max-pixels must be at least 1");
+  if (o.store != "raw" && o.store != "jpeg")
+    throw InputError("--store must be raw (pixels, the default) or jpeg (each image re-encoded as a JPEG), not '" +
+                     o.store + "'");
+  if (o.quality && o.store != "jpeg")
+    throw InputError("--quality goes with --store jpeg (--store raw keeps the pixels exactly)");
+  if (o.quality && (*o.quality < 1 || *o.quality > 100))
+    throw InputError("--quality " + std::to_string(*o.quality) + " is outside [1, 100]");
   const bool frac = o.val_fraction != 0, vfold = !o.val_folder.empty();
   if (frac && vfold) throw InputError("give --val-fraction or --val-folder, not both");
   if (frac && !(o.val_fraction > 0 && o.val_fraction < 1))
@@ -412,9 +503,12 @@ ImageImportSummary import_images(const ImageImportOptions& o) {
   const size_t listed_skips = skipped.size();
   InterruptGuard guard;
   Progress progress(sum.files, o.progress);
-  ImageFile train_file(o.out, o.channels, o.size);
+  const bool jpeg = o.store == "jpeg";
+  const int quality = o.quality.value_or(90);
+  ImageFile train_file(o.out, o.channels, o.size, jpeg, quality, train.samples.size());
   std::unique_ptr<ImageFile> val_file;
-  if (!o.val_out.empty()) val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size);
+  if (!o.val_out.empty())
+    val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size, jpeg, quality, val.samples.size());
   write_output(train, o, threads, sum.num_classes, names, skipped, progress, train_file);
   if (val_file) write_output(val, o, threads, sum.num_classes, names, skipped, progress, *val_file);
   sum.report = o.report.empty() ? o.out + ".skipped.txt" : o.report;

@@ -22,9 +22,13 @@ bool mul_ok(uint64_t a, uint64_t b, uint64_t& out);
 uint64_t memory_cap();
 
 // An open, checked file: handles stay open so the loader can read what the probe checked.
+// A jpeg file (info.encoding == "jpeg") has no /features: /jpeg and /jpeg_offsets instead, the
+// offsets read and checked (N + 1 entries, 0 first, nondecreasing, /jpeg's size last).
 struct Opened {
   Hid file, features, labels;
   DatasetInfo info;
+  Hid jpeg;                          // jpeg: /jpeg, uint8, all rows' bytes
+  std::vector<int64_t> jpeg_offsets;  // jpeg: row r's bytes are [off[r], off[r + 1]) of /jpeg
 };
 
 // validate.cpp: opens path and checks it against the layout (whole: all of it is to be read).
@@ -56,8 +60,10 @@ class RawRows {
   RawRows(const RawRows&) = delete;
   RawRows& operator=(const RawRows&) = delete;
   bool ok() const { return ok_; }
-  // The rows in the order given (repeats allowed), as read_rows gives them.
-  Dataset read(const std::vector<int64_t>& rows, int threads);
+  void advise_random();  // rows will be asked for in a random order: no read-ahead
+  // The rows in the order given (repeats allowed), as read_rows gives them, into d: its arrays'
+  // memory is reused when it has the size already (no allocation, no page faults per batch).
+  void read(const std::vector<int64_t>& rows, int threads, Dataset& d);
 
  private:
   std::string path_;
@@ -71,6 +77,39 @@ class RawRows {
   std::vector<haddr_t> chunk_addr_;  // chunked: each chunk's offset, looked up when first needed
   std::vector<int32_t> labels_;
   uint64_t offset(int64_t row);
+};
+
+// jpeg_rows.cpp: JpegRows is RawRows for a jpeg file (data.read = stream): each row's bytes
+// read with pread at their offsets in /jpeg's chunks (or its contiguous storage), decoded on the
+// thread that read them. ok() is false for a raw file or a /jpeg with filters or unwritten
+// chunks, which read through HDF5 (read_rows).
+class JpegRows {
+ public:
+  JpegRows(const std::string& path, const Opened& o);
+  ~JpegRows();
+  JpegRows(const JpegRows&) = delete;
+  JpegRows& operator=(const JpegRows&) = delete;
+  bool ok() const { return ok_; }
+  void advise_random();
+  // The rows in the order given (repeats allowed), the bytes read_rows gives, into d (its
+  // arrays' memory reused); a row that does not decode is an InputError naming it.
+  void read(const std::vector<int64_t>& rows, int threads, Dataset& d);
+  Dataset read(const std::vector<int64_t>& rows, int threads) {
+    Dataset d;
+    read(rows, threads, d);
+    return d;
+  }
+
+ private:
+  std::string path_;
+  DatasetInfo info_;
+  bool ok_ = false;
+  int fd_ = -1;
+  std::vector<int64_t> off_;       // /jpeg_offsets
+  haddr_t base_ = HADDR_UNDEF;     // contiguous: /jpeg's first byte
+  uint64_t chunk_ = 0;             // chunked: bytes per chunk (0: contiguous)
+  std::vector<haddr_t> chunk_addr_;
+  std::vector<int32_t> labels_;
 };
 
 // reader.cpp: load_rows on a file already open and checked.

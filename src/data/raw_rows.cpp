@@ -63,6 +63,12 @@ RawRows::RawRows(const std::string& path, const Opened& o) : path_(path), info_(
   ok_ = fd_ >= 0;
 }
 
+// Rows read in a shuffled order: the kernel's read-ahead past each row would bring bytes no one
+// asked for from the disk.
+void RawRows::advise_random() {
+  if (fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+}
+
 RawRows::~RawRows() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -83,8 +89,14 @@ uint64_t RawRows::offset(int64_t row) {
   return uint64_t(chunk_addr_[c]) + uint64_t(row % per_chunk_) * row_bytes_;
 }
 
-Dataset RawRows::read(const std::vector<int64_t>& rows, int threads) {
-  Dataset d = empty_like(path_, info_);
+void RawRows::read(const std::vector<int64_t>& rows, int threads, Dataset& d) {
+  {
+    Dataset shape = empty_like(path_, info_);  // everything but the arrays, whose memory d keeps
+    shape.u8.swap(d.u8);
+    shape.f32.swap(d.f32);
+    shape.labels.swap(d.labels);
+    d = std::move(shape);
+  }
   d.n = int64_t(rows.size());
   d.file_rows = 0;
   std::vector<uint64_t> at(rows.size());
@@ -131,7 +143,6 @@ Dataset RawRows::read(const std::vector<int64_t>& rows, int threads) {
     for (size_t i = 0; i < d.f32.size(); ++i)
       if (!std::isfinite(d.f32[i]))
         non_finite_feature("dataset file '" + path_ + "': /features", "row " + std::to_string(rows[i / size_t(info_.dim)]));
-  return d;
 }
 
 }  // namespace dpt::data_internal

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "dpt/check.hpp"
+#include "jpeg_codec.hpp"
 
 namespace dpt {
 using namespace data_internal;
@@ -49,7 +50,43 @@ std::vector<int32_t> read_labels(const std::string& path, const Opened& o) {
   return checked_labels(path, raw, o.info.num_classes, same_row);
 }
 
+// ---- jpeg files: /jpeg's byte ranges read through HDF5, rows decoded on several threads ----
+
+// /jpeg bytes [a, b) into dst.
+void read_jpeg_bytes(const std::string& path, const Opened& o, hid_t fspace, uint64_t a, uint64_t b, uint8_t* dst) {
+  if (b <= a) return;
+  const hsize_t start = a, count = b - a;
+  Hid mem(H5Screate_simple(1, &count, nullptr), H5Sclose);
+  if (!mem.ok() || H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0)
+    bad(path, "/jpeg: cannot select bytes: " + hdf5_error_string());
+  if (H5Dread(o.jpeg.get(), H5T_NATIVE_UINT8, mem.get(), fspace, H5P_DEFAULT, dst) < 0)
+    bad(path, "/jpeg: cannot read data (corrupt or truncated?): " + hdf5_error_string());
+}
+
+// Rows i of `bytes` (bytes[start[i], start[i + 1])) decoded into out; the first that does not
+// decode is reported as file row file_row(i).
+template <class Row>
+void decode_rows(const std::string& path, const Opened& o, const uint8_t* bytes, const std::vector<uint64_t>& start,
+                 uint8_t* out, Row file_row) {
+  const std::vector<int64_t>& sh = o.info.sample_shape;
+  std::string why;
+  const int64_t i = image::decode_jpeg_rows(bytes, start, int(sh[0]), int(sh[1]), int(sh[2]), out, why);
+  if (i >= 0) bad(path, "/jpeg row " + std::to_string(file_row(size_t(i))) + ": " + why);
+}
+
+void read_jpeg_all(const std::string& path, const Opened& o, Dataset& ds) {
+  const std::vector<int64_t>& off = o.jpeg_offsets;
+  std::vector<uint8_t> bytes(size_t(off.back()));
+  Hid fspace(H5Dget_space(o.jpeg.get()), H5Sclose);
+  if (!fspace.ok()) bad(path, "/jpeg: unreadable dataspace: " + hdf5_error_string());
+  read_jpeg_bytes(path, o, fspace.get(), 0, uint64_t(off.back()), bytes.data());
+  std::vector<uint64_t> start(off.begin(), off.end());
+  ds.u8.resize(size_t(o.info.n) * size_t(o.info.dim));
+  decode_rows(path, o, bytes.data(), start, ds.u8.data(), same_row);
+}
+
 void read_features(const std::string& path, const Opened& o, Dataset& ds) {
+  if (o.info.encoding == "jpeg") return read_jpeg_all(path, o, ds);
   const size_t count = size_t(o.info.n) * size_t(o.info.dim);
   herr_t rc;
   if (ds.is_u8) {
@@ -91,6 +128,44 @@ Dataset empty_like(const std::string& path, const DatasetInfo& info) {
 
 namespace {
 
+// read_sorted_rows for a jpeg file: labels as for /features (up to 128 runs per read), the
+// JPEG bytes one read per run of consecutive rows, then every row decoded.
+void read_sorted_jpeg(const std::string& path, const Opened& o, const std::vector<int64_t>& sorted, Dataset& ds) {
+  const std::vector<int64_t>& off = o.jpeg_offsets;
+  std::vector<uint64_t> start(sorted.size() + 1, 0);
+  for (size_t i = 0; i < sorted.size(); ++i)
+    start[i + 1] = start[i] + uint64_t(off[size_t(sorted[i]) + 1] - off[size_t(sorted[i])]);
+  if (start.back() > memory_cap())
+    bad(path, "/jpeg: " + std::to_string(sorted.size()) + " rows of " + std::to_string(start.back()) +
+                  " JPEG bytes exceed the memory limit of " + std::to_string(memory_cap() >> 20) + " MiB");
+  Hid fspace(H5Dget_space(o.jpeg.get()), H5Sclose), lspace(H5Dget_space(o.labels.get()), H5Sclose);
+  if (!fspace.ok() || !lspace.ok()) bad(path, "unreadable dataspace: " + hdf5_error_string());
+  std::vector<int64_t> raw(sorted.size());
+  std::vector<uint8_t> bytes(size_t(start.back()));
+  for (size_t first = 0; first < sorted.size();) {
+    H5Sselect_none(lspace.get());
+    size_t i = first;
+    for (int runs = 0; runs < 128 && i < sorted.size(); ++runs) {
+      size_t j = i + 1;
+      while (j < sorted.size() && sorted[j] == sorted[j - 1] + 1) ++j;
+      const hsize_t at = hsize_t(sorted[i]), count = hsize_t(j - i);
+      if (H5Sselect_hyperslab(lspace.get(), H5S_SELECT_OR, &at, nullptr, &count, nullptr) < 0)
+        bad(path, "cannot select rows: " + hdf5_error_string());
+      read_jpeg_bytes(path, o, fspace.get(), uint64_t(off[size_t(sorted[i])]), uint64_t(off[size_t(sorted[j - 1]) + 1]),
+                      bytes.data() + start[i]);
+      i = j;
+    }
+    const hsize_t nl = hsize_t(i - first);
+    Hid ml(H5Screate_simple(1, &nl, nullptr), H5Sclose);
+    if (H5Dread(o.labels.get(), H5T_NATIVE_INT64, ml.get(), lspace.get(), H5P_DEFAULT, &raw[first]) < 0)
+      bad(path, "/labels: cannot read data (corrupt or truncated?): " + hdf5_error_string());
+    first = i;
+  }
+  const auto file_row = [&](size_t i) { return sorted[i]; };
+  ds.labels = checked_labels(path, raw, o.info.num_classes, file_row);
+  decode_rows(path, o, bytes.data(), start, ds.u8.data(), file_row);
+}
+
 // Reads the distinct, increasing file rows `sorted` into ds (ds.n rows, row i = sorted[i]):
 // one HDF5 read per dataset whose file selection is the union of the runs of consecutive rows,
 // so only those rows are requested from the file. Labels and features are checked as in
@@ -101,9 +176,13 @@ void read_sorted_rows(const std::string& path, const Opened& o, const std::vecto
   uint64_t bytes = 0;
   if (!mul_ok(uint64_t(sorted.size()), uint64_t(dim), bytes) ||
       !mul_ok(bytes, ds.is_u8 ? 1 : 4, bytes) || bytes > memory_cap())
-    bad(path, "/features: " + std::to_string(sorted.size()) + " rows of " + std::to_string(dim) +
-                  " values exceed the memory limit of " + std::to_string(memory_cap() >> 20) + " MiB");
+    bad(path, std::string(o.info.encoding == "jpeg" ? "/jpeg" : "/features") + ": " + std::to_string(sorted.size()) +
+                  " rows of " + std::to_string(dim) + " values exceed the memory limit of " + std::to_string(memory_cap() >> 20) + " MiB");
   ds.n = int64_t(sorted.size());
+  if (o.info.encoding == "jpeg") {
+    ds.u8.resize(sorted.size() * size_t(dim));
+    return read_sorted_jpeg(path, o, sorted, ds);
+  }
   const size_t rank = o.info.sample_shape.size() + 1;
   Hid fspace(H5Dget_space(o.features.get()), H5Sclose), lspace(H5Dget_space(o.labels.get()), H5Sclose);
   if (!fspace.ok() || !lspace.ok()) bad(path, "unreadable dataspace: " + hdf5_error_string());

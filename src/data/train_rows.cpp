@@ -124,6 +124,7 @@ struct TrainRows::Stream {
   int64_t epochs = 1;
   Opened file;
   std::unique_ptr<RawRows> raw;  // pread on several threads where the file allows it
+  std::unique_ptr<JpegRows> jpeg;  // the same for a jpeg file, each row decoded where it was read
   int io_threads = 1;
   std::mutex m;
   std::condition_variable cv;
@@ -134,6 +135,7 @@ struct TrainRows::Stream {
   int64_t next_e = -1, next_k = -1;  // the request micro_batch expects next
   int next_a = -1;
   Dataset cur;
+  std::vector<Dataset> spare;  // micro-batches used, their memory for the reader's next (guarded by m)
   double waited = 0;
   int64_t rows_read = 0;  // guarded by m
 
@@ -146,6 +148,7 @@ struct TrainRows::Stream {
     cv.notify_all();
     if (thread.joinable()) thread.join();
     queue.clear();
+    spare.clear();
     error = nullptr;
     stop = false;
   }
@@ -159,6 +162,12 @@ TrainRows::TrainRows(const std::string& path, const RankOrder& o, int depth, int
   stream_->file = open_checked(path, /*whole=*/false);
   stream_->raw = std::make_unique<RawRows>(path, stream_->file);
   if (!stream_->raw->ok()) stream_->raw.reset();
+  if (stream_->raw && o.shuffle) stream_->raw->advise_random();
+  if (!stream_->raw) {
+    stream_->jpeg = std::make_unique<JpegRows>(path, stream_->file);
+    if (!stream_->jpeg->ok()) stream_->jpeg.reset();
+    else if (o.shuffle) stream_->jpeg->advise_random();
+  }
   // Reads in flight: enough to keep a disk's queue busy, not more than the node's cores.
   stream_->io_threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 16u));
   cur_.streamed = true;
@@ -191,14 +200,24 @@ const Dataset& TrainRows::micro_batch(int64_t e, int64_t k, int a) {
           const std::vector<int64_t> order = epoch_order(info_.n, order_.shuffle, order_.seed, ep);
           for (int64_t kk = ep == e ? k : 0; kk < steps; ++kk)
             for (int aa = 0; aa < A; ++aa) {
+              Dataset d;
               {
                 std::unique_lock<std::mutex> lk(s.m);
                 s.cv.wait(lk, [&] { return s.stop || int(s.queue.size()) < s.depth; });
                 if (s.stop) return;
+                if (!s.spare.empty()) {
+                  d = std::move(s.spare.back());
+                  s.spare.pop_back();
+                }
               }
               const int64_t at = batch_offset(kk, aa, order_.rank, order_.batch, order_.world, A);
               std::vector<int64_t> rows(order.begin() + at, order.begin() + at + order_.batch);
-              Dataset d = s.raw ? s.raw->read(rows, s.io_threads) : read_rows(path_, s.file, rows);
+              if (s.raw)
+                s.raw->read(rows, s.io_threads, d);
+              else if (s.jpeg)
+                s.jpeg->read(rows, s.io_threads, d);
+              else
+                d = read_rows(path_, s.file, rows);
               d.streamed = true;
               d.version = next_version();
               d.file_rows = 0;
@@ -228,6 +247,10 @@ const Dataset& TrainRows::micro_batch(int64_t e, int64_t k, int a) {
     if (s.queue.empty()) std::rethrow_exception(s.error);
     item = std::move(s.queue.front());
     s.queue.pop_front();
+    // The micro-batch returned last time is done with (its caller has read it): its memory
+    // serves the reader's next read.
+    if (!s.cur.u8.empty() || !s.cur.f32.empty()) s.spare.push_back(std::move(s.cur));
+    s.cur = Dataset{};
   }
   s.cv.notify_all();
   if (item.e != e || item.k != k || item.a != a)

@@ -346,6 +346,94 @@ void check_features(const std::string& path, hid_t file, hid_t dset, DatasetInfo
   info.offset = present ? float(o) : 0.f;
 }
 
+// The shape attribute of /jpeg: three integers C, H, W (C 1 or 3; H and W what a JPEG can hold).
+std::vector<int64_t> read_jpeg_shape(const std::string& path, hid_t dset) {
+  const std::string n = "/jpeg attribute 'shape'";
+  if (H5Aexists(dset, "shape") <= 0) bad(path, n + ": missing (the decoded row's [C, H, W])");
+  Hid a(H5Aopen(dset, "shape", H5P_DEFAULT), H5Aclose);
+  Hid t(a.ok() ? H5Aget_type(a.get()) : H5I_INVALID_HID, H5Tclose);
+  Hid s(a.ok() ? H5Aget_space(a.get()) : H5I_INVALID_HID, H5Sclose);
+  if (!t.ok() || !s.ok()) bad(path, n + ": unreadable");
+  const size_t bytes = H5Tget_size(t.get());
+  if (H5Tget_class(t.get()) != H5T_INTEGER || !(bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8) ||
+      H5Tget_precision(t.get()) != bytes * 8 || H5Tget_offset(t.get()) != 0)
+    bad(path, n + ": is " + type_name(t.get()) + "; expected int64 [C, H, W]");
+  if (H5Sget_simple_extent_ndims(s.get()) != 1 || H5Sget_simple_extent_npoints(s.get()) != 3)
+    bad(path, n + ": must hold three values [C, H, W]");
+  std::vector<int64_t> v(3);
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, v.data()) < 0) bad(path, n + ": unreadable value");
+  if (v[0] != 1 && v[0] != 3)
+    bad(path, n + ": C = " + std::to_string(v[0]) + "; a JPEG row holds 1 (gray) or 3 (RGB) channels");
+  for (int i = 1; i < 3; ++i)
+    if (v[size_t(i)] < 1 || v[size_t(i)] > 65500)
+      bad(path, n + ": " + (i == 1 ? "H" : "W") + " = " + std::to_string(v[size_t(i)]) +
+                    " is outside [1, 65500] (a JPEG's limit)");
+  return v;
+}
+
+// Checks a jpeg file's /jpeg and /jpeg_offsets (docs/formats.md) and fills the feature half of
+// `info` as if /features held the decoded N x C x H x W uint8 pixels; the offsets go to o.
+void check_jpeg(const std::string& path, hid_t file, Opened& o, bool whole) {
+  DatasetInfo& info = o.info;
+  const hid_t dset = o.jpeg.get();
+  Hid t(H5Dget_type(dset), H5Tclose);
+  if (!t.ok()) bad(path, "/jpeg: unreadable type");
+  if (!is_u8(t.get())) bad(path, "/jpeg: has type " + type_name(t.get()) + "; expected uint8 (JPEG bytes)");
+  const auto dims = dims_of(path, dset, "/jpeg");
+  if (dims.size() != 1)
+    bad(path, "/jpeg: has rank " + std::to_string(dims.size()) + " " + shape_str(dims) + "; expected rank 1 (bytes)");
+  check_storage(path, file, dset, "/jpeg", dims, 1, dims[0]);
+  const std::vector<int64_t> shape = read_jpeg_shape(path, dset);
+  Hid od = open_dataset(path, file, "jpeg_offsets");
+  Hid ot(H5Dget_type(od.get()), H5Tclose);
+  if (!ot.ok()) bad(path, "/jpeg_offsets: unreadable type");
+  if (H5Tget_class(ot.get()) != H5T_INTEGER || H5Tget_size(ot.get()) != 8 || H5Tget_sign(ot.get()) != H5T_SGN_2)
+    bad(path, "/jpeg_offsets: has type " + type_name(ot.get()) + "; expected int64");
+  const auto odims = dims_of(path, od.get(), "/jpeg_offsets");
+  if (odims.size() != 1)
+    bad(path, "/jpeg_offsets: has rank " + std::to_string(odims.size()) + " " + shape_str(odims) +
+                  "; expected rank 1 (N + 1 entries)");
+  if (odims[0] < 2) bad(path, "/jpeg_offsets: has " + std::to_string(odims[0]) + " entries; expected N + 1 with N >= 1 rows");
+  const auto ldims = dims_of(path, o.labels.get(), "/labels");
+  if (ldims.size() == 1 && ldims[0] + 1 != odims[0])
+    bad(path, "/jpeg_offsets: has " + std::to_string(odims[0]) + " entries but /labels has " + std::to_string(ldims[0]) +
+                  " rows; expected " + std::to_string(ldims[0] + 1) + " (N + 1)");
+  uint64_t obytes = 0;
+  if (!mul_ok(odims[0], 8, obytes) || obytes > memory_cap())
+    bad(path, "/jpeg_offsets: " + std::to_string(odims[0]) + " entries exceed the memory limit");
+  check_storage(path, file, od.get(), "/jpeg_offsets", odims, 8, obytes);
+  o.jpeg_offsets.resize(size_t(odims[0]));
+  if (H5Dread(od.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, o.jpeg_offsets.data()) < 0)
+    bad(path, "/jpeg_offsets: cannot read data (corrupt or truncated?): " + hdf5_error_string());
+  const std::vector<int64_t>& off = o.jpeg_offsets;
+  if (off[0] != 0) bad(path, "/jpeg_offsets: entry 0 is " + std::to_string(off[0]) + "; expected 0");
+  for (size_t r = 1; r < off.size(); ++r)
+    if (off[r] < off[r - 1])
+      bad(path, "/jpeg_offsets: entry " + std::to_string(r) + " (" + std::to_string(off[r]) + ") is less than entry " +
+                    std::to_string(r - 1) + " (" + std::to_string(off[r - 1]) + "): offsets must not decrease");
+  if (uint64_t(off.back()) != dims[0])
+    bad(path, "/jpeg_offsets: the last entry is " + std::to_string(off.back()) + " but /jpeg holds " +
+                  std::to_string(dims[0]) + " bytes");
+  info.encoding = "jpeg";
+  info.stored_bytes = int64_t(dims[0]);
+  info.feature_type = "uint8";
+  info.n = int64_t(off.size()) - 1;
+  info.sample_shape = shape;
+  info.dim = shape[0] * shape[1] * shape[2];
+  uint64_t bytes = 0;
+  if (!mul_ok(uint64_t(info.dim), uint64_t(info.n), bytes) || (whole && (bytes > memory_cap() || dims[0] > memory_cap())))
+    bad(path, "/jpeg: " + std::to_string(info.n) + " rows decode to " + std::to_string(shape[0]) + " x " +
+                  std::to_string(shape[1]) + " x " + std::to_string(shape[2]) + " uint8 each, over the memory limit of " +
+                  std::to_string(memory_cap() >> 20) + " MiB");
+  bool present = false;
+  double s = read_number_attr(path, dset, "/jpeg", "scale", &present);
+  info.scale = present ? float(s) : 1.f;
+  double v = read_number_attr(path, dset, "/jpeg", "offset", &present);
+  info.offset = present ? float(v) : 0.f;
+  const double q = read_number_attr(path, dset, "/jpeg", "quality", &present);
+  info.jpeg_quality = present && q >= 1 && q <= 100 ? int(q) : 0;
+}
+
 void check_labels(const std::string& path, hid_t file, hid_t dset, DatasetInfo& info) {
   const std::string n = "/labels";
   Hid t(H5Dget_type(dset), H5Tclose);
@@ -358,8 +446,10 @@ void check_labels(const std::string& path, hid_t file, hid_t dset, DatasetInfo& 
     bad(path, n + ": has rank " + std::to_string(dims.size()) + " " + shape_str(dims) +
                   "; expected rank 1 (N)");
   if (int64_t(dims[0]) != info.n)
-    bad(path, n + ": has " + std::to_string(dims[0]) + " rows but /features has " +
-                  std::to_string(info.n));
+    bad(path, n + ": has " + std::to_string(dims[0]) + " rows but " +
+                  (info.encoding == "jpeg" ? "/jpeg_offsets has " + std::to_string(info.n + 1) + " entries (" +
+                                                 std::to_string(info.n) + " rows)"
+                                           : "/features has " + std::to_string(info.n)));
   check_storage(path, file, dset, n, dims, H5Tget_size(t.get()),
                 uint64_t(info.n) * H5Tget_size(t.get()));
 }
@@ -405,9 +495,15 @@ void check_channels_first(const std::string& where, const std::vector<hsize_t>& 
 Opened open_checked(const std::string& path, bool whole) {
   Opened o;
   o.file = open_file(path, /*sparse=*/!whole);
-  o.features = open_dataset(path, o.file.get(), "features");
+  // Pixels in /features, or JPEGs in /jpeg (dpdata images --store jpeg): one or the other.
+  const bool jpeg = H5Lexists(o.file.get(), "jpeg", H5P_DEFAULT) > 0;
+  if (jpeg && H5Lexists(o.file.get(), "features", H5P_DEFAULT) > 0)
+    bad(path, "holds both /features and /jpeg; a dataset file stores its rows one way");
+  if (jpeg) o.jpeg = open_dataset(path, o.file.get(), "jpeg");
+  else o.features = open_dataset(path, o.file.get(), "features");
   o.labels = open_dataset(path, o.file.get(), "labels");
-  check_features(path, o.file.get(), o.features.get(), o.info, whole);
+  if (jpeg) check_jpeg(path, o.file.get(), o, whole);
+  else check_features(path, o.file.get(), o.features.get(), o.info, whole);
   check_labels(path, o.file.get(), o.labels.get(), o.info);
   o.info.num_classes = read_num_classes(path, o.file.get());
   o.info.class_names = read_class_names(path, o.file.get(), o.info.num_classes);
