@@ -173,7 +173,8 @@ void expect_bitwise(const Outcome& a, const Outcome& b, const std::string& what)
 }  // namespace
 
 // Where the rows come from (all of the file resident on the GPU, this rank's shard refreshed on
-// the GPU each epoch under a replayed graph, or either streamed through pinned buffers) must not
+// the GPU each epoch under a replayed graph, data.read = stream's micro-batches staged into slots
+// on the GPU, or the file or shard streamed through pinned buffers) must not
 // change a bit of the result: the same kernels run on the same rows in the same order.
 TEST(GpuTraining, ShardedAndStreamedDataGiveTheResidentBits) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
@@ -204,6 +205,15 @@ TEST(GpuTraining, ShardedAndStreamedDataGiveTheResidentBits) {
   const Outcome shard = train_files(s);
   EXPECT_TRUE(shard.graph) << "a resident shard keeps the captured step";
   expect_bitwise(shard, resident, "data.read = shard, resident on the GPU");
+  // data.read = stream: each step's micro-batches staged into two steps' slots on the device,
+  // the step captured and replayed over them; read ahead by 8 micro-batches, and by 1.
+  Config st = c;
+  st.data_read = "stream";
+  const Outcome stream = train_files(st);
+  EXPECT_TRUE(stream.graph) << "data.read = stream keeps the captured step";
+  expect_bitwise(stream, resident, "data.read = stream");
+  st.stream_batches = 1;
+  expect_bitwise(train_files(st), resident, "data.read = stream, 1 micro-batch ahead");
   {
     const ScopedEnv env({{"DPT_STREAM_DATA", "1"}});
     const Outcome streamed = train_files(c);

@@ -509,6 +509,19 @@ class Backend {
   virtual void refresh_dataset(const Dataset& ds) { (void)ds; }
   // True when a step that touches only backend memory and `ds` can be captured and replayed.
   virtual bool can_capture(const Dataset& ds) { (void)ds; return false; }
+  // data.read = stream on a device backend: `ring` (no host rows; n = slots × slot_rows, the
+  // streamed file's dim, type, scale and offset) becomes micro-batch slots in backend
+  // memory that stage() fills from the host ahead of the step and load_batch_at() gathers from
+  // as from a resident dataset, so a streamed step reads only backend memory and can be
+  // captured. False (the default, and where the slots do not fit): the step reads each
+  // micro-batch with load_batch. slot_rows = 0 drops the slots (their owner is going away).
+  virtual bool make_ring(const Dataset& ring, int64_t slot_rows) { (void)ring, (void)slot_rows; return false; }
+  // mb's rows 0..mb.n-1 into the ring's rows [slot × mb.n, (slot + 1) × mb.n): work enqueued
+  // after this call reads them; the copy waits for the work enqueued before the slot's last
+  // release(). mb may change once this returns.
+  virtual void stage(const Dataset& ring, int slot, const Dataset& mb) { (void)ring, (void)slot, (void)mb; }
+  // The work enqueued so far is all that reads the slot until it is staged again.
+  virtual void release(const Dataset& ring, int slot) { (void)ring, (void)slot; }
   // A runner for `step`; capture is allowed only when the caller says the step can be.
   virtual std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture);
 

@@ -120,6 +120,12 @@ class Trainer {
   Buffer<int64_t> order_;    // (n) this epoch's row order
   std::vector<int64_t> index_host_;  // the same, on the host
   std::vector<int64_t> iota_;        // data.read = stream: 0, 1, ..., batch_per_rank - 1
+  // data.read = stream on a device backend: 2 × accumulate micro-batch slots in backend memory
+  // (Backend::make_ring), step s's micro-batch a in slot (s mod 2) × accumulate + a, so the
+  // step reads only backend memory and is captured as the resident one is.
+  Dataset ring_;
+  bool ring_on_ = false;
+  int ring_slot(int64_t step, int a) const { return int(step % 2) * cfg_.accumulate + a; }
   std::vector<std::string> class_names_;  // the training set's (or the test set's), for checkpoints
   Buffer<StepCtl> ctl_;      // (1) what the device-side step reads and advances
   Buffer<float> lr_;         // (total steps) learning rate of each step
@@ -166,6 +172,8 @@ class Trainer {
   void claim_run(const std::string& resumed, const std::string& resumed_id);
   void write_start_record();
   void report_stream_wait(double seconds);
+  void ring_index(std::vector<int64_t>& index) const;
+  void stage_batches();
   int64_t eval_window(const Dataset& ds, TensorShape& img) const;
   const float* eval_forward(const Dataset& ds, int64_t first, int n, std::vector<int64_t>& rows,
                             const TensorShape& img, int64_t center);

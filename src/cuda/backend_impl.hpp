@@ -232,6 +232,25 @@ struct Resident {
   DevPtr feat, labels;         // (n, dim) uint8 or float32; (n) int32
 };
 
+// data.read = stream's micro-batch slots on the device (make_ring, gather.cpp): a Resident of
+// slots × rows rows that load_batch_at gathers from, filled slot by slot on a copy stream from
+// pinned host copies. Each slot's copy waits for the last step that read it (released), and the
+// compute stream waits for the copy, so a captured step replays on whichever rows were staged.
+struct StagedRing {
+  const Dataset* key = nullptr;  // the trainer's ring Dataset
+  Resident res;
+  int64_t rows = 0;              // rows per slot
+  size_t row_bytes = 0;
+  Stream copy;
+  struct Slot {
+    PinnedPtr host;  // rows, then labels (int32) at lab_at
+    Event copied, consumed;
+  };
+  std::vector<Slot> slots;
+  size_t lab_at = 0;
+  ~StagedRing();
+};
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   explicit CudaBackendImpl(const BackendOptions& opt);
@@ -419,6 +438,9 @@ class CudaBackendImpl final : public CudaBackend {
                      int count, float* x, int32_t* y, const int64_t* host_rows) override;
   bool can_capture(const Dataset& ds) override;
   void refresh_dataset(const Dataset& ds) override;
+  bool make_ring(const Dataset& ring, int64_t slot_rows) override;
+  void stage(const Dataset& ring, int slot, const Dataset& mb) override;
+  void release(const Dataset& ring, int slot) override;
 
   // ---- the step graph and its hooks (graph.cpp) ----
   std::unique_ptr<StepRunner> make_runner(std::function<void()> step, bool capture) override;
@@ -615,6 +637,7 @@ class CudaBackendImpl final : public CudaBackend {
   int tf32_transpose_ = 1;        // DPT_TF32_TRANSPOSE: 0 none, 1 the smaller operand, 2 both
   static constexpr int kMaxTransposeRows = 65535 * 32;  // the transpose kernel's grid
   std::map<const Dataset*, Resident> resident_;
+  std::unique_ptr<StagedRing> staged_;  // data.read = stream's slots (make_ring)
   std::map<uintptr_t, size_t> allocs_;  // alloc_bytes, alloc_lazy: address -> bytes
   bool lazy_acts_ = true;  // alloc_lazy takes managed memory (else device memory): DPT_LAZY_ACTS, the device
   // cuDNN (cudnn_conv.cpp): its handle, made on the first convolution; plans per shape.

@@ -162,7 +162,16 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
   load_initial_state();
 }
 
-Trainer::~Trainer() = default;  // a checkpoint's write in flight is waited for (~CheckpointWriter)
+// A checkpoint's write in flight is waited for (~CheckpointWriter); data.read = stream's slots
+// on the device are given back.
+Trainer::~Trainer() {
+  if (ring_on_) {
+    try {
+      be_.make_ring(ring_, 0);
+    } catch (...) {  // a device error in a destructor: the backend reports it on its next call
+    }
+  }
+}
 
 
 void Trainer::params_into(std::vector<float>& out) {
@@ -209,8 +218,10 @@ void Trainer::report_memory() {
   if (rows_ && rows_->sharded()) {  // not read yet: its size from the file's layout
     const DatasetInfo& in = rows_->info();
     const uint64_t row = uint64_t(in.dim * (in.feature_type == "uint8" ? 1 : 4) + 4);
-    // stream: the micro-batches read ahead, the one being read and the one in use.
-    data += rows_->streamed() ? uint64_t(rows_->depth() + 2) * uint64_t(cfg_.batch_per_rank) * row
+    // stream: the micro-batches read ahead, the one being read and the one in use, and on a
+    // device the pinned copies of the micro-batches staged for two steps.
+    const int pinned = be_.host_addressable() ? 0 : 2 * cfg_.accumulate;
+    data += rows_->streamed() ? uint64_t(rows_->depth() + 2 + pinned) * uint64_t(cfg_.batch_per_rank) * row
                               : 2 * uint64_t(rows_->rows_per_epoch()) * row;
   }
   constexpr int kFields = 5;
@@ -301,7 +312,10 @@ void Trainer::enqueue_step(GradSync* sync) {
     const int64_t offset = int64_t(a) * b * W + int64_t(comm_.rank()) * b;
     // The host's copy of the rows, for a backend that streams the data rather than holding it.
     const int64_t* host_rows = index_host_.data() + step_in_epoch_ * global_batch() + offset;
-    if (rows_->streamed()) {
+    if (ring_on_) {
+      // data.read = stream, staged into the device's slots before the step (stage_batches).
+      be_.load_batch_at(ring_, order_.data(), ctl_.data(), offset, b, x_.data(), y_.data());
+    } else if (rows_->streamed()) {
       // data.read = stream: this micro-batch's rows, read ahead by the stream, rows 0..b-1.
       const Dataset& mb = rows_->micro_batch(epoch_, step_in_epoch_, a);
       be_.load_batch(mb, iota_.data(), b, x_.data(), y_.data());
@@ -384,6 +398,28 @@ void Trainer::check_health() {
   }
 }
 
+// data.read = stream with the device's slots: position p of the epoch (the step's micro-batch
+// a of this rank, row i of it) reads slot row ring_slot(step, a) × b + i; other ranks' positions
+// are never read here.
+void Trainer::ring_index(std::vector<int64_t>& index) const {
+  const int64_t b = cfg_.batch_per_rank, W = comm_.size(), G = global_batch(), r = comm_.rank();
+  std::fill(index.begin(), index.end(), 0);
+  for (int64_t k = 0; k < per_epoch_; ++k)
+    for (int a = 0; a < cfg_.accumulate; ++a) {
+      const int64_t at = k * G + int64_t(a) * b * W + r * b;
+      const int64_t slot = ring_slot(epoch_ * per_epoch_ + k, a);
+      for (int64_t i = 0; i < b; ++i) index[size_t(at + i)] = slot * b + i;
+    }
+}
+
+// This step's micro-batches, read ahead by the stream, into their slots on the device; the
+// step enqueued next reads them there.
+void Trainer::stage_batches() {
+  watchdog::Phase phase("waiting for this step's rows (data.read = stream)", step_ + 1);
+  for (int a = 0; a < cfg_.accumulate; ++a)
+    be_.stage(ring_, ring_slot(epoch_ * per_epoch_ + step_in_epoch_, a), rows_->micro_batch(epoch_, step_in_epoch_, a));
+}
+
 void Trainer::start_epoch() {
   // The next epoch's rows are read ahead only when training will reach it.
   const bool next = epoch_ + 1 < cfg_.epochs && (epoch_ + 1) * per_epoch_ < total_steps_;
@@ -411,6 +447,7 @@ void Trainer::start_epoch() {
     }
   }
   be_.refresh_dataset(rows_->data());
+  if (ring_on_) ring_index(index);
   be_.upload(order_.data(), index.data(), index.size() * sizeof(int64_t));
   if (xa_.data() || windows_.data()) {
     // Each position's draw from (seed, epoch, its row in the file): the epoch order's rows.
@@ -446,6 +483,18 @@ void Trainer::prepare_run(int64_t per_epoch) {
   if (rows_->streamed()) {
     iota_.resize(size_t(cfg_.batch_per_rank));
     for (size_t i = 0; i < iota_.size(); ++i) iota_[i] = int64_t(i);
+    const DatasetInfo& in = rows_->info();
+    ring_ = Dataset{};
+    ring_.path = rows_->path();
+    ring_.n = int64_t(ring_slot(1, cfg_.accumulate - 1) + 1) * cfg_.batch_per_rank;
+    ring_.dim = in.dim;
+    ring_.sample_shape = in.sample_shape;
+    ring_.num_classes = in.num_classes;
+    ring_.is_u8 = in.feature_type == "uint8";
+    ring_.scale = in.scale;
+    ring_.offset = in.offset;
+    ring_.version = 0;
+    ring_on_ = be_.make_ring(ring_, cfg_.batch_per_rank);
   }
   if (xa_.data()) draws_ = Buffer<int32_t>(be_, size_t(rows_->file_rows()));
   if (xform_.random_crop) windows_ = Buffer<int64_t>(be_, size_t(rows_->file_rows()));
@@ -560,7 +609,7 @@ TrainResult Trainer::run() {
     start_epoch();
     if (rows_->sharded()) res.first_rows_s = timing::now() - t;
   }
-  const bool capture = be_.can_capture(rows_->data()) && (comm_.size() == 1 || !reduce || comm_.capturable()) &&
+  const bool capture = be_.can_capture(ring_on_ ? ring_ : rows_->data()) && (comm_.size() == 1 || !reduce || comm_.capturable()) &&
                        !fault::any() && !probe_;
   auto runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
   if (cfg_.ckpt_at_start && step_ == 0) save_checkpoint();
@@ -587,7 +636,10 @@ TrainResult Trainer::run() {
             log::info("step " + std::to_string(step_ + 1) + ": train.freeze's tensors unfrozen");
           runner = be_.make_runner([this, reduce] { enqueue_step(reduce); }, capture);
         }
+        if (ring_on_) stage_batches();
         runner->run();
+        if (ring_on_)
+          for (int a = 0; a < cfg_.accumulate; ++a) be_.release(ring_, ring_slot(epoch_ * per_epoch_ + step_in_epoch_, a));
         // A replayed graph ran the batch norm passes without the host seeing them.
         if (!step_enqueued_) {
           model_->count_bn_passes(cfg_.accumulate);

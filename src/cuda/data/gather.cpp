@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend_impl.hpp"
@@ -137,6 +138,100 @@ void CudaBackendImpl::load_batch_at(const Dataset& ds, const int64_t* order, con
 
 bool CudaBackendImpl::can_capture(const Dataset& ds) { return resident(ds).fits; }
 
+// ---- data.read = stream: micro-batch slots on the device ----
+StagedRing::~StagedRing() {
+  if (copy) cudaStreamSynchronize(copy.get());
+}
+
+namespace {
+// A micro-batch's rows into pinned memory: one copy per thread over a few threads, as one
+// thread's memcpy (~10 GB/s) would take a large part of a fast step.
+void copy_rows(char* dst, const char* src, size_t bytes) {
+  constexpr size_t kPer = size_t(8) << 20;
+  const int T = int(std::min<size_t>(4, (bytes + kPer - 1) / kPer));
+  if (T <= 1) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const size_t part = (bytes / size_t(T) + 63) / 64 * 64;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < T; ++t) {
+    const size_t at = size_t(t) * part;
+    if (at < bytes) pool.emplace_back([=] { std::memcpy(dst + at, src + at, std::min(part, bytes - at)); });
+  }
+  std::memcpy(dst, src, std::min(part, bytes));
+  for (std::thread& p : pool) p.join();
+}
+}  // namespace
+
+bool CudaBackendImpl::make_ring(const Dataset& ring, int64_t slot_rows) {
+  if (staged_) DPT_CHECK_CUDA(cudaStreamSynchronize(stream_.get()));  // nothing reads the old slots
+  staged_.reset();
+  resident_.erase(&ring);
+  if (ring.n <= 0 || ring.dim <= 0 || slot_rows <= 0 || ring.n % slot_rows != 0) return false;
+  auto r = std::make_unique<StagedRing>();
+  r->key = &ring;
+  r->rows = slot_rows;
+  r->row_bytes = size_t(ring.dim) * (ring.is_u8 ? 1 : sizeof(float));
+  const size_t feat = size_t(ring.n) * r->row_bytes, lab = size_t(ring.n) * sizeof(int32_t);
+  size_t free_b = 0, total_b = 0;
+  DPT_CHECK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  if (feat + lab > free_b / 4) return false;
+  Resident& res = r->res;
+  res.n = ring.n;
+  res.dim = ring.dim;
+  res.u8 = ring.is_u8;
+  res.checked = true;
+  res.fits = true;
+  res.feat = dev_alloc(feat);
+  res.labels = dev_alloc(lab);
+  cudaStream_t s = nullptr;
+  DPT_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  r->copy.reset(s);
+  r->lab_at = (size_t(r->rows) * r->row_bytes + 255) / 256 * 256;
+  const size_t host_bytes = r->lab_at + size_t(r->rows) * sizeof(int32_t);
+  r->slots.resize(size_t(ring.n / r->rows));
+  for (StagedRing::Slot& sl : r->slots) {
+    void* h = nullptr;
+    DPT_CHECK_CUDA(cudaMallocHost(&h, host_bytes));
+    sl.host.reset(h);
+    sl.copied = make_event();
+    sl.consumed = make_event();
+  }
+  staged_ = std::move(r);
+  return true;
+}
+
+void CudaBackendImpl::stage(const Dataset& ring, int slot, const Dataset& mb) {
+  if (!staged_ || staged_->key != &ring) throw Error("stage: no ring made for this dataset (make_ring)");
+  StagedRing& r = *staged_;
+  if (slot < 0 || size_t(slot) >= r.slots.size())
+    throw Error("stage: slot " + std::to_string(slot) + " of " + std::to_string(r.slots.size()));
+  if (mb.n != r.rows || mb.dim != ring.dim || mb.is_u8 != ring.is_u8 || mb.labels.size() != size_t(mb.n))
+    throw Error("stage: a micro-batch of " + std::to_string(mb.n) + " rows of " + std::to_string(mb.dim) +
+                " for slots of " + std::to_string(r.rows) + " rows of " + std::to_string(ring.dim));
+  StagedRing::Slot& sl = r.slots[size_t(slot)];
+  DPT_CHECK_CUDA(cudaEventSynchronize(sl.copied.get()));  // the pinned copy is free again
+  char* h = static_cast<char*>(sl.host.get());
+  const size_t feat = size_t(r.rows) * r.row_bytes;
+  copy_rows(h, mb.is_u8 ? reinterpret_cast<const char*>(mb.u8.data()) : reinterpret_cast<const char*>(mb.f32.data()),
+            feat);
+  std::memcpy(h + r.lab_at, mb.labels.data(), size_t(r.rows) * sizeof(int32_t));
+  cudaStream_t c = r.copy.get();
+  char* dfeat = static_cast<char*>(r.res.feat.get()) + size_t(slot) * feat;
+  int32_t* dlab = static_cast<int32_t*>(r.res.labels.get()) + size_t(slot) * size_t(r.rows);
+  DPT_CHECK_CUDA(cudaStreamWaitEvent(c, sl.consumed.get(), 0));
+  DPT_CHECK_CUDA(cudaMemcpyAsync(dfeat, h, feat, cudaMemcpyHostToDevice, c));
+  DPT_CHECK_CUDA(cudaMemcpyAsync(dlab, h + r.lab_at, size_t(r.rows) * sizeof(int32_t), cudaMemcpyHostToDevice, c));
+  DPT_CHECK_CUDA(cudaEventRecord(sl.copied.get(), c));
+  DPT_CHECK_CUDA(cudaStreamWaitEvent(stream_.get(), sl.copied.get(), 0));
+}
+
+void CudaBackendImpl::release(const Dataset& ring, int slot) {
+  if (!staged_ || staged_->key != &ring || slot < 0 || size_t(slot) >= staged_->slots.size()) return;
+  DPT_CHECK_CUDA(cudaEventRecord(staged_->slots[size_t(slot)].consumed.get(), stream_.get()));
+}
+
 void CudaBackendImpl::refresh_dataset(const Dataset& ds) { resident(ds); }
 
 // The dataset on the device, uploaded on first use when it takes at most half the free
@@ -144,6 +239,7 @@ void CudaBackendImpl::refresh_dataset(const Dataset& ds) { resident(ds); }
 // address and re-checked against its host array and size, so a new Dataset at an old address
 // is uploaded afresh.
 const Resident& CudaBackendImpl::resident(const Dataset& ds) {
+  if (staged_ && &ds == staged_->key) return staged_->res;  // data.read = stream's slots
   if (ds.streamed) {  // data.read = stream: each micro-batch once through the pinned buffers
     static const Resident streamed;
     return streamed;
