@@ -514,9 +514,33 @@ if want images; then
     echo "dptrain rc=$?"; grep -E "done|rror|augment|memory" "$IO/dptrain.log" | tail -n 4
     # The page cache dropped first where the machine lets us, so the streamed rows come from the disk.
     sync; if echo 1 > /proc/sys/vm/drop_caches 2>/dev/null; then echo "page cache dropped"; else echo "page cache not dropped (not permitted)"; fi
+    # The first epoch only (190 of its 195 steps): every row from the disk, none from the cache.
     timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read stream \
-      --log.metrics "$IO/dptrain-stream-metrics.jsonl" > "$IO/dptrain-stream.log" 2>&1
+      --train.steps 190 --log.metrics "$IO/dptrain-stream-metrics.jsonl" > "$IO/dptrain-stream.log" 2>&1
     echo "dptrain stream rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-stream.log" | tail -n 4
+    # Again with the file in the page cache (a set that fits in memory, from its second epoch on).
+    timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read stream \
+      --log.metrics "$IO/dptrain-stream-warm-metrics.jsonl" > "$IO/dptrain-stream-warm.log" 2>&1
+    echo "dptrain stream, page cache warm rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-stream-warm.log" | tail -n 4
+    # The same set stored as JPEG (dpdata images --store jpeg, quality 90: each 256x256 row
+    # re-encoded, decoded by the stream's reader threads), streamed from the disk and then warm.
+    H5J=/tmp/images-$N-256-jpeg.h5; rm -f "$H5J"
+    t0=$SECONDS; timeout "$(cap 90 150)" $B/dpdata images --folder "$IMG" --out "$H5J" --size 256 --store jpeg \
+      --threads "$W" > "$IO/import-jpeg.log" 2>&1; echo "dpdata --store jpeg rc=$? in $((SECONDS - t0)) s"
+    grep -E "^images:|JPEG" "$IO/import-jpeg.log" | tail -n 2; ls -l "$H5J" "$H5" 2>&1 | tee -a "$IO/import-jpeg.log"
+    if [ -f "$H5J" ]; then
+      sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null
+      timeout "$(cap 100 120)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream \
+        --train.steps 190 --log.metrics "$IO/dptrain-jpeg-stream-metrics.jsonl" > "$IO/dptrain-jpeg-stream.log" 2>&1
+      echo "dptrain jpeg stream rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-jpeg-stream.log" | tail -n 4
+      timeout "$(cap 100 110)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream \
+        --log.metrics "$IO/dptrain-jpeg-stream-warm-metrics.jsonl" > "$IO/dptrain-jpeg-stream-warm.log" 2>&1
+      echo "dptrain jpeg stream, page cache warm rc=$?"; grep -E "done|rror|stream" "$IO/dptrain-jpeg-stream-warm.log" | tail -n 3
+    fi
+    # The disk's own rate: 4 GiB of the file read in order with the page cache dropped.
+    sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null
+    dd if="$H5" of=/dev/null bs=8M count=512 2>&1 | tail -n 1 | tee "$IO/disk-dd.log"
+    df -h /tmp >> "$IO/disk-dd.log" 2>&1; lsblk -o NAME,SIZE,ROTA,MODEL >> "$IO/disk-dd.log" 2>&1
   else
     echo "images: $H5 not written (dpdata images failed or missing): dptrain's run skipped"
   fi

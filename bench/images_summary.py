@@ -70,21 +70,27 @@ def main():
     step = [r for r in records(os.path.join(d, "bench-step.log")) if r.get("bench") == "step"]
     torch = {r["part"]: r for r in records(os.path.join(d, "torch.jsonl")) if "part" in r}
     stream = steady_rate(os.path.join(d, "dptrain-stream-metrics.jsonl"), a.skip)
+    warm = steady_rate(os.path.join(d, "dptrain-stream-warm-metrics.jsonl"), a.skip)
+    jcold = steady_rate(os.path.join(d, "dptrain-jpeg-stream-metrics.jsonl"), a.skip)
+    jwarm = steady_rate(os.path.join(d, "dptrain-jpeg-stream-warm-metrics.jsonl"), a.skip)
     rows = [("dptrain, imported set resident, random_resized_crop,flip", rate),
-            ("dptrain, imported set streamed (data.read = stream)", stream),
+            ("dptrain, imported set streamed from the disk (data.read = stream, page cache dropped)", stream),
+            ("dptrain, imported set streamed, the file in the page cache", warm),
+            ("dptrain, imported as JPEG (--store jpeg), streamed from the disk, page cache dropped", jcold),
+            ("dptrain, imported as JPEG, streamed, the file in the page cache", jwarm),
             ("dptrain bench-step, synthetic resident", step[-1]["samples_per_s"] if step else None),
             (f"PyTorch loader alone ({torch.get('setup', {}).get('workers', '?')} workers)",
              torch.get("loader", {}).get("images_per_s")),
             (f"PyTorch {torch.get('train', {}).get('mode', '')} step fed by the loader", torch.get("train", {}).get("images_per_s")),
             (f"PyTorch {torch.get('synthetic', {}).get('mode', '')} step, synthetic resident",
              torch.get("synthetic", {}).get("images_per_s"))]
-    print(f"{'ResNet-50 224x224 bf16 b256, one GPU':<52}{'img/s':>9}")
+    print(f"{'ResNet-50 224x224 bf16 b256, one GPU':<84}{'img/s':>9}")
     for name, v in rows:
-        print(f"{name:<52}{v:>9.0f}" if v else f"{name:<52}{'-':>9}")
+        print(f"{name:<84}{v:>9.0f}" if v else f"{name:<84}{'-':>9}")
     res["train"] = {name: v for name, v in rows}
     fed = torch.get("train", {}).get("images_per_s")
     synth = step[-1]["samples_per_s"] if step else None
-    for tag, v in (("resident", rate), ("stream", stream)):
+    for tag, v in (("resident", rate), ("stream", stream), ("stream_warm", warm), ("jpeg_stream", jcold), ("jpeg_stream_warm", jwarm)):
         if v and fed:
             res[f"dptrain_{tag}_over_torch_fed"] = round(v / fed, 2)
             print(f"dptrain on the imported set ({tag}) / PyTorch fed by its loader: {res[f'dptrain_{tag}_over_torch_fed']}")
