@@ -24,7 +24,7 @@ what=${1:-all}  # all (not scale12, one12), or a comma-separated list of the sec
 # cuDNN: the version built against (9.19) is PyTorch's copy there; the machine's default is older.
 CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
 [ -d $CUDNN_LIB ] && export LD_LIBRARY_PATH=$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits && $1 != images && $1 != images_acc && $1 != streambits) || ,$what, == *,$1,* ]]; }
+want() { [[ ($what == all && $1 != scale12 && $1 != one12 && $1 != samebits && $1 != images && $1 != images_acc && $1 != streambits && $1 != streamrate) || ,$what, == *,$1,* ]]; }
 # EXTRA_ENV="NAME=VALUE ...": variables for dptrain's runs in scale12 (all of them) and one12
 # (bench-step a second time with them, A/B in one call); forwarded to every rank with mpirun -x.
 xenv=()
@@ -551,6 +551,45 @@ if want images; then
     --steps ${TORCH_STEPS:-100} --arch resnet50 > "$IO/torch.jsonl" 2>&1
   echo "torch_imagefolder rc=$?"
   python3 bench/images_summary.py "$IO" | tee /tmp/dpt-summary-images.txt
+fi
+if want streamrate; then
+  # The streamed rate beside the synthetic one, in one run (a call of its own, ~5 minutes):
+  # bench/make_image_set.py's set imported raw, ResNet-50 resident, then streamed with the page
+  # cache dropped (the first epoch: every row from the disk), then bench-step on synthetic
+  # resident data; the same set imported with --store jpeg, its whole decode timed by
+  # `dpdata validate` (every row decoded on up to 16 threads), and streamed from the disk.
+  IO=$OUT/streamrate; mkdir -p "$IO"
+  N=${IMAGES_N:-50000}; W=$(nproc); IMG=/tmp/images-$N; H5=/tmp/images-$N-256.h5; H5J=/tmp/images-$N-256-jpeg.h5
+  mp=(mpirun -np 1 -x LD_LIBRARY_PATH)
+  if [ ! -f "$IMG.done" ]; then
+    rm -rf "$IMG"; python3 bench/make_image_set.py "$IMG" --count "$N" --classes 100 --workers "$W" --seed 1 \
+      > "$IO/make.log" 2>&1 && touch "$IMG.done"
+  fi
+  [ -f "$H5" ] || $B/dpdata images --folder "$IMG" --out "$H5" --size 256 --threads "$W" > "$IO/import.log" 2>&1
+  timeout 100 "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read all --train.steps 190 \
+    --log.metrics "$IO/resident-metrics.jsonl" > "$IO/resident.log" 2>&1; echo "resident rc=$?"
+  sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo "page cache dropped"
+  timeout 100 "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read stream --train.steps 190 \
+    --log.metrics "$IO/stream-metrics.jsonl" > "$IO/stream.log" 2>&1; echo "stream rc=$?"; grep -E "waited|done" "$IO/stream.log"
+  timeout 120 "${mp[@]}" $B/bench-step --layers "resnet50(classes=100)" --input 3,224,224 --batch 256 \
+    --precision bf16 --warmup 5 --steps 20 > "$IO/bench-step.log" 2>&1; echo "bench-step rc=$?"; grep -E "img/s|samples" "$IO/bench-step.log" | tail -n 2
+  ldd $B/dpdata | grep -E "jpeg|png" | tee "$IO/ldd.txt"
+  [ -f "$H5J" ] || $B/dpdata images --folder "$IMG" --out "$H5J" --size 256 --store jpeg --threads "$W" > "$IO/import-jpeg.log" 2>&1
+  t0=$(date +%s.%N); $B/dpdata validate "$H5J" > "$IO/validate-jpeg.log" 2>&1; echo "validate rc=$?"
+  python3 -c "import sys,time; print(f'dpdata validate (decodes all $N rows): {time.time()-$t0:.2f} s')" | tee -a "$IO/validate-jpeg.log"
+  sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null
+  timeout 100 "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream --train.steps 100 \
+    --log.metrics "$IO/jpeg-stream-metrics.jsonl" > "$IO/jpeg-stream.log" 2>&1; echo "jpeg stream rc=$?"; grep -E "waited|done" "$IO/jpeg-stream.log"
+  for f in resident stream jpeg-stream; do
+    python3 - "$IO/$f-metrics.jsonl" "$f" <<'PY'
+import json, sys
+rec = [json.loads(l[l.find("{"):]) for l in open(sys.argv[1]) if "{" in l]
+head = next((r for r in rec if "global_batch" in r), {})
+st = [r for r in rec if "samples_per_s" in r and r.get("step", 0) >= 50]
+if len(st) >= 2 and head:
+    print(f"{sys.argv[2]}: {(st[-1]['step'] - st[0]['step']) * head['global_batch'] / (st[-1]['time_s'] - st[0]['time_s']):.0f} img/s (steps {st[0]['step']}-{st[-1]['step']})")
+PY
+  done | tee "$IO/summary.txt"
 fi
 if want streambits; then
   # data.read = stream trains bit for bit as data.read = all on the GPU: inputs/cnn.ini on
