@@ -523,17 +523,18 @@ if want images; then
       --log.metrics "$IO/dptrain-stream-warm-metrics.jsonl" > "$IO/dptrain-stream-warm.log" 2>&1
     echo "dptrain stream, page cache warm rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-stream-warm.log" | tail -n 4
     # The same set stored as JPEG (dpdata images --store jpeg, quality 90: each 256x256 row
-    # re-encoded, decoded by the stream's reader threads), streamed from the disk and then warm.
+    # re-encoded, decoded by the stream's reader threads), streamed from the disk and then warm;
+    # --bind-to none, as mpirun -np 1 binds the rank (and its decoding threads) to one core.
     H5J=/tmp/images-$N-256-jpeg.h5; rm -f "$H5J"
     t0=$SECONDS; timeout "$(cap 90 150)" $B/dpdata images --folder "$IMG" --out "$H5J" --size 256 --store jpeg \
       --threads "$W" > "$IO/import-jpeg.log" 2>&1; echo "dpdata --store jpeg rc=$? in $((SECONDS - t0)) s"
     grep -E "^images:|JPEG" "$IO/import-jpeg.log" | tail -n 2; ls -l "$H5J" "$H5" 2>&1 | tee -a "$IO/import-jpeg.log"
     if [ -f "$H5J" ]; then
       sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null
-      timeout "$(cap 100 120)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream \
+      timeout "$(cap 100 120)" "${mp[@]}" --bind-to none $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream \
         --train.steps 190 --log.metrics "$IO/dptrain-jpeg-stream-metrics.jsonl" > "$IO/dptrain-jpeg-stream.log" 2>&1
       echo "dptrain jpeg stream rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-jpeg-stream.log" | tail -n 4
-      timeout "$(cap 100 110)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream \
+      timeout "$(cap 100 110)" "${mp[@]}" --bind-to none $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream \
         --log.metrics "$IO/dptrain-jpeg-stream-warm-metrics.jsonl" > "$IO/dptrain-jpeg-stream-warm.log" 2>&1
       echo "dptrain jpeg stream, page cache warm rc=$?"; grep -E "done|rror|stream" "$IO/dptrain-jpeg-stream-warm.log" | tail -n 3
     fi
@@ -557,7 +558,8 @@ if want streamrate; then
   # bench/make_image_set.py's set imported raw, ResNet-50 resident, then streamed with the page
   # cache dropped (the first epoch: every row from the disk), then bench-step on synthetic
   # resident data; the same set imported with --store jpeg, its whole decode timed by
-  # `dpdata validate` (every row decoded on up to 16 threads), and streamed from the disk.
+  # `dpdata validate` (every row decoded on up to 16 threads), and streamed from the disk with
+  # --bind-to none (mpirun -np 1 binds the rank, and its decoding threads, to one core).
   IO=$OUT/streamrate; mkdir -p "$IO"
   N=${IMAGES_N:-50000}; W=$(nproc); IMG=/tmp/images-$N; H5=/tmp/images-$N-256.h5; H5J=/tmp/images-$N-256-jpeg.h5
   mp=(mpirun -np 1 -x LD_LIBRARY_PATH)
@@ -578,7 +580,7 @@ if want streamrate; then
   t0=$(date +%s.%N); $B/dpdata validate "$H5J" > "$IO/validate-jpeg.log" 2>&1; echo "validate rc=$?"
   python3 -c "import sys,time; print(f'dpdata validate (decodes all $N rows): {time.time()-$t0:.2f} s')" | tee -a "$IO/validate-jpeg.log"
   sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null
-  timeout 100 "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream --train.steps 100 \
+  timeout 100 "${mp[@]}" --bind-to none $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream --train.steps 100 \
     --log.metrics "$IO/jpeg-stream-metrics.jsonl" > "$IO/jpeg-stream.log" 2>&1; echo "jpeg stream rc=$?"; grep -E "waited|done" "$IO/jpeg-stream.log"
   for f in resident stream jpeg-stream; do
     python3 - "$IO/$f-metrics.jsonl" "$f" <<'PY'
