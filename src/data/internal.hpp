@@ -46,6 +46,10 @@ void check_channels_first(const std::string& where, const std::vector<hsize_t>& 
 
 // reader.cpp: a Dataset with info's shape and no rows yet.
 Dataset empty_like(const std::string& path, const DatasetInfo& info);
+// reader.cpp: d made empty_like(path, info), keeping its arrays' memory for the next rows.
+void reuse_arrays(Dataset& d, const std::string& path, const DatasetInfo& info);
+// reader.cpp: /labels whole, checked against num_classes (the first bad row named).
+std::vector<int32_t> read_labels(const std::string& path, const Opened& o);
 // train_rows.cpp: a new Dataset::version, never 0.
 uint64_t next_version();
 

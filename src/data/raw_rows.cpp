@@ -50,15 +50,7 @@ RawRows::RawRows(const std::string& path, const Opened& o) : path_(path), info_(
     return;
   }
   // Labels, whole and checked, as load_dataset reads them.
-  std::vector<int64_t> raw(size_t(info_.n));
-  if (H5Dread(o.labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
-    bad(path, "/labels: cannot read data (corrupt or truncated?): " + hdf5_error_string());
-  labels_.resize(raw.size());
-  for (size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] < 0 || raw[i] >= info_.num_classes)
-      label_out_of_range("dataset file '" + path + "': /labels", "row " + std::to_string(i), raw[i], info_.num_classes);
-    labels_[i] = int32_t(raw[i]);
-  }
+  labels_ = read_labels(path, o);
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ok_ = fd_ >= 0;
 }
@@ -90,13 +82,7 @@ uint64_t RawRows::offset(int64_t row) {
 }
 
 void RawRows::read(const std::vector<int64_t>& rows, int threads, Dataset& d) {
-  {
-    Dataset shape = empty_like(path_, info_);  // everything but the arrays, whose memory d keeps
-    shape.u8.swap(d.u8);
-    shape.f32.swap(d.f32);
-    shape.labels.swap(d.labels);
-    d = std::move(shape);
-  }
+  reuse_arrays(d, path_, info_);  // everything but the arrays, whose memory d keeps
   d.n = int64_t(rows.size());
   d.file_rows = 0;
   std::vector<uint64_t> at(rows.size());

@@ -43,13 +43,6 @@ void check_finite_features(const std::string& path, const std::vector<float>& f3
 
 int64_t same_row(size_t i) { return int64_t(i); }
 
-std::vector<int32_t> read_labels(const std::string& path, const Opened& o) {
-  std::vector<int64_t> raw(size_t(o.info.n));
-  if (H5Dread(o.labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
-    bad(path, "/labels: cannot read data (corrupt or truncated?): " + hdf5_error_string());
-  return checked_labels(path, raw, o.info.num_classes, same_row);
-}
-
 // ---- jpeg files: /jpeg's byte ranges read through HDF5, rows decoded on several threads ----
 
 // /jpeg bytes [a, b) into dst.
@@ -101,6 +94,21 @@ void read_features(const std::string& path, const Opened& o, Dataset& ds) {
 }
 
 }  // namespace
+
+std::vector<int32_t> data_internal::read_labels(const std::string& path, const Opened& o) {
+  std::vector<int64_t> raw(size_t(o.info.n));
+  if (H5Dread(o.labels.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0)
+    bad(path, "/labels: cannot read data (corrupt or truncated?): " + hdf5_error_string());
+  return checked_labels(path, raw, o.info.num_classes, same_row);
+}
+
+void data_internal::reuse_arrays(Dataset& d, const std::string& path, const DatasetInfo& info) {
+  Dataset shape = empty_like(path, info);
+  shape.u8.swap(d.u8);
+  shape.f32.swap(d.f32);
+  shape.labels.swap(d.labels);
+  d = std::move(shape);
+}
 
 DatasetInfo probe_dataset(const std::string& path) {
   Opened o = open_checked(path);

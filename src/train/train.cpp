@@ -483,17 +483,9 @@ void Trainer::prepare_run(int64_t per_epoch) {
   if (rows_->streamed()) {
     iota_.resize(size_t(cfg_.batch_per_rank));
     for (size_t i = 0; i < iota_.size(); ++i) iota_[i] = int64_t(i);
-    const DatasetInfo& in = rows_->info();
-    ring_ = Dataset{};
-    ring_.path = rows_->path();
+    ring_ = rows_->data();  // a streamed set's shape, type, scale and offset, and no rows
+    ring_.streamed = false;
     ring_.n = int64_t(ring_slot(1, cfg_.accumulate - 1) + 1) * cfg_.batch_per_rank;
-    ring_.dim = in.dim;
-    ring_.sample_shape = in.sample_shape;
-    ring_.num_classes = in.num_classes;
-    ring_.is_u8 = in.feature_type == "uint8";
-    ring_.scale = in.scale;
-    ring_.offset = in.offset;
-    ring_.version = 0;
     ring_on_ = be_.make_ring(ring_, cfg_.batch_per_rank);
   }
   if (xa_.data()) draws_ = Buffer<int32_t>(be_, size_t(rows_->file_rows()));
