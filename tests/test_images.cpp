@@ -2,15 +2,19 @@
 // bad-file kind skipped with its reason in the report and the good files written with their
 // labels, --strict stopping at the first bad file with no output, the stratified validation
 // split, --val-folder's class check, and output that does not depend on the thread count.
+// resize_crop_chw (which resizes only what the crop keeps) against the whole resize_bilinear then
+// the crop, whose bytes images_torchvision checks against PIL.
 // Pixels against torchvision and PIL: tests/images_torchvision_check.py (ctest images_torchvision).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "../src/data/image_decode.hpp"
 #include "cli_util.hpp"
 #include "dpt/data.hpp"
 
@@ -193,4 +197,48 @@ TEST_F(Images, ValFolderNeedsTheSameClasses) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r.out, "missing 'b', 'c', 'd'; extra 'e'")) << r.out;
   EXPECT_FALSE(fs::exists(path("vf.h5")));
+}
+
+// resize_crop_chw computes only the pixels its crop keeps; they must be resize_bilinear's bytes
+// (the whole image resized, PIL's way, then torchvision's center crop) for gray and RGB, wide,
+// tall and square images, shrunk, enlarged and with one side already at the size (no pass along
+// it). Needs no PIL.
+TEST(ResizeCrop, TheCropOfTheWholeResize) {
+  std::mt19937 rng(7);
+  int cases = 0;
+  for (int c : {1, 3})
+    for (int s : {1, 7, 32, 64})
+      for (int trial = 0; trial < 24; ++trial) {
+        dpt::image::Image im;
+        im.c = c;
+        std::uniform_int_distribution<int> side(1, 4 * s + 9);
+        im.w = trial == 0 ? s : side(rng);
+        im.h = trial == 1 ? s : trial == 2 ? im.w : trial == 3 ? 40 * s + 3 : side(rng);  // 3: 40x taps
+        im.px.resize(size_t(im.w) * size_t(im.h) * size_t(c));
+        for (uint8_t& v : im.px) v = uint8_t(rng());
+        std::vector<uint8_t> fast(size_t(c) * size_t(s) * size_t(s), 0);
+        dpt::image::resize_crop_chw(im, s, fast.data());
+        // The reference: torchvision's Resize(s) sizes, resize_bilinear, CenterCrop's offsets.
+        const bool wide = im.w > im.h;
+        const int sh = wide ? im.h : im.w, lo = wide ? im.w : im.h;
+        const int nl = int(double(int64_t(s) * lo) / sh);
+        const int w = wide ? nl : s, h = wide ? s : nl;
+        const dpt::image::Image r = dpt::image::resize_bilinear(im, w, h);
+        auto offset = [](int d, int n) {  // int(round((d - n) / 2.0)), half to even
+          const int diff = d - n, half = diff / 2;
+          return diff % 2 == 0 ? half : half % 2 == 0 ? half : half + 1;
+        };
+        const int top = offset(h, s), left = offset(w, s);
+        ASSERT_EQ(r.w, w);
+        ASSERT_EQ(r.h, h);
+        size_t differ = 0;
+        for (int ch = 0; ch < c; ++ch)
+          for (int y = 0; y < s; ++y)
+            for (int x = 0; x < s; ++x)
+              differ += fast[(size_t(ch) * size_t(s) + size_t(y)) * size_t(s) + size_t(x)] !=
+                        r.px[(size_t(y + top) * size_t(w) + size_t(x + left)) * size_t(c) + size_t(ch)];
+        EXPECT_EQ(differ, 0u) << im.w << " x " << im.h << " x " << c << " to " << s;
+        ++cases;
+      }
+  EXPECT_EQ(cases, 2 * 4 * 24);
 }
