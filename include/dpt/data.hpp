@@ -128,6 +128,9 @@ struct ImageImportSummary {
   int64_t problems = 0;                         // folders reported: empty classes, symlink loops, unreadable
   std::string report;                           // the report's path: one line per file or folder, path TAB reason
   double seconds = 0;
+  // The one thread that writes: seconds in HDF5 writes (the final flush and fsync included) and
+  // waiting for the decoding threads' rows. Waiting little: the writes set the pace.
+  double write_seconds = 0, wait_seconds = 0;
 };
 ImageImportSummary import_images(const ImageImportOptions& o);
 

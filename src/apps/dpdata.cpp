@@ -190,6 +190,8 @@ int cmd_images(const Args& args) {
   }
   std::printf("images: %lld in %.1f s, %.0f img/s\n", (long long)(s.train_rows + s.val_rows), s.seconds,
               double(s.train_rows + s.val_rows) / std::max(s.seconds, 1e-9));
+  std::printf("  the writing thread: %.1f s writing (HDF5, flush and fsync), %.1f s waiting for decoded rows\n",
+              s.write_seconds, s.wait_seconds);
   if (s.skipped > 0 || s.problems > 0)
     std::printf("skipped %lld of %lld files%s: see %s\n", (long long)s.skipped, (long long)s.files,
                 s.problems ? (" and reported " + std::to_string(s.problems) + " folder(s)").c_str() : "",

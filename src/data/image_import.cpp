@@ -281,18 +281,24 @@ class Progress {
 
 // ---------------------------------------------------------------- decoding pool
 
+// A sample's outcome; its pixels are in the pool's ring (DecodePool::row).
 struct Slot {
-  std::vector<uint8_t> row;
-  std::string why;  // non-empty: the file is skipped, for this reason
+  std::string why;            // non-empty: the file is skipped, for this reason
+  std::vector<uint8_t> jpeg;  // --store jpeg: the row re-encoded
   bool ready = false;
 };
 
-// Decoders take sample indices in order and may run at most `window` rows ahead of the writer,
-// which takes finished rows in sample order: the output does not depend on the thread count.
+// Decoders take sample indices in order and write each row's pixels straight into a ring of
+// `blocks` write blocks of `block_rows` rows, at most the ring ahead of the writer, which takes
+// outcomes in sample order and hands HDF5 whole blocks from the ring (no copy of its own): the
+// output does not depend on the thread count, and the one thread that may call HDF5 does
+// nothing else.
 class DecodePool {
  public:
-  DecodePool(const std::vector<Sample>& samples, const ImageImportOptions& o, int threads)
-      : samples_(samples), o_(o), window_(size_t(threads) * 8 + 32), slots_(window_) {
+  DecodePool(const std::vector<Sample>& samples, const ImageImportOptions& o, int threads, size_t row_bytes,
+             size_t block_rows, size_t blocks)
+      : samples_(samples), o_(o), row_(row_bytes), window_(block_rows * blocks), slots_(window_) {
+    ring_.reset(new uint8_t[window_ * row_]);  // not zeroed: every byte is written before it is read
     for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
   }
   ~DecodePool() {
@@ -304,26 +310,40 @@ class DecodePool {
     for (std::thread& t : threads_) t.join();
   }
 
-  // Row i's result, waiting for it; frees its place for a later row.
-  Slot take(size_t i) {
+  // Sample i's pixels (once take(i) has returned them, until release passes i).
+  uint8_t* row(size_t i) { return ring_.get() + (i % window_) * row_; }
+
+  // Sample i's outcome, waiting for it; `waited` gains the seconds spent waiting.
+  Slot take(size_t i, double& waited) {
     std::unique_lock<std::mutex> lk(m_);
     Slot& s = slots_[i % window_];
-    while (!s.ready) {
-      done_.wait_for(lk, std::chrono::milliseconds(200));
-      check_interrupt();
+    if (!s.ready) {
+      const auto t0 = Clock::now();
+      while (!s.ready) {
+        done_.wait_for(lk, std::chrono::milliseconds(200));
+        check_interrupt();
+      }
+      waited += std::chrono::duration<double>(Clock::now() - t0).count();
     }
     Slot out = std::move(s);
     s = Slot();
-    base_ = i + 1;
-    lk.unlock();
-    wake_.notify_all();
     return out;
+  }
+
+  // Samples below `end` are written: their places in the ring go to later samples.
+  void release(size_t end) {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      base_ = end;
+    }
+    wake_.notify_all();
   }
 
  private:
   const std::vector<Sample>& samples_;
   const ImageImportOptions& o_;
-  size_t window_;
+  size_t row_, window_;
+  std::unique_ptr<uint8_t[]> ring_;
   std::vector<Slot> slots_;
   std::vector<std::thread> threads_;
   std::mutex m_;
@@ -341,7 +361,7 @@ class DecodePool {
         i = next_++;
       }
       Slot s;
-      decode_row(samples_[i].path, s);
+      decode_row(samples_[i].path, row(i), s);
       {
         std::lock_guard<std::mutex> lk(m_);
         s.ready = true;
@@ -351,26 +371,22 @@ class DecodePool {
     }
   }
 
-  void decode_row(const std::string& path, Slot& s) const {
+  void decode_row(const std::string& path, uint8_t* row, Slot& s) const {
     try {
       DecodeOptions d;
       d.min_short = o_.full_decode ? 0 : o_.size;
       d.exif_transpose = o_.exif_transpose;
       d.max_pixels = o_.max_pixels;
-      Image img;
+      thread_local Image img;  // its buffer kept from one image to the next
       s.why = decode_file(path, d, img);
       if (!s.why.empty()) return;
-      if (o_.channels == 1) img = to_gray(img);
+      if (o_.channels == 1 && img.c == 3) img = to_gray(img);
       const size_t plane = size_t(o_.size) * size_t(o_.size);
-      s.row.resize(plane * size_t(o_.channels));
-      resize_crop_chw(img, o_.size, s.row.data());
+      resize_crop_chw(img, o_.size, row);
       if (o_.channels == 3 && img.c == 1)  // gray to RGB: every channel the gray (PIL's convert('RGB'))
-        for (int ch = 1; ch < 3; ++ch) std::memcpy(&s.row[plane * size_t(ch)], s.row.data(), plane);
-      if (o_.store == "jpeg") {  // here, on the decoding threads: the writer only copies bytes
-        std::vector<uint8_t> jpeg;
-        encode_jpeg_chw(s.row.data(), o_.channels, o_.size, o_.size, o_.quality.value_or(90), jpeg);
-        s.row.swap(jpeg);
-      }
+        for (int ch = 1; ch < 3; ++ch) std::memcpy(row + plane * size_t(ch), row, plane);
+      if (o_.store == "jpeg")  // here, on the decoding threads: the writer only copies bytes
+        encode_jpeg_chw(row, o_.channels, o_.size, o_.size, o_.quality.value_or(90), s.jpeg);
     } catch (const std::exception& e) {
       s.why = std::string("cannot decode: ") + e.what();
     }
@@ -383,45 +399,64 @@ struct Output {
   int64_t rows = 0;
 };
 
+// Where the one writing thread's time went.
+struct WriterTime {
+  double waited = 0;   // for decoded rows
+  double written = 0;  // in HDF5 writes, the finish and its fsync included
+};
+
 // Decodes and writes one output's samples; skipped files are appended to `skipped`.
 void write_output(Output& out, const ImageImportOptions& o, int threads, int num_classes,
                   const std::vector<std::string>& names, std::vector<Skip>& skipped, Progress& progress,
-                  ImageFile& file) {
+                  ImageFile& file, WriterTime& time) {
   const size_t row = size_t(o.channels) * size_t(o.size) * size_t(o.size);
-  const size_t block_rows = std::max<size_t>(1, (size_t(8) << 20) / row);  // about 8 MiB a write
-  std::vector<uint8_t> block;
-  block.reserve(block_rows * row);
+  const size_t block_rows = std::max<size_t>(1, (size_t(8) << 20) / row);  // about 8 MiB a write: a chunk
+  // Blocks enough that every decoder has rows ahead while one block is written, and at least 3.
+  const size_t blocks = std::max<size_t>(3, (size_t(threads) * 8 + 32 + block_rows - 1) / block_rows + 1);
   std::vector<int32_t> labels;
   const bool jpeg = o.store == "jpeg";
-  std::vector<uint64_t> sizes;  // jpeg: each row's bytes in block
-  DecodePool pool(out.samples, o, threads);
-  for (size_t i = 0; i < out.samples.size(); ++i) {
-    check_interrupt();
-    Slot s = pool.take(i);
-    progress.tick();
-    if (!s.why.empty()) {
-      if (o.strict) throw InputError("'" + printable(out.samples[i].path) + "': " + s.why + " (--strict)");
-      skipped.push_back({out.samples[i].path, s.why});
-      continue;
-    }
-    block.insert(block.end(), s.row.begin(), s.row.end());
-    labels.push_back(out.samples[i].label);
-    if (jpeg) {
-      sizes.push_back(s.row.size());
-      if (block.size() >= (size_t(8) << 20)) {
-        file.append_bytes(block, sizes);
-        block.clear();
-        sizes.clear();
+  std::vector<uint8_t> bytes;   // jpeg: rows' bytes waiting for a whole chunk
+  std::vector<uint64_t> sizes;  // jpeg: each row's bytes in `bytes`
+  auto timed = [&](auto&& write) {
+    const auto t0 = Clock::now();
+    write();
+    time.written += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  DecodePool pool(out.samples, o, threads, row, block_rows, blocks);
+  const size_t n = out.samples.size();
+  for (size_t begin = 0; begin < n; begin += block_rows) {
+    const size_t end = std::min(n, begin + block_rows);
+    uint8_t* const block = pool.row(begin);  // the ring's block: rows begin..end-1 in order
+    size_t kept = 0;
+    for (size_t i = begin; i < end; ++i) {
+      check_interrupt();
+      Slot s = pool.take(i, time.waited);
+      progress.tick();
+      if (!s.why.empty()) {
+        if (o.strict) throw InputError("'" + printable(out.samples[i].path) + "': " + s.why + " (--strict)");
+        skipped.push_back({out.samples[i].path, s.why});
+        continue;
       }
-    } else if (block.size() == block_rows * row) {
-      file.append(block.data(), block_rows);
-      block.clear();
+      labels.push_back(out.samples[i].label);
+      if (jpeg) {
+        bytes.insert(bytes.end(), s.jpeg.begin(), s.jpeg.end());
+        sizes.push_back(s.jpeg.size());
+      } else if (kept++ != i - begin) {  // a skipped file before it in the block: close the gap
+        std::memmove(block + (kept - 1) * row, pool.row(i), row);
+      }
     }
+    if (jpeg && bytes.size() >= (size_t(8) << 20)) {
+      timed([&] { file.append_bytes(bytes, sizes); });
+      bytes.clear();
+      sizes.clear();
+    } else if (!jpeg && kept > 0) {
+      timed([&] { file.append(block, kept); });
+    }
+    pool.release(end);
   }
-  if (jpeg) file.append_bytes(block, sizes);
-  else if (!block.empty()) file.append(block.data(), block.size() / row);
+  if (jpeg && !sizes.empty()) timed([&] { file.append_bytes(bytes, sizes); });
   out.rows = int64_t(labels.size());
-  if (out.rows > 0) file.finish(labels, num_classes, names);
+  if (out.rows > 0) timed([&] { file.finish(labels, num_classes, names); });
 }
 
 void check_options(const ImageImportOptions& o) {
@@ -509,8 +544,11 @@ ImageImportSummary import_images(const ImageImportOptions& o) {
   std::unique_ptr<ImageFile> val_file;
   if (!o.val_out.empty())
     val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size, jpeg, quality, val.samples.size());
-  write_output(train, o, threads, sum.num_classes, names, skipped, progress, train_file);
-  if (val_file) write_output(val, o, threads, sum.num_classes, names, skipped, progress, *val_file);
+  WriterTime time;
+  write_output(train, o, threads, sum.num_classes, names, skipped, progress, train_file, time);
+  if (val_file) write_output(val, o, threads, sum.num_classes, names, skipped, progress, *val_file, time);
+  sum.write_seconds = time.written;
+  sum.wait_seconds = time.waited;
   sum.report = o.report.empty() ? o.out + ".skipped.txt" : o.report;
   write_report(sum.report, skipped);
   for (const Skip& s : skipped) sum.ignored += s.ignored;
