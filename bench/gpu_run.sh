@@ -504,8 +504,17 @@ if want images; then
   if [ -d /dev/shm ]; then
     t0=$SECONDS; timeout "$(cap 60 150)" $B/dpdata images --folder "$IMG" --out /dev/shm/images-shm.h5 --size 256 \
       --threads "$W" > "$IO/import-shm.log" 2>&1; echo "dpdata to /dev/shm rc=$? in $((SECONDS - t0)) s"
-    grep -E "^images:" "$IO/import-shm.log" | tail -n 1; rm -f /dev/shm/images-shm.h5
+    grep -E "^images:|writing thread" "$IO/import-shm.log" | tail -n 2; rm -f /dev/shm/images-shm.h5
   fi
+  # One decoding thread fewer than cores (the writing thread has a core of its own), and the
+  # disk's write rates: through the page cache with no fsync, with fsync, and O_DIRECT.
+  t0=$SECONDS; timeout "$(cap 60 150)" $B/dpdata images --folder "$IMG" --out /tmp/images-w1.h5 --size 256 \
+    --threads "$((W - 1))" > "$IO/import-threads-less1.log" 2>&1; echo "dpdata --threads $((W - 1)) rc=$? in $((SECONDS - t0)) s"
+  grep -E "^images:|writing thread" "$IO/import-threads-less1.log" | tail -n 2; rm -f /tmp/images-w1.h5
+  for how in "" "conv=fsync" "oflag=direct"; do
+    echo "dd 4 GiB of zeros to /tmp ${how:-(page cache, no fsync)}: $(dd if=/dev/zero of=/tmp/dd-probe bs=8M count=512 $how 2>&1 | tail -n 1)"
+    rm -f /tmp/dd-probe
+  done | tee "$IO/disk-write-dd.log"
   if [ -f "$H5" ]; then
     # Resident (data.read = all: the file in host memory, uint8 on the GPU) and streamed from the
     # file (data.read = stream: each micro-batch's rows read a few batches ahead).
@@ -518,6 +527,9 @@ if want images; then
     timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read stream \
       --train.steps 190 --log.metrics "$IO/dptrain-stream-metrics.jsonl" > "$IO/dptrain-stream.log" 2>&1
     echo "dptrain stream rc=$?"; grep -E "done|rror|stream|memory" "$IO/dptrain-stream.log" | tail -n 4
+    # IMAGES_LEAN=1: the raw import's rows alone (resident and streamed from the disk); no warm
+    # stream, no JPEG storage.
+    if [ "${IMAGES_LEAN:-0}" != 1 ]; then
     # Again with the file in the page cache (a set that fits in memory, from its second epoch on).
     timeout "$(cap 100 150)" "${mp[@]}" $B/dptrain --config bench/images_r50.ini --data.train "$H5" --data.read stream \
       --log.metrics "$IO/dptrain-stream-warm-metrics.jsonl" > "$IO/dptrain-stream-warm.log" 2>&1
@@ -537,6 +549,7 @@ if want images; then
       timeout "$(cap 100 110)" "${mp[@]}" --bind-to none $B/dptrain --config bench/images_r50.ini --data.train "$H5J" --data.read stream \
         --log.metrics "$IO/dptrain-jpeg-stream-warm-metrics.jsonl" > "$IO/dptrain-jpeg-stream-warm.log" 2>&1
       echo "dptrain jpeg stream, page cache warm rc=$?"; grep -E "done|rror|stream" "$IO/dptrain-jpeg-stream-warm.log" | tail -n 3
+    fi
     fi
     # The disk's own rate: 4 GiB of the file read in order with the page cache dropped.
     sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null
