@@ -163,6 +163,33 @@ TEST_F(Images, ThreadsGiveTheSameBits) {
   EXPECT_TRUE(a.u8 == b.u8);
 }
 
+// Files skipped between rows that span several chunks (512 x 512 rows: 10 to a chunk, written
+// straight to their chunks' places in the file): the rows after a skipped file move up, the
+// extent is cut to the rows written, and the rows and labels are those of the same tree without
+// the bad files.
+TEST_F(Images, SkippedFilesLeaveNoGapAcrossChunks) {
+  const std::string t = tree("count", "count", "24");
+  const std::string bad = path("count-bad");
+  if (!fs::exists(bad)) {
+    fs::copy(t, bad, fs::copy_options::recursive);
+    std::ofstream(bad + "/c0/img00000b.jpg") << "not a JPEG";           // after the first row
+    std::ofstream(bad + "/c1/img00005b.jpg") << "not a JPEG either";    // in the second chunk
+    std::ofstream(bad + "/c2/img00002b.png");                           // empty
+    std::ofstream(bad + "/c3/img00023b.png");                           // the last file
+  }
+  ASSERT_EQ(run("--folder " + t + " --out " + path("clean.h5") + " --size 512 --threads 2").code, 0);
+  Outcome r = run("--folder " + bad + " --out " + path("gaps.h5") + " --size 512 --threads 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "skipped 4 of 28 files")) << r.out;
+  const dpt::Dataset a = dpt::load_dataset(path("clean.h5")), b = dpt::load_dataset(path("gaps.h5"));
+  EXPECT_EQ(a.n, 24);
+  EXPECT_EQ(b.n, 24);
+  EXPECT_EQ(a.labels, b.labels);
+  EXPECT_TRUE(a.u8 == b.u8) << "rows differ from the import without the bad files";
+  Outcome v = cli::sh(std::string(DPT_BINARY_DIR) + "/dpdata validate " + path("gaps.h5"), 120);
+  EXPECT_EQ(v.code, 0) << v.out;
+}
+
 // round(0.2 n) of each class (at least 1 of a class of 2 or more, none of a class of 1), the same
 // files for the same seed, the rows of each file in sorted order, the class names in both.
 TEST_F(Images, ValFractionIsStratifiedAndSeeded) {

@@ -12,9 +12,11 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -39,11 +41,18 @@ Hid made(hid_t id, Hid::Closer close, const std::string& path, const char* what)
   return Hid(id, close);
 }
 
-// N × C × S × S uint8 in chunks of whole rows (as many as fit 8 MiB, one write block: a reader
-// that reads rows at their offsets looks up one chunk address per 8 MiB), grown as rows arrive; labels and attributes at the end. Until commit() the file is
-// OUT.tmp.<pid>, removed if the object dies first.
+// N × C × S × S uint8 in chunks of whole rows (about 8 MiB, a whole number of 4 KiB pages where
+// that takes at most 64 MiB: a reader that reads rows at their offsets looks up one chunk address
+// per chunk), all N listed rows' chunks allocated when the dataset is made, the extent cut to the
+// rows written at the end (files skipped); labels and attributes at the end. Until commit() the
+// file is OUT.tmp.<pid>, removed if the object dies first.
+// The pixels do not go through HDF5: each block of rows is written with pwrite at its chunk's
+// address in the file (H5Dget_chunk_info_by_coord), with O_DIRECT where the file system takes it
+// and the block is page-aligned (the disk reads the rows from our memory: no copy into the page
+// cache on the one thread that writes, which set the pace on 16 cores), else through the page
+// cache. HDF5 never holds those bytes (no chunk cache), so the file is the same as H5Dwrite's.
 // --store jpeg: /jpeg instead, 1-D bytes in chunks of 8 MiB (less for a set whose raw pixels
-// would take less: `rows` is its number of files) written whole (append_bytes), and
+// would take less: `rows` is its number of files) written whole through HDF5 (append_bytes), and
 // /jpeg_offsets at the end.
 class ImageFile {
  public:
@@ -52,16 +61,22 @@ class ImageFile {
     row_ = hsize_t(c) * hsize_t(s) * hsize_t(s);
     jpeg_chunk_ = std::clamp<hsize_t>(hsize_t(rows) * row_, hsize_t(64) << 10, hsize_t(8) << 20);
     quiet_hdf5();
-    file_ = Hid(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+    // Objects of 64 KiB and more (the raw chunks) start on a 4 KiB page: the direct writes' unit.
+    Hid fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    if (!fapl.ok() || H5Pset_alignment(fapl.get(), hsize_t(64) << 10, 4096) < 0)
+      throw Error("writing '" + out_ + "': file properties: " + hdf5_error_string());
+    file_ = Hid(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     if (!file_.ok())
       throw InputError("cannot create '" + tmp_ + "' (does the folder exist and is it writable?): " +
                        hdf5_error_string());
-    const hsize_t dims[4] = {0, hsize_t(c), hsize_t(s), hsize_t(s)};
+    chunk_rows_ = chunk_rows(row_);
+    const hsize_t dims[4] = {jpeg ? 0 : hsize_t(rows), hsize_t(c), hsize_t(s), hsize_t(s)};
     const hsize_t max[4] = {H5S_UNLIMITED, dims[1], dims[2], dims[3]};
-    const hsize_t chunk[4] = {std::max<hsize_t>(1, (hsize_t(8) << 20) / row_), dims[1], dims[2], dims[3]};
+    const hsize_t chunk[4] = {chunk_rows_, dims[1], dims[2], dims[3]};
     Hid space = made(H5Screate_simple(4, dims, max), H5Sclose, out_, "features space");
     Hid dcpl = made(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, out_, "properties");
-    if (H5Pset_chunk(dcpl.get(), 4, chunk) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0)
+    if (H5Pset_chunk(dcpl.get(), 4, chunk) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0 ||
+        (!jpeg && H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0))
       throw Error("writing '" + out_ + "': chunk properties: " + hdf5_error_string());
     // No chunk cache: whole chunks are written, straight from the block to the file (one copy
     // fewer on the one thread that writes).
@@ -80,10 +95,20 @@ class ImageFile {
     } else {
       feat_ = made(H5Dcreate2(file_.get(), "features", H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), dapl.get()),
                    H5Dclose, out_, "/features");
+      for (hsize_t r = 0; r < hsize_t(rows); r += chunk_rows_) {
+        const hsize_t at[4] = {r, 0, 0, 0};
+        haddr_t addr = HADDR_UNDEF;
+        if (H5Dget_chunk_info_by_coord(feat_.get(), at, nullptr, &addr, nullptr) < 0 || addr == HADDR_UNDEF)
+          throw Error("writing '" + out_ + "': the address of /features' chunk at row " + std::to_string(r) + ": " +
+                      hdf5_error_string());
+        chunk_at_.push_back(off_t(addr));
+      }
+      direct_fd_ = ::open(tmp_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1 where not supported: the cache
     }
     // Written pages start for the disk as they are written (below), so the fsync at the end
     // waits for the last few hundred MiB rather than the whole file.
-    sync_fd_ = ::open(tmp_.c_str(), O_RDONLY);
+    sync_fd_ = ::open(tmp_.c_str(), O_RDWR | O_CLOEXEC);
+    if (sync_fd_ < 0) throw InputError("cannot open '" + tmp_ + "' for writing: " + std::strerror(errno));
     dims_[1] = dims[1];
     dims_[2] = dims[2];
     dims_[3] = dims[3];
@@ -92,6 +117,7 @@ class ImageFile {
   ImageFile& operator=(const ImageFile&) = delete;
   ~ImageFile() {
     if (sync_fd_ >= 0) ::close(sync_fd_);
+    if (direct_fd_ >= 0) ::close(direct_fd_);
     if (committed_) return;
     feat_.reset();
     file_.reset();
@@ -111,21 +137,31 @@ class ImageFile {
     pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(whole));
   }
 
+  // Rows of a block: `chunk_rows()` of them, whose buffer is 4 KiB-aligned, go straight to the disk.
+  hsize_t chunk_rows() const { return chunk_rows_; }
+  bool direct() const { return direct_fd_ >= 0; }
+
+  // The next `count` rows (their buffer aligned to 4 KiB for the direct path), at their chunks'
+  // places in the file.
   void append(const uint8_t* rows, hsize_t count) {
-    const hsize_t start[4] = {dims_[0], 0, 0, 0}, size[4] = {count, dims_[1], dims_[2], dims_[3]};
-    dims_[0] += count;
-    if (H5Dset_extent(feat_.get(), dims_) < 0) throw Error("writing '" + out_ + "': extend /features: " + hdf5_error_string());
-    Hid fspace = made(H5Dget_space(feat_.get()), H5Sclose, out_, "features space");
-    Hid mspace = made(H5Screate_simple(4, size, nullptr), H5Sclose, out_, "memory space");
-    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, size, nullptr) < 0 ||
-        H5Dwrite(feat_.get(), H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT, rows) < 0)
-      throw Error("writing '" + out_ + "': /features rows: " + hdf5_error_string());
-    written(count * row_);
+    while (count > 0) {
+      const hsize_t c = dims_[0] / chunk_rows_, in = dims_[0] - c * chunk_rows_;
+      const hsize_t n = std::min(count, chunk_rows_ - in);
+      if (c >= chunk_at_.size()) throw Error("writing '" + out_ + "': more rows than files listed");
+      put(rows, size_t(n * row_), chunk_at_[c] + off_t(in * row_));
+      dims_[0] += n;
+      rows += n * row_;
+      count -= n;
+    }
   }
 
   // Labels, attributes, flush and fsync: after this the file is whole under its temporary name.
   void finish(const std::vector<int32_t>& labels, int num_classes, const std::vector<std::string>& names) {
     if (jpeg_) finish_jpeg();
+    // Files skipped: the extent to the rows written (the chunks past it freed, the last one's
+    // rows past it filled with zeros by HDF5).
+    else if (dims_[0] < chunk_at_.size() * chunk_rows_ && H5Dset_extent(feat_.get(), dims_) < 0)
+      throw Error("writing '" + out_ + "': the extent of /features: " + hdf5_error_string());
     const float scale = 1.f / 255.f, offset = 0.f;
     scalar_attr(feat_.get(), "scale", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &scale);
     scalar_attr(feat_.get(), "offset", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &offset);
@@ -142,9 +178,7 @@ class ImageFile {
     feat_.reset();
     if (H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0 || file_.close() < 0)
       throw Error("writing '" + out_ + "': flush: " + hdf5_error_string());
-    const int fd = ::open(tmp_.c_str(), O_RDONLY);
-    const bool synced = fd >= 0 && fsync(fd) == 0;
-    if (fd >= 0) ::close(fd);
+    const bool synced = fsync(sync_fd_) == 0;
     if (!synced) throw Error("writing '" + out_ + "': fsync: " + std::strerror(errno));
   }
 
@@ -183,8 +217,49 @@ class ImageFile {
   hsize_t row_ = 0, dims_[4] = {0, 0, 0, 0};
   Hid file_, feat_;
   bool committed_ = false;
-  int sync_fd_ = -1;
+  int sync_fd_ = -1;       // the file through the page cache
+  int direct_fd_ = -1;     // the file with O_DIRECT; -1: not taken by its file system, or given up
+  hsize_t chunk_rows_ = 1;
+  std::vector<off_t> chunk_at_;  // raw: each chunk's address in the file
   hsize_t unsynced_ = 0;  // bytes written since the last writeback started
+
+  // Rows per chunk: about 8 MiB, rounded down to a whole number of 4 KiB pages where that takes
+  // at most 64 MiB (the direct path's unit), at least one row.
+  static hsize_t chunk_rows(hsize_t row) {
+    const hsize_t rows = std::max<hsize_t>(1, (hsize_t(8) << 20) / row);
+    const hsize_t page = 4096 / std::gcd(row, hsize_t(4096));  // rows to a whole number of pages
+    if (page * row > (hsize_t(64) << 20)) return rows;
+    return std::max(page, rows / page * page);
+  }
+
+  // n bytes at the file offset: straight to the disk where the buffer, offset and length are
+  // page-aligned and the file system takes O_DIRECT, else through the page cache.
+  void put(const uint8_t* p, size_t n, off_t at) {
+    const bool aligned = (reinterpret_cast<uintptr_t>(p) | size_t(at) | n) % 4096 == 0;
+    if (direct_fd_ >= 0 && aligned) {
+      if (pwrite_all(direct_fd_, p, n, at)) return;
+      if (errno != EINVAL) throw Error("writing '" + out_ + "': " + std::strerror(errno));
+      ::close(direct_fd_);  // O_DIRECT opened but refused at write time: the page cache from now on
+      direct_fd_ = -1;
+    }
+    if (!pwrite_all(sync_fd_, p, n, at)) throw Error("writing '" + out_ + "': " + std::strerror(errno));
+    written(n);
+  }
+
+  static bool pwrite_all(int fd, const uint8_t* p, size_t n, off_t at) {
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd, p, n, at);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        if (w == 0) errno = EIO;
+        return false;
+      }
+      p += w;
+      n -= size_t(w);
+      at += off_t(w);
+    }
+    return true;
+  }
 
   void write_bytes(const uint8_t* p, size_t count) {
     const hsize_t start = jpeg_size_, size = count;
@@ -298,7 +373,10 @@ class DecodePool {
   DecodePool(const std::vector<Sample>& samples, const ImageImportOptions& o, int threads, size_t row_bytes,
              size_t block_rows, size_t blocks)
       : samples_(samples), o_(o), row_(row_bytes), window_(block_rows * blocks), slots_(window_) {
-    ring_.reset(new uint8_t[window_ * row_]);  // not zeroed: every byte is written before it is read
+    // Page-aligned, for the direct writes; not zeroed: every byte is written before it is read.
+    const size_t bytes = (window_ * row_ + 4095) / 4096 * 4096;
+    ring_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)));
+    if (!ring_) throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB for decoded rows");
     for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
   }
   ~DecodePool() {
@@ -343,7 +421,10 @@ class DecodePool {
   const std::vector<Sample>& samples_;
   const ImageImportOptions& o_;
   size_t row_, window_;
-  std::unique_ptr<uint8_t[]> ring_;
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> ring_;
   std::vector<Slot> slots_;
   std::vector<std::thread> threads_;
   std::mutex m_;
@@ -405,16 +486,21 @@ struct WriterTime {
   double written = 0;  // in HDF5 writes, the finish and its fsync included
 };
 
+// Rows the writer takes at a time: the file's chunk (raw), or about 8 MiB of decoded rows (jpeg).
+size_t rows_per_block(const ImageImportOptions& o, size_t row, const ImageFile& file) {
+  return o.store == "jpeg" ? std::max<size_t>(1, (size_t(8) << 20) / row) : size_t(file.chunk_rows());
+}
+
 // Decodes and writes one output's samples; skipped files are appended to `skipped`.
 void write_output(Output& out, const ImageImportOptions& o, int threads, int num_classes,
                   const std::vector<std::string>& names, std::vector<Skip>& skipped, Progress& progress,
                   ImageFile& file, WriterTime& time) {
   const size_t row = size_t(o.channels) * size_t(o.size) * size_t(o.size);
-  const size_t block_rows = std::max<size_t>(1, (size_t(8) << 20) / row);  // about 8 MiB a write: a chunk
+  const bool jpeg = o.store == "jpeg";
+  const size_t block_rows = rows_per_block(o, row, file);  // raw: a chunk a write
   // Blocks enough that every decoder has rows ahead while one block is written, and at least 3.
   const size_t blocks = std::max<size_t>(3, (size_t(threads) * 8 + 32 + block_rows - 1) / block_rows + 1);
   std::vector<int32_t> labels;
-  const bool jpeg = o.store == "jpeg";
   std::vector<uint8_t> bytes;   // jpeg: rows' bytes waiting for a whole chunk
   std::vector<uint64_t> sizes;  // jpeg: each row's bytes in `bytes`
   auto timed = [&](auto&& write) {
