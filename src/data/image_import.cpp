@@ -78,8 +78,8 @@ class ImageFile {
     if (H5Pset_chunk(dcpl.get(), 4, chunk) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0 ||
         (!jpeg && H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0))
       throw Error("writing '" + out_ + "': chunk properties: " + hdf5_error_string());
-    // No chunk cache: whole chunks are written, straight from the block to the file (one copy
-    // fewer on the one thread that writes).
+    // No chunk cache: /jpeg's whole chunks go straight from the buffer to the file, and HDF5
+    // never holds a copy of /features' chunks, which are written beside it (put()).
     Hid dapl = made(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose, out_, "access properties");
     if (H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0) < 0)
       throw Error("writing '" + out_ + "': chunk cache: " + hdf5_error_string());
@@ -103,6 +103,7 @@ class ImageFile {
                       hdf5_error_string());
         chunk_at_.push_back(off_t(addr));
       }
+      listed_ = hsize_t(rows);
       direct_fd_ = ::open(tmp_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1 where not supported: the cache
     }
     // Written pages start for the disk as they are written (below), so the fsync at the end
@@ -139,7 +140,6 @@ class ImageFile {
 
   // Rows of a block: `chunk_rows()` of them, whose buffer is 4 KiB-aligned, go straight to the disk.
   hsize_t chunk_rows() const { return chunk_rows_; }
-  bool direct() const { return direct_fd_ >= 0; }
 
   // The next `count` rows (their buffer aligned to 4 KiB for the direct path), at their chunks'
   // places in the file.
@@ -160,7 +160,7 @@ class ImageFile {
     if (jpeg_) finish_jpeg();
     // Files skipped: the extent to the rows written (the chunks past it freed, the last one's
     // rows past it filled with zeros by HDF5).
-    else if (dims_[0] < chunk_at_.size() * chunk_rows_ && H5Dset_extent(feat_.get(), dims_) < 0)
+    else if (dims_[0] < listed_ && H5Dset_extent(feat_.get(), dims_) < 0)
       throw Error("writing '" + out_ + "': the extent of /features: " + hdf5_error_string());
     const float scale = 1.f / 255.f, offset = 0.f;
     scalar_attr(feat_.get(), "scale", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, &scale);
@@ -221,6 +221,7 @@ class ImageFile {
   int direct_fd_ = -1;     // the file with O_DIRECT; -1: not taken by its file system, or given up
   hsize_t chunk_rows_ = 1;
   std::vector<off_t> chunk_at_;  // raw: each chunk's address in the file
+  hsize_t listed_ = 0;           // raw: rows allocated, one per file listed
   hsize_t unsynced_ = 0;  // bytes written since the last writeback started
 
   // Rows per chunk: about 8 MiB, rounded down to a whole number of 4 KiB pages where that takes
@@ -365,7 +366,7 @@ struct Slot {
 
 // Decoders take sample indices in order and write each row's pixels straight into a ring of
 // `blocks` write blocks of `block_rows` rows, at most the ring ahead of the writer, which takes
-// outcomes in sample order and hands HDF5 whole blocks from the ring (no copy of its own): the
+// outcomes in sample order and writes whole blocks from the ring (no copy of its own): the
 // output does not depend on the thread count, and the one thread that may call HDF5 does
 // nothing else.
 class DecodePool {
@@ -501,7 +502,7 @@ void write_output(Output& out, const ImageImportOptions& o, int threads, int num
   // Blocks enough that every decoder has rows ahead while one block is written, and at least 3.
   const size_t blocks = std::max<size_t>(3, (size_t(threads) * 8 + 32 + block_rows - 1) / block_rows + 1);
   std::vector<int32_t> labels;
-  std::vector<uint8_t> bytes;   // jpeg: rows' bytes waiting for a whole chunk
+  std::vector<uint8_t> bytes;   // jpeg: the block's rows' bytes (append_bytes keeps them to a whole chunk)
   std::vector<uint64_t> sizes;  // jpeg: each row's bytes in `bytes`
   auto timed = [&](auto&& write) {
     const auto t0 = Clock::now();
@@ -531,7 +532,7 @@ void write_output(Output& out, const ImageImportOptions& o, int threads, int num
         std::memmove(block + (kept - 1) * row, pool.row(i), row);
       }
     }
-    if (jpeg && bytes.size() >= (size_t(8) << 20)) {
+    if (jpeg && !sizes.empty()) {
       timed([&] { file.append_bytes(bytes, sizes); });
       bytes.clear();
       sizes.clear();
@@ -540,7 +541,6 @@ void write_output(Output& out, const ImageImportOptions& o, int threads, int num
     }
     pool.release(end);
   }
-  if (jpeg && !sizes.empty()) timed([&] { file.append_bytes(bytes, sizes); });
   out.rows = int64_t(labels.size());
   if (out.rows > 0) timed([&] { file.finish(labels, num_classes, names); });
 }
