@@ -36,7 +36,7 @@ cap() { local l=$(( deadline - SECONDS - ${2:-0} )); (( l < $1 )) && echo $(( l 
 # nccl-tests' binary for a collective: .gpu/bin, else a build tree carried in .gpu/nccl-tests.
 nccl_perf() { for f in $B/$1_perf .gpu/nccl-tests/build/$1_perf; do [ -x "$f" ] && { echo "$f"; return; }; done; }
 {
-  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
+  date -u; lscpu | grep -E "^(Model name|CPU\(s\)|Thread|Core)"; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
   nvidia-smi topo -m; command -v nsys ncu; ldd $B/dptrain | grep -E "not found|openblas|dnnl|OpenCL|nccl|cublas" ; nproc
 } > "$OUT/machine.txt" 2>&1
 if want tests; then
@@ -561,9 +561,18 @@ if want images; then
   timeout "$(cap 100 130)" "${mp[@]}" $B/bench-step --layers "resnet50(classes=100)" --input 3,224,224 --batch 256 \
     --precision bf16 --warmup 5 --steps 20 > "$IO/bench-step.log" 2>&1
   echo "bench-step rc=$?"
-  timeout "$(cap 200 5)" python3 bench/torch_imagefolder.py --images "$IMG" --workers "$W" --batch 256 \
+  # The peer twice: its JPEG files read from the disk (page cache dropped just before), then from
+  # the page cache (every file read once first, as many readers as cores: the peer's strongest
+  # setup, for a set that fits in memory); the ratios take the faster of the two.
+  sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo "page cache dropped before PyTorch's first run"
+  timeout "$(cap 200 60)" python3 bench/torch_imagefolder.py --images "$IMG" --workers "$W" --batch 256 \
     --steps ${TORCH_STEPS:-100} --arch resnet50 > "$IO/torch.jsonl" 2>&1
   echo "torch_imagefolder rc=$?"
+  t0=$SECONDS; find "$IMG" -type f -print0 | xargs -0 -P "$W" -n 1000 cat > /dev/null
+  echo "JPEG files read into the page cache in $((SECONDS - t0)) s"
+  timeout "$(cap 150 5)" python3 bench/torch_imagefolder.py --images "$IMG" --workers "$W" --batch 256 \
+    --steps ${TORCH_STEPS:-100} --arch resnet50 --parts loader,train > "$IO/torch-warm.jsonl" 2>&1
+  echo "torch_imagefolder, files in the page cache rc=$?"
   python3 bench/images_summary.py "$IO" | tee /tmp/dpt-summary-images.txt
 fi
 if want streamrate; then
