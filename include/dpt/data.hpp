@@ -119,6 +119,7 @@ struct ImageImportOptions {
   bool progress = true;             // a line on stderr every 2 s
   std::string store = "raw";        // "raw": /features pixels; "jpeg": each row re-encoded as a JPEG (/jpeg)
   std::optional<int> quality;       // --store jpeg's quality, 1-100 (unset: 90); refused with raw
+  bool direct_io = true;            // raw rows with O_DIRECT where the file system takes it; false: the page cache
 };
 struct ImageImportSummary {
   std::vector<std::string> classes;
@@ -131,6 +132,8 @@ struct ImageImportSummary {
   // The one thread that writes: seconds in HDF5 writes (the final flush and fsync included) and
   // waiting for the decoding threads' rows. Waiting little: the writes set the pace.
   double write_seconds = 0, wait_seconds = 0;
+  // Raw rows' bytes written with O_DIRECT and through the page cache (--store jpeg: neither).
+  int64_t direct_bytes = 0, cached_bytes = 0;
 };
 ImageImportSummary import_images(const ImageImportOptions& o);
 

@@ -141,6 +141,7 @@ void print_classes(const dpt::ImageImportSummary& s) {
 
 int cmd_images(const Args& args) {
   dpt::ImageImportOptions o;
+  std::string direct;
   po::options_description opts("images options (JPEG and PNG photos to N x C x S x S uint8; docs/formats.md)");
   opts.add_options()
       ("folder", po::value(&o.folder), "image folder: DIR/<class>/<image>, as torchvision's ImageFolder")
@@ -165,14 +166,20 @@ int cmd_images(const Args& args) {
       ("store", po::value(&o.store)->default_value("raw"),
        "raw: the S x S pixels (/features); jpeg: each S x S image re-encoded as a JPEG (/jpeg, lossy, "
        "several times smaller), decoded when read")
-      ("quality", po::value<int>(), "--store jpeg's JPEG quality, 1-100 (default 90; 4:2:0 chroma for RGB)");
+      ("quality", po::value<int>(), "--store jpeg's JPEG quality, 1-100 (default 90; 4:2:0 chroma for RGB)")
+      ("direct-io", po::value(&direct)->default_value("auto"),
+       "auto: raw rows written with O_DIRECT where the file system takes it, else through the page "
+       "cache; off: always through the page cache");
   po::variables_map vm;
   if (!parse("dpdata images (--folder DIR | --csv FILE [--root DIR]) --out OUT.h5 [--size S] [--channels 3|1] "
              "[--val-fraction F --val-out VAL.h5 [--seed N] | --val-folder DIR --val-out VAL.h5] [--threads N] "
              "[--strict] [--report FILE] [--max-pixels N] [--exif-transpose] [--full-decode] "
-             "[--store raw|jpeg [--quality Q]]",
+             "[--store raw|jpeg [--quality Q]] [--direct-io auto|off]",
              opts, args, vm))
     return 0;
+  if (direct != "auto" && direct != "off")
+    throw dpt::InputError("--direct-io must be auto or off, not '" + direct + "'");
+  o.direct_io = direct == "auto";
   if (vm.count("quality")) o.quality = vm["quality"].as<int>();
   std::vector<std::string> inputs{o.csv};
   check_not_an_input(o.out, inputs);
@@ -192,6 +199,9 @@ int cmd_images(const Args& args) {
               double(s.train_rows + s.val_rows) / std::max(s.seconds, 1e-9));
   std::printf("  the writing thread: %.1f s writing (HDF5, flush and fsync), %.1f s waiting for decoded rows\n",
               s.write_seconds, s.wait_seconds);
+  if (s.direct_bytes + s.cached_bytes > 0)
+    std::printf("  pixels: %.1f MB written with O_DIRECT, %.1f MB through the page cache\n", double(s.direct_bytes) / 1e6,
+                double(s.cached_bytes) / 1e6);
   if (s.skipped > 0 || s.problems > 0)
     std::printf("skipped %lld of %lld files%s: see %s\n", (long long)s.skipped, (long long)s.files,
                 s.problems ? (" and reported " + std::to_string(s.problems) + " folder(s)").c_str() : "",

@@ -56,7 +56,8 @@ Hid made(hid_t id, Hid::Closer close, const std::string& path, const char* what)
 // /jpeg_offsets at the end.
 class ImageFile {
  public:
-  ImageFile(const std::string& out, int c, int s, bool jpeg = false, int quality = 0, size_t rows = 0)
+  ImageFile(const std::string& out, int c, int s, bool jpeg = false, int quality = 0, size_t rows = 0,
+            bool direct = true)
       : out_(out), tmp_(out + ".tmp." + std::to_string(getpid())), jpeg_(jpeg), c_(c), s_(s), quality_(quality) {
     row_ = hsize_t(c) * hsize_t(s) * hsize_t(s);
     jpeg_chunk_ = std::clamp<hsize_t>(hsize_t(rows) * row_, hsize_t(64) << 10, hsize_t(8) << 20);
@@ -104,7 +105,7 @@ class ImageFile {
         chunk_at_.push_back(off_t(addr));
       }
       listed_ = hsize_t(rows);
-      direct_fd_ = ::open(tmp_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1 where not supported: the cache
+      if (direct) direct_fd_ = ::open(tmp_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1 where not taken: the cache
     }
     // Written pages start for the disk as they are written (below), so the fsync at the end
     // waits for the last few hundred MiB rather than the whole file.
@@ -126,6 +127,9 @@ class ImageFile {
   }
 
   int64_t rows() const { return int64_t(dims_[0]); }
+  // Raw rows' bytes written so far with O_DIRECT and through the page cache.
+  uint64_t direct_bytes() const { return direct_bytes_; }
+  uint64_t cached_bytes() const { return cached_bytes_; }
 
   // jpeg: the next rows' JPEG bytes; `sizes` their lengths. Whole chunks are written as they
   // fill (the rest waits in pending_), the last partial one at finish().
@@ -218,7 +222,8 @@ class ImageFile {
   Hid file_, feat_;
   bool committed_ = false;
   int sync_fd_ = -1;       // the file through the page cache
-  int direct_fd_ = -1;     // the file with O_DIRECT; -1: not taken by its file system, or given up
+  int direct_fd_ = -1;     // the file with O_DIRECT; -1: not asked for, not taken by its file system, or given up
+  uint64_t direct_bytes_ = 0, cached_bytes_ = 0;
   hsize_t chunk_rows_ = 1;
   std::vector<off_t> chunk_at_;  // raw: each chunk's address in the file
   hsize_t listed_ = 0;           // raw: rows allocated, one per file listed
@@ -238,12 +243,16 @@ class ImageFile {
   void put(const uint8_t* p, size_t n, off_t at) {
     const bool aligned = (reinterpret_cast<uintptr_t>(p) | size_t(at) | n) % 4096 == 0;
     if (direct_fd_ >= 0 && aligned) {
-      if (pwrite_all(direct_fd_, p, n, at)) return;
+      if (pwrite_all(direct_fd_, p, n, at)) {
+        direct_bytes_ += n;
+        return;
+      }
       if (errno != EINVAL) throw Error("writing '" + out_ + "': " + std::strerror(errno));
       ::close(direct_fd_);  // O_DIRECT opened but refused at write time: the page cache from now on
       direct_fd_ = -1;
     }
     if (!pwrite_all(sync_fd_, p, n, at)) throw Error("writing '" + out_ + "': " + std::strerror(errno));
+    cached_bytes_ += n;
     written(n);
   }
 
@@ -626,15 +635,21 @@ ImageImportSummary import_images(const ImageImportOptions& o) {
   Progress progress(sum.files, o.progress);
   const bool jpeg = o.store == "jpeg";
   const int quality = o.quality.value_or(90);
-  ImageFile train_file(o.out, o.channels, o.size, jpeg, quality, train.samples.size());
+  ImageFile train_file(o.out, o.channels, o.size, jpeg, quality, train.samples.size(), o.direct_io);
   std::unique_ptr<ImageFile> val_file;
   if (!o.val_out.empty())
-    val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size, jpeg, quality, val.samples.size());
+    val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size, jpeg, quality, val.samples.size(),
+                                           o.direct_io);
   WriterTime time;
   write_output(train, o, threads, sum.num_classes, names, skipped, progress, train_file, time);
   if (val_file) write_output(val, o, threads, sum.num_classes, names, skipped, progress, *val_file, time);
   sum.write_seconds = time.written;
   sum.wait_seconds = time.waited;
+  for (const ImageFile* f : {&train_file, val_file.get()}) {
+    if (!f) continue;
+    sum.direct_bytes += int64_t(f->direct_bytes());
+    sum.cached_bytes += int64_t(f->cached_bytes());
+  }
   sum.report = o.report.empty() ? o.out + ".skipped.txt" : o.report;
   write_report(sum.report, skipped);
   for (const Skip& s : skipped) sum.ignored += s.ignored;
