@@ -119,7 +119,7 @@ struct ImageImportOptions {
   bool progress = true;             // a line on stderr every 2 s
   std::string store = "raw";        // "raw": /features pixels; "jpeg": each row re-encoded as a JPEG (/jpeg)
   std::optional<int> quality;       // --store jpeg's quality, 1-100 (unset: 90); refused with raw
-  bool direct_io = true;            // raw rows with O_DIRECT where the file system takes it; false: the page cache
+  std::string direct_io = "auto";  // "auto": raw rows with O_DIRECT where the file system takes it; "off": the page cache
 };
 struct ImageImportSummary {
   std::vector<std::string> classes;

@@ -141,7 +141,6 @@ void print_classes(const dpt::ImageImportSummary& s) {
 
 int cmd_images(const Args& args) {
   dpt::ImageImportOptions o;
-  std::string direct;
   po::options_description opts("images options (JPEG and PNG photos to N x C x S x S uint8; docs/formats.md)");
   opts.add_options()
       ("folder", po::value(&o.folder), "image folder: DIR/<class>/<image>, as torchvision's ImageFolder")
@@ -167,7 +166,7 @@ int cmd_images(const Args& args) {
        "raw: the S x S pixels (/features); jpeg: each S x S image re-encoded as a JPEG (/jpeg, lossy, "
        "several times smaller), decoded when read")
       ("quality", po::value<int>(), "--store jpeg's JPEG quality, 1-100 (default 90; 4:2:0 chroma for RGB)")
-      ("direct-io", po::value(&direct)->default_value("auto"),
+      ("direct-io", po::value(&o.direct_io)->default_value("auto"),
        "auto: raw rows written with O_DIRECT where the file system takes it, else through the page "
        "cache; off: always through the page cache");
   po::variables_map vm;
@@ -177,9 +176,6 @@ int cmd_images(const Args& args) {
              "[--store raw|jpeg [--quality Q]] [--direct-io auto|off]",
              opts, args, vm))
     return 0;
-  if (direct != "auto" && direct != "off")
-    throw dpt::InputError("--direct-io must be auto or off, not '" + direct + "'");
-  o.direct_io = direct == "auto";
   if (vm.count("quality")) o.quality = vm["quality"].as<int>();
   std::vector<std::string> inputs{o.csv};
   check_not_an_input(o.out, inputs);

@@ -565,6 +565,8 @@ void check_options(const ImageImportOptions& o) {
   if (o.store != "raw" && o.store != "jpeg")
     throw InputError("--store must be raw (pixels, the default) or jpeg (each image re-encoded as a JPEG), not '" +
                      o.store + "'");
+  if (o.direct_io != "auto" && o.direct_io != "off")
+    throw InputError("--direct-io must be auto or off, not '" + o.direct_io + "'");
   if (o.quality && o.store != "jpeg")
     throw InputError("--quality goes with --store jpeg (--store raw keeps the pixels exactly)");
   if (o.quality && (*o.quality < 1 || *o.quality > 100))
@@ -635,11 +637,12 @@ ImageImportSummary import_images(const ImageImportOptions& o) {
   Progress progress(sum.files, o.progress);
   const bool jpeg = o.store == "jpeg";
   const int quality = o.quality.value_or(90);
-  ImageFile train_file(o.out, o.channels, o.size, jpeg, quality, train.samples.size(), o.direct_io);
+  const bool direct = o.direct_io == "auto";
+  ImageFile train_file(o.out, o.channels, o.size, jpeg, quality, train.samples.size(), direct);
   std::unique_ptr<ImageFile> val_file;
   if (!o.val_out.empty())
     val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size, jpeg, quality, val.samples.size(),
-                                           o.direct_io);
+                                           direct);
   WriterTime time;
   write_output(train, o, threads, sum.num_classes, names, skipped, progress, train_file, time);
   if (val_file) write_output(val, o, threads, sum.num_classes, names, skipped, progress, *val_file, time);
