@@ -56,10 +56,11 @@ Hid made(hid_t id, Hid::Closer close, const std::string& path, const char* what)
 // /jpeg_offsets at the end.
 class ImageFile {
  public:
-  ImageFile(const std::string& out, int c, int s, bool jpeg = false, int quality = 0, size_t rows = 0,
-            bool direct = true)
-      : out_(out), tmp_(out + ".tmp." + std::to_string(getpid())), jpeg_(jpeg), c_(c), s_(s), quality_(quality) {
-    row_ = hsize_t(c) * hsize_t(s) * hsize_t(s);
+  // `out`: o.out or o.val_out; channels, size, --store, --quality and --direct-io from `o`.
+  ImageFile(const std::string& out, const ImageImportOptions& o, size_t rows)
+      : out_(out), tmp_(out + ".tmp." + std::to_string(getpid())), jpeg_(o.store == "jpeg"), c_(o.channels),
+        s_(o.size), quality_(o.quality.value_or(90)) {
+    row_ = hsize_t(c_) * hsize_t(s_) * hsize_t(s_);
     jpeg_chunk_ = std::clamp<hsize_t>(hsize_t(rows) * row_, hsize_t(64) << 10, hsize_t(8) << 20);
     quiet_hdf5();
     // Objects of 64 KiB and more (the raw chunks) start on a 4 KiB page: the direct writes' unit.
@@ -71,13 +72,13 @@ class ImageFile {
       throw InputError("cannot create '" + tmp_ + "' (does the folder exist and is it writable?): " +
                        hdf5_error_string());
     chunk_rows_ = chunk_rows(row_);
-    const hsize_t dims[4] = {jpeg ? 0 : hsize_t(rows), hsize_t(c), hsize_t(s), hsize_t(s)};
+    const hsize_t dims[4] = {jpeg_ ? 0 : hsize_t(rows), hsize_t(c_), hsize_t(s_), hsize_t(s_)};
     const hsize_t max[4] = {H5S_UNLIMITED, dims[1], dims[2], dims[3]};
     const hsize_t chunk[4] = {chunk_rows_, dims[1], dims[2], dims[3]};
     Hid space = made(H5Screate_simple(4, dims, max), H5Sclose, out_, "features space");
     Hid dcpl = made(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, out_, "properties");
     if (H5Pset_chunk(dcpl.get(), 4, chunk) < 0 || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0 ||
-        (!jpeg && H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0))
+        (!jpeg_ && H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0))
       throw Error("writing '" + out_ + "': chunk properties: " + hdf5_error_string());
     // No chunk cache: /jpeg's whole chunks go straight from the buffer to the file, and HDF5
     // never holds a copy of /features' chunks, which are written beside it (put()).
@@ -105,7 +106,7 @@ class ImageFile {
         chunk_at_.push_back(off_t(addr));
       }
       listed_ = hsize_t(rows);
-      if (direct) direct_fd_ = ::open(tmp_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1 where not taken: the cache
+      if (o.direct_io == "auto") direct_fd_ = ::open(tmp_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1 where not taken: the cache
     }
     // Written pages start for the disk as they are written (below), so the fsync at the end
     // waits for the last few hundred MiB rather than the whole file.
@@ -128,8 +129,8 @@ class ImageFile {
 
   int64_t rows() const { return int64_t(dims_[0]); }
   // Raw rows' bytes written so far with O_DIRECT and through the page cache.
-  uint64_t direct_bytes() const { return direct_bytes_; }
-  uint64_t cached_bytes() const { return cached_bytes_; }
+  int64_t direct_bytes() const { return direct_bytes_; }
+  int64_t cached_bytes() const { return cached_bytes_; }
 
   // jpeg: the next rows' JPEG bytes; `sizes` their lengths. Whole chunks are written as they
   // fill (the rest waits in pending_), the last partial one at finish().
@@ -223,7 +224,7 @@ class ImageFile {
   bool committed_ = false;
   int sync_fd_ = -1;       // the file through the page cache
   int direct_fd_ = -1;     // the file with O_DIRECT; -1: not asked for, not taken by its file system, or given up
-  uint64_t direct_bytes_ = 0, cached_bytes_ = 0;
+  int64_t direct_bytes_ = 0, cached_bytes_ = 0;
   hsize_t chunk_rows_ = 1;
   std::vector<off_t> chunk_at_;  // raw: each chunk's address in the file
   hsize_t listed_ = 0;           // raw: rows allocated, one per file listed
@@ -635,14 +636,9 @@ ImageImportSummary import_images(const ImageImportOptions& o) {
   const size_t listed_skips = skipped.size();
   InterruptGuard guard;
   Progress progress(sum.files, o.progress);
-  const bool jpeg = o.store == "jpeg";
-  const int quality = o.quality.value_or(90);
-  const bool direct = o.direct_io == "auto";
-  ImageFile train_file(o.out, o.channels, o.size, jpeg, quality, train.samples.size(), direct);
+  ImageFile train_file(o.out, o, train.samples.size());
   std::unique_ptr<ImageFile> val_file;
-  if (!o.val_out.empty())
-    val_file = std::make_unique<ImageFile>(o.val_out, o.channels, o.size, jpeg, quality, val.samples.size(),
-                                           direct);
+  if (!o.val_out.empty()) val_file = std::make_unique<ImageFile>(o.val_out, o, val.samples.size());
   WriterTime time;
   write_output(train, o, threads, sum.num_classes, names, skipped, progress, train_file, time);
   if (val_file) write_output(val, o, threads, sum.num_classes, names, skipped, progress, *val_file, time);
@@ -650,8 +646,8 @@ ImageImportSummary import_images(const ImageImportOptions& o) {
   sum.wait_seconds = time.waited;
   for (const ImageFile* f : {&train_file, val_file.get()}) {
     if (!f) continue;
-    sum.direct_bytes += int64_t(f->direct_bytes());
-    sum.cached_bytes += int64_t(f->cached_bytes());
+    sum.direct_bytes += f->direct_bytes();
+    sum.cached_bytes += f->cached_bytes();
   }
   sum.report = o.report.empty() ? o.out + ".skipped.txt" : o.report;
   write_report(sum.report, skipped);
