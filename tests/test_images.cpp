@@ -255,6 +255,23 @@ TEST_F(Images, ValFolderNeedsTheSameClasses) {
   EXPECT_FALSE(fs::exists(path("vf.h5")));
 }
 
+// A class name with a line break (a folder's or a CSV label's) is refused before any file is read:
+// checkpoints carry the names one per line, so it would come back as two names.
+TEST_F(Images, ClassNamesWithALineBreakAreRefused) {
+  fs::create_directories(path("breaks/ok"));
+  fs::create_directories(path("breaks/two\nlines"));
+  Outcome r = run("--folder " + path("breaks") + " --out " + path("breaks.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "image folder '" + path("breaks") + "': class name 'two\\nlines' (class 1) holds a line break"))
+      << r.out;
+  std::ofstream(path("breaks.csv")) << "path,label\nx.png,ok\ny.png,\"carriage\rreturn\"\n";
+  r = run("--csv " + path("breaks.csv") + " --out " + path("breaks.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "class name 'carriage\\rreturn' (class 0) holds a line break")) << r.out;
+  EXPECT_FALSE(fs::exists(path("breaks.h5")));
+  EXPECT_TRUE(no_temporaries());
+}
+
 // resize_crop_chw computes only the pixels its crop keeps; they must be resize_bilinear's bytes
 // (the whole image resized, PIL's way, then torchvision's center crop) for gray and RGB, wide,
 // tall and square images, shrunk, enlarged and with one side already at the size (no pass along

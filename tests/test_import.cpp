@@ -263,6 +263,31 @@ TEST_F(Import, CsvClassNamesAreNumberedAndKept) {
   H5Tclose(t), H5Aclose(a), H5Fclose(f);
 }
 
+// A file from elsewhere (h5py) whose class_names hold a line break is refused by name when read:
+// a checkpoint, which carries the names one per line, would split it in two.
+TEST_F(Import, AClassNameWithALineBreakIsRefusedWhenRead) {
+  const std::string csv = put("lb.csv", "x,species\n1,setosa\n3,virginica\n");
+  ASSERT_EQ(sh(dpdata("csv " + csv + " " + path("lb.h5") + " --label species")).code, 0);
+  hid_t f = H5Fopen(path("lb.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Adelete(f, "class_names"), 0);
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, H5T_VARIABLE);
+  H5Tset_cset(t, H5T_CSET_UTF8);
+  const hsize_t two = 2;
+  hid_t sp = H5Screate_simple(1, &two, nullptr);
+  hid_t a = H5Acreate2(f, "class_names", t, sp, H5P_DEFAULT, H5P_DEFAULT);
+  const char* names[2] = {"setosa", "virginica\nvirginiana"};
+  ASSERT_GE(H5Awrite(a, t, names), 0);
+  H5Aclose(a), H5Sclose(sp), H5Tclose(t), H5Fclose(f);
+  Outcome r = sh(std::string(DPT_BINARY_DIR) + "/dpdata info " + path("lb.h5"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("dataset file '" + path("lb.h5") + "': root attribute 'class_names': class name "
+                       "'virginica\\nvirginiana' (class 1) holds a line break"),
+            std::string::npos)
+      << r.out;
+}
+
 // Every way a CSV file can be wrong: exit 2, the line and column named, nothing written.
 TEST_F(Import, BadCsvInputsAreRefusedByName) {
   const struct { std::string name, text, args; std::vector<std::string> words; } cases[] = {
@@ -283,6 +308,8 @@ TEST_F(Import, BadCsvInputsAreRefusedByName) {
       {"semi.csv", "x;y;label\n1;2;0\n", "--label label", {"the header has one column", "';'"}},
       {"header.csv", "x,label\n", "--label label", {"header.csv", "no data rows"}},
       {"empty.csv", "", "--label label", {"empty.csv", "is empty"}},
+      {"break.csv", "x,label\n1,c\n2,\"a\nb\"\n", "--label label",
+       {"label column 'label' (column 1): class name 'a\\nb' (class 0) holds a line break", "rename it"}},
   };
   for (const auto& c : cases) expect_refused("csv " + put(c.name, c.text) + " " + c.args, c.words);
   expect_refused("csv " + path("none.csv") + " --label label", {"none.csv", "cannot open"});

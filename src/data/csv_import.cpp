@@ -175,6 +175,9 @@ std::vector<int64_t> name_classes(const std::vector<std::string>& cells, const s
   if (o.num_classes && size_t(*o.num_classes) < index.size())
     throw InputError(where + ": holds " + std::to_string(index.size()) + " class names but --num-classes is " +
                      std::to_string(*o.num_classes));
+  std::vector<std::string> names;
+  for (const auto& entry : index) names.push_back(entry.first);
+  check_class_names(where, names);
   std::string list;
   for (auto& [name, k] : index) {
     k = int64_t(ds.class_names.size());

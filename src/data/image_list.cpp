@@ -5,6 +5,7 @@
 // again (os.walk would follow such a loop until the path grows too long, listing its files again
 // at every turn).
 #include "image_list.hpp"
+#include "internal.hpp"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -175,6 +176,7 @@ Listing list_folder(const std::string& dir) {
   Listing l;
   for (const std::string& f : top.files)
     l.skipped.push_back({join(dir, f), "not in a class folder (torchvision skips it too)", true});
+  data_internal::check_class_names("image folder '" + printable(dir) + "'", top.dirs);
   for (const std::string& name : top.dirs) {
     if (!is_utf8(name))
       throw InputError("image folder '" + printable(dir) + "': class folder '" + printable(name) +
@@ -300,6 +302,7 @@ Listing list_csv(const std::string& csv, const std::string& root_arg) {
     l.classes = labels;
     std::sort(l.classes.begin(), l.classes.end());
     l.classes.erase(std::unique(l.classes.begin(), l.classes.end()), l.classes.end());
+    data_internal::check_class_names(where, l.classes);
     for (size_t i = 0; i < labels.size(); ++i)
       l.samples[i].label = int(std::lower_bound(l.classes.begin(), l.classes.end(), labels[i]) - l.classes.begin());
   }

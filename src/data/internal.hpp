@@ -41,6 +41,10 @@ int check_num_classes(const std::string& where, double v);  // v in [1, 1e6], as
 [[noreturn]] void label_out_of_range(const std::string& where, const std::string& row, int64_t label,
                                      int num_classes);
 [[noreturn]] void non_finite_feature(const std::string& where, const std::string& row);
+// Refuses a class name holding a line break (CR or LF): checkpoints carry the names as one string,
+// one per line (docs/formats.md), so such a name would come back as two. `where` names the source
+// of the names ("image folder 'photos'").
+void check_class_names(const std::string& where, const std::vector<std::string>& names);
 // Refuses a 4-D shape that looks channels-last; `fix` says how to transpose it.
 void check_channels_first(const std::string& where, const std::vector<hsize_t>& dims, const std::string& fix);
 

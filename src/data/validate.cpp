@@ -290,6 +290,7 @@ std::vector<std::string> read_class_names(const std::string& path, hid_t file, i
     for (char* p : ptrs) names.emplace_back(p ? p : "");
     Hid space(H5Screate_simple(1, std::vector<hsize_t>{hsize_t(count)}.data(), nullptr), H5Sclose);
     H5Dvlen_reclaim(mem.get(), space.get(), H5P_DEFAULT, ptrs.data());
+    check_class_names("dataset file '" + path + "': " + n, names);
     return names;
   }
   const size_t size = H5Tget_size(t.get());
@@ -301,6 +302,7 @@ std::vector<std::string> read_class_names(const std::string& path, hid_t file, i
     const char* p = &buf[size_t(i) * size];
     names.emplace_back(p, strnlen(p, size));
   }
+  check_class_names("dataset file '" + path + "': " + n, names);
   return names;
 }
 
@@ -459,6 +461,18 @@ void check_labels(const std::string& path, hid_t file, hid_t dset, DatasetInfo& 
 namespace data_internal {
 
 // ---------------------------------------------------------------- checks the importers share
+
+void check_class_names(const std::string& where, const std::vector<std::string>& names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& n = names[i];
+    if (n.find_first_of("\r\n") == std::string::npos) continue;
+    std::string shown;
+    for (char c : n) shown += c == '\n' ? "\\n" : c == '\r' ? "\\r" : std::string(1, c);
+    throw InputError(where + ": class name '" + shown + "' (class " + std::to_string(i) +
+                     ") holds a line break; checkpoints carry class names one per line, so it would come back "
+                     "as two names: rename it");
+  }
+}
 
 int check_num_classes(const std::string& where, double v) {
   if (!(v >= 1 && v <= 1e6)) {  // NaN fails too; the value is printed as read (casting 5e58 is UB)
