@@ -16,6 +16,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../src/data/internal.hpp"
@@ -275,6 +276,30 @@ TEST_F(ImagesJpeg, DptrainTrainsAlikeFromEveryRead) {
   }
   EXPECT_EQ(losses[1], losses[0]) << "shard against all";
   EXPECT_EQ(losses[2], losses[0]) << "stream against all";
+}
+
+// A rank streaming JPEG rows decodes them on the cores it may run on: bound to fewer than 4 of
+// the node's (mpirun binds ranks to cores by default), the log says so and how to give it more;
+// free to use all of them, it says nothing. Needs 2 cores (CI's machine has 2).
+TEST_F(ImagesJpeg, StreamingOnFewCoresIsNamed) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs 2 cores, this machine has 1";
+  const std::string f = imported("q90.h5", "--threads 2 --store jpeg --quality 90");
+  auto train = [&](const std::string& prefix) {
+    return cli::sh(prefix + DPT_BINARY_DIR + "/dptrain --data.train " + f + " --data.test " + f +
+                       " --data.read stream --model.layers 'flatten linear(4)' --train.epochs 1"
+                       " --train.batch_per_rank 4",
+                   120);
+  };
+  Outcome r = train("taskset -c 0 ");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("holds JPEG rows, decoded on this rank's cores, and it may run on 1 of the node's " +
+                       std::to_string(std::thread::hardware_concurrency())),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("mpirun --bind-to none"), std::string::npos) << r.out;
+  r = train("");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("decoded on this rank's cores"), std::string::npos) << r.out;
 }
 
 // A row whose bytes are damaged: every reader names it (file, /jpeg row r, why), dpdata validate
