@@ -7,6 +7,9 @@ on it with random_resized_crop and normalisation, then
     through two paths: the importer and --predict's own decoding);
   - each row's probabilities are in [0, 1], descending, and with --top-k 3 (all classes) sum to 1
     within 1e-5; class columns hold the folder names the checkpoint carries;
+  - --eval's per-class table (1 and 2 ranks alike) holds, per class, the folder's name, its 40
+    rows and as many correct ones as --predict's top-1 gets in that folder, its correct rows
+    summing to the accuracy --eval prints (the device's count; the table's is the host's argmax);
   - a corrupt file gets a row with no classes and its reason in the problem column;
   - a folder with no images, a missing path and --predict without --checkpoint exit 2.
 The model is a preset (resnet18, stem=small) whose head takes its classes from the data: --predict
@@ -37,6 +40,20 @@ def run(cmd, ok=True):
     return r
 
 
+def class_table(out):
+    """--eval's per-class lines: {class: (rows, correct, name)}."""
+    table, inside = {}, False
+    for line in out.splitlines():
+        f = line.split()
+        if f[:4] == ["class", "rows", "correct", "accuracy"]:
+            inside = True
+        elif inside and len(f) >= 4 and f[0].isdigit():
+            table[int(f[0])] = (int(f[1]), int(f[2]), " ".join(f[4:]))
+        else:
+            inside = False
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -65,7 +82,18 @@ def main():
              "--data.mean", "0.5,0.5,0.5", "--data.std", "0.25,0.25,0.25", "--checkpoint.dir", ck])
         ckpt = os.path.join(ck, sorted(f for f in os.listdir(ck) if f.endswith(".h5"))[-1])
         ev = run(["mpirun", "-np", "1", dptrain, "--eval", "--checkpoint", ckpt, "--data.test", data]).stdout
-        acc = float(ev.split("accuracy ")[-1].split()[0])
+        acc = float(ev.split("accuracy ")[1].split()[0])
+        ev2 = run(["mpirun", "-np", "2", "--oversubscribe", dptrain, "--eval", "--checkpoint", ckpt,
+                   "--data.test", data]).stdout
+        table = class_table(ev)
+        print("--eval per class:", table)
+        if table != class_table(ev2):
+            failures.append(f"--eval's per-class table on 2 ranks {class_table(ev2)} != 1 rank's {table}")
+        if sorted(table) != [0, 1, 2] or [table[c][2] for c in range(3)] != sorted(colours) or \
+                any(table[c][0] != 40 for c in table):
+            failures.append(f"--eval's per-class table {table}: wanted classes 0-2 named {sorted(colours)}, 40 rows each")
+        elif abs(sum(v[1] for v in table.values()) / 120 - acc) > 5e-5:
+            failures.append(f"--eval's per-class correct rows {table} do not sum to its accuracy {acc}")
         # A corrupt file among the images to predict.
         bad = os.path.join(tree, "sky", "999.png")
         with open(bad, "wb") as f:
@@ -85,6 +113,10 @@ def main():
         print(f"--eval accuracy {acc:.4f}; --predict top-1 matches the folder for {right:.4f} of {len(good)} images")
         if abs(right - acc) > 5e-5:  # --eval prints 4 decimals
             failures.append(f"--predict's top-1 accuracy {right} != --eval's {acc}")
+        per_folder = {name: sum(r["class_1"] == name for r in good if os.path.basename(os.path.dirname(r["path"])) == name)
+                      for name in colours}
+        if {v[2]: v[1] for v in table.values()} != per_folder:
+            failures.append(f"--eval's correct rows per class {table} != --predict's per folder {per_folder}")
         if len(good) != 120 or len(badrows) != 1 or not badrows[0]["path"].endswith("999.png") or badrows[0]["class_1"]:
             failures.append(f"rows: {len(good)} good, problem rows {[(r['path'], r['problem']) for r in badrows]}")
         else:

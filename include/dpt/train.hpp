@@ -29,6 +29,9 @@ struct EvalResult {
   double loss = 0;      // mean over the dataset
   double accuracy = 0;  // fraction correct
   int64_t n = 0;
+  // evaluate(ds, true): per class (the label), the rows and those whose most probable class is
+  // the label (ties to the lower class index), summed over the ranks; else empty.
+  std::vector<int64_t> class_rows, class_correct;
 };
 
 struct TrainResult {
@@ -59,7 +62,9 @@ class Trainer {
   ~Trainer();
 
   TrainResult run();
-  EvalResult evaluate(const Dataset& ds);
+  // Loss and accuracy of ds (collective); per_class also counts rows and correct ones per class
+  // (reading each chunk's outputs back: --eval's table, not the training loop's evaluations).
+  EvalResult evaluate(const Dataset& ds, bool per_class = false);
   // --predict: the k most probable classes of each row of ds (a set read as load_eval_shard
   // reads one: this rank's rows) and their softmax probabilities, the most probable first, after
   // evaluation's transform. Collective; rank 0 gets every rank's rows in file order, the others

@@ -71,6 +71,26 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
   return inv;
 }
 
+// --eval's table: per class (the first 100) its index, rows, correct rows and accuracy, and its
+// name when the test set has class names.
+void log_class_accuracy(const EvalResult& e, const std::vector<std::string>& names) {
+  const int classes = int(e.class_rows.size());
+  const int shown = std::min(classes, 100);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%8s %12s %12s %9s%s", "class", "rows", "correct", "accuracy",
+                names.empty() ? "" : "  name");
+  log::info(buf);
+  for (int c = 0; c < shown; ++c) {
+    const int64_t n = e.class_rows[size_t(c)], ok = e.class_correct[size_t(c)];
+    char acc[16] = "-";
+    if (n > 0) std::snprintf(acc, sizeof acc, "%.4f", double(ok) / double(n));
+    std::snprintf(buf, sizeof buf, "%8d %12lld %12lld %9s%s", c, (long long)n, (long long)ok, acc,
+                  size_t(c) < names.size() ? "  " : "");
+    log::info(buf + (size_t(c) < names.size() ? names[size_t(c)] : std::string()));
+  }
+  if (shown < classes) log::info("  (" + std::to_string(classes - shown) + " more classes not shown)");
+}
+
 // The watchdog aborts the communicator before MPI_Abort; it must forget it before it is freed.
 struct CommWatch {
   explicit CommWatch(Comm* c) { watchdog::set_comm(c); }
@@ -363,11 +383,12 @@ int main(int argc, char** argv) {
       const std::vector<Prediction> preds = trainer->predict(data.test, inv.top_k);
       write_predictions(world, inv, pin, preds);
     } else if (inv.eval_only) {
-      EvalResult e = trainer->evaluate(data.test);
+      EvalResult e = trainer->evaluate(data.test, true);
       char buf[256];
       std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.8g, accuracy %.4f", cfg.test_file.c_str(),
                     static_cast<long long>(e.n), e.loss, e.accuracy);
       log::info(buf);
+      log_class_accuracy(e, data.test.class_names);
     } else {
       const double t0 = timing::now();
       TrainResult r = trainer->run();

@@ -196,7 +196,7 @@ const float* Trainer::eval_forward(const Dataset& ds, int64_t first, int n, std:
   return model_->forward(x, n);
 }
 
-EvalResult Trainer::evaluate(const Dataset& ds) {
+EvalResult Trainer::evaluate(const Dataset& ds, bool per_class) {
   average_bn_stats();  // collective, as the evaluation is
   int64_t begin = 0, end = 0;
   eval_shard(ds.rows_in_file(), comm_.rank(), comm_.size(), begin, end);
@@ -221,10 +221,26 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   watchdog::Phase phase("evaluating", step_);
   timing::Scope timed(timing::Phase::eval);
   if (chunks) be_.fill(eval_stats_.data(), 2 * chunks, 0.f);
+  // per_class: [rows of class c, correct of class c] for c < classes, from the logits on the host.
+  const int classes = model_->classes();
+  std::vector<double> per(per_class ? 2 * size_t(classes) : 0);
+  std::vector<float> logits;
   size_t k = 0;
   for (int64_t r0 = begin; r0 < end; r0 += chunk, ++k, phase.restart()) {
     const int n = int(std::min<int64_t>(chunk, end - r0));
-    eval_forward(ds, r0, n, rows, img, center);
+    const float* out = eval_forward(ds, r0, n, rows, img, center);
+    if (per_class) {
+      logits.resize(size_t(n) * size_t(classes));
+      be_.download(logits.data(), out, logits.size() * sizeof(float));
+      for (int i = 0; i < n; ++i) {
+        const float* z = &logits[size_t(i) * size_t(classes)];
+        const int32_t y = ds.labels[size_t(r0 + i)];
+        if (y < 0 || y >= classes) continue;
+        const int top = int(std::max_element(z, z + classes) - z);
+        per[2 * size_t(y)] += 1;
+        per[2 * size_t(y) + 1] += top == y;
+      }
+    }
     model_->loss(y_.data(), n, 0.f, eval_stats_.data() + 2 * k, false, false);
   }
   be_.download(host_stats.data(), eval_stats_.data(), host_stats.size() * sizeof(float));
@@ -234,6 +250,13 @@ EvalResult Trainer::evaluate(const Dataset& ds) {
   }
   host_sum(comm_.mpi(), sums, 3);
   EvalResult r;
+  if (per_class) {
+    host_sum(comm_.mpi(), per.data(), int(per.size()));
+    for (int c = 0; c < classes; ++c) {
+      r.class_rows.push_back(int64_t(per[2 * size_t(c)]));
+      r.class_correct.push_back(int64_t(per[2 * size_t(c) + 1]));
+    }
+  }
   r.n = int64_t(sums[2]);
   r.loss = r.n ? sums[0] / double(r.n) : 0;
   r.accuracy = r.n ? sums[1] / double(r.n) : 0;
