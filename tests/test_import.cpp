@@ -263,6 +263,20 @@ TEST_F(Import, CsvClassNamesAreNumberedAndKept) {
   H5Tclose(t), H5Aclose(a), H5Fclose(f);
 }
 
+// dpdata fashion-mnist writes the set's class names (torchvision's FashionMNIST.classes).
+TEST_F(Import, FashionMnistCarriesItsClassNames) {
+  const std::string src = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(src + "/t10k-labels-idx1-ubyte.gz")) GTEST_SKIP() << src << " is missing (dataset-fashion-mnist)";
+  Outcome r = sh(std::string(DPT_BINARY_DIR) + "/dpdata fashion-mnist --out-dir " + path("fm"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* part : {"train", "test"}) {
+    const dpt::Dataset ds = dpt::load_dataset(path("fm/fashion-mnist-" + std::string(part) + ".h5"));
+    EXPECT_EQ(ds.class_names, (std::vector<std::string>{"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
+                                                        "Shirt", "Sneaker", "Bag", "Ankle boot"}))
+        << part;
+  }
+}
+
 // A file from elsewhere (h5py) whose class_names hold a line break is refused by name when read:
 // a checkpoint, which carries the names one per line, would split it in two.
 TEST_F(Import, AClassNameWithALineBreakIsRefusedWhenRead) {

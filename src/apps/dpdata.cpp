@@ -219,8 +219,10 @@ int cmd_fashion_mnist(const Args& args) {
       {"train", "fashion-mnist-train.h5"}, {"t10k", "fashion-mnist-test.h5"}};
   for (const auto& p : parts) {
     const std::string base = dir + "/" + p.prefix;
-    const dpt::Dataset ds =
-        dpt::import_idx(base + "-images-idx3-ubyte.gz", base + "-labels-idx1-ubyte.gz");
+    dpt::Dataset ds = dpt::import_idx(base + "-images-idx3-ubyte.gz", base + "-labels-idx1-ubyte.gz");
+    // The dataset's own class names, as torchvision's FashionMNIST.classes lists them.
+    ds.class_names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                      "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
     const std::string out = out_dir + "/" + p.name;
     dpt::write_dataset(out, ds);
     report_written(out, ds);
