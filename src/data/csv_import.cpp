@@ -175,15 +175,13 @@ std::vector<int64_t> name_classes(const std::vector<std::string>& cells, const s
   if (o.num_classes && size_t(*o.num_classes) < index.size())
     throw InputError(where + ": holds " + std::to_string(index.size()) + " class names but --num-classes is " +
                      std::to_string(*o.num_classes));
-  std::vector<std::string> names;
-  for (const auto& entry : index) names.push_back(entry.first);
-  check_class_names(where, names);
   std::string list;
   for (auto& [name, k] : index) {
     k = int64_t(ds.class_names.size());
     if (k < 20) list += (k ? ", " : "") + std::to_string(k) + " = " + name;
     ds.class_names.push_back(name);
   }
+  check_class_names(where, ds.class_names);
   note(o, "labels are class names, numbered in sorted order: " + list + (index.size() > 20 ? ", ..." : ""));
   if (!o.num_classes) o.num_classes = int(index.size());
   std::vector<int64_t> raw;

@@ -290,7 +290,6 @@ std::vector<std::string> read_class_names(const std::string& path, hid_t file, i
     for (char* p : ptrs) names.emplace_back(p ? p : "");
     Hid space(H5Screate_simple(1, std::vector<hsize_t>{hsize_t(count)}.data(), nullptr), H5Sclose);
     H5Dvlen_reclaim(mem.get(), space.get(), H5P_DEFAULT, ptrs.data());
-    check_class_names("dataset file '" + path + "': " + n, names);
     return names;
   }
   const size_t size = H5Tget_size(t.get());
@@ -302,7 +301,6 @@ std::vector<std::string> read_class_names(const std::string& path, hid_t file, i
     const char* p = &buf[size_t(i) * size];
     names.emplace_back(p, strnlen(p, size));
   }
-  check_class_names("dataset file '" + path + "': " + n, names);
   return names;
 }
 
@@ -521,6 +519,7 @@ Opened open_checked(const std::string& path, bool whole) {
   check_labels(path, o.file.get(), o.labels.get(), o.info);
   o.info.num_classes = read_num_classes(path, o.file.get());
   o.info.class_names = read_class_names(path, o.file.get(), o.info.num_classes);
+  check_class_names("dataset file '" + path + "': root attribute 'class_names'", o.info.class_names);
   return o;
 }
 
