@@ -381,3 +381,69 @@ TEST_F(Import, ImportedFilesTrain) {
     EXPECT_EQ(steps, 5) << out;
   }
 }
+
+// Class names give labels their meaning: a test set (or a checkpoint) that numbers its classes
+// otherwise than the training set is refused by name on every rank, before any step; a test set
+// whose names are the start of the training set's, or one without names, is taken, and --eval
+// names a nameless test set's classes by the checkpoint's.
+TEST_F(Import, TrainAndTestSetsMustNumberClassesAlike) {
+  auto csv = [&](const std::string& name, const std::vector<std::string>& kinds) {
+    std::string text = "x,y,kind\n";
+    for (size_t i = 0; i < 40; ++i) {
+      const std::string& k = kinds[i % kinds.size()];
+      const double v = k == "dog" ? 1 : -1;
+      text += std::to_string(v + 0.01 * double(i % 7)) + "," + std::to_string(v) + "," + k + "\n";
+    }
+    fs::remove(path(name + ".h5"));
+    Outcome r = sh(dpdata("csv " + put(name + ".csv", text) + " " + path(name + ".h5") + " --label kind"));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return path(name + ".h5");
+  };
+  const std::string train = csv("pets", {"cat", "dog"}), other = csv("farm", {"cat", "cow", "dog"}),
+                    start = csv("cats", {"cat"});
+  std::vector<float> x(40 * 2);
+  std::vector<int32_t> y(40);
+  for (size_t i = 0; i < 40; ++i) y[i] = int32_t(i % 2), x[2 * i] = x[2 * i + 1] = y[i] ? 1.f : -1.f;
+  npy("bare_x.npy", "<f4", {40, 2}, x);
+  npy("bare_y.npy", "<i4", {40}, y);
+  ASSERT_EQ(sh(dpdata("npy " + path("bare_x.npy") + " " + path("bare_y.npy") + " " + path("bare.h5"))).code, 0);
+  const std::string bare = path("bare.h5");
+
+  const std::string ck = path("classes-ck");
+  auto train_on = [&](const std::string& test) {
+    fs::remove_all(ck);
+    return sh(cli::mpirun(2) + DPT_BINARY_DIR + "/dptrain --data.train " + train + " --data.test " + test +
+              " --model.layers 2,8,3 --train.batch_per_rank 10 --train.epochs 1 --train.steps 2 --checkpoint.dir " +
+              ck + " --log.metrics " + path("classes.jsonl"));
+  };
+  Outcome r = train_on(other);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("data.test (" + other + ") names class 1 'cow', data.train (" + train + ") names it 'dog'"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--val-folder"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 1"), std::string::npos) << "refused before any step:\n" << r.out;
+  EXPECT_EQ(r.out.find("Segmentation"), std::string::npos) << r.out;
+
+  r = train_on(start);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::string checkpoint;
+  for (const auto& e : fs::directory_iterator(ck))
+    if (e.path().extension() == ".h5") checkpoint = e.path().string();
+  ASSERT_FALSE(checkpoint.empty()) << "no checkpoint in " << ck << "\n" << r.out;
+
+  r = sh(cli::mpirun(2) + DPT_BINARY_DIR + "/dptrain --eval --checkpoint " + checkpoint + " --data.test " + other);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("data.test (" + other + ") names class 1 'cow', the checkpoint (" + checkpoint +
+                       ") names it 'dog'"),
+            std::string::npos)
+      << r.out;
+
+  r = sh(cli::mpirun(2) + DPT_BINARY_DIR + "/dptrain --eval --checkpoint " + checkpoint + " --data.test " + bare);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("accuracy  name"), std::string::npos) << "the table names classes:\n" << r.out;
+  for (const char* row : {" 0           20 ", " 1           20 "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  EXPECT_NE(r.out.find("  cat\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  dog\n"), std::string::npos) << r.out;
+}

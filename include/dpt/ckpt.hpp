@@ -62,6 +62,11 @@ struct Checkpoint {
 // an int64 tensor; all little-endian). Attributes are not covered; HDF5's own structure checks catch most damage there.
 uint32_t tensor_checksum(const std::vector<Tensor>& tensors);
 
+// Class names as the root attribute `class_names` holds them: one string, one name per line
+// (no name holds a line break: the importers refuse one). "" is no names.
+std::string join_class_names(const std::vector<std::string>& names);
+std::vector<std::string> split_class_names(const std::string& joined);
+
 // Atomic write; throws Error on I/O failure (the previous file, if any, is left intact).
 // Also throws Error, before touching the disk, when the tensors disagree with `layers`.
 void write_checkpoint(const std::string& path, const Checkpoint& ck);

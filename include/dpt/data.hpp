@@ -73,6 +73,13 @@ Dataset load_eval_shard(const std::string& path, int rank, int world);
 // them). A copy of the file has the same identity wherever it is; another file's differs.
 std::string data_identity(const std::string& path);
 
+// Two class lists (a training set's and a test set's, a checkpoint's and a test set's), each
+// named as the user knows it ("data.test (val.h5)"): throws InputError when both are given and
+// a class index carries different names in them, so that labels would mean different classes.
+// A list without names, or one that is the start of the other, passes.
+void check_same_classes(const std::string& a_name, const std::vector<std::string>& a, const std::string& b_name,
+                        const std::vector<std::string>& b);
+
 // Writes a dataset in the layout (features uint8 or float32, labels int32). Atomic: temporary
 // file + rename.
 void write_dataset(const std::string& path, const Dataset& ds);

@@ -27,10 +27,10 @@ namespace {
 // --eval: a dptrain checkpoint's own configuration is the base, the command line overrides it;
 // other weights (an HDF5 /model group, a .safetensors file) take the command line's (--config,
 // keys), which must then say what model they are.
-// The model's input shape and classes ("C,H,W;K") and the class names (one per line) of a
-// dptrain checkpoint (--predict), else "".
-Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& given, std::string* input_shape = nullptr,
-                           std::string* class_names = nullptr) {
+// The model's input shape and classes ("C,H,W;K", for --predict) and the class names of a
+// dptrain checkpoint, else "" and none.
+Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& given, std::string& input_shape,
+                           std::vector<std::string>& class_names) {
   const std::string ckpt = given.eval_checkpoint;
   std::string text, err, kind, shape, names;
   if (log::rank() == 0) {
@@ -40,7 +40,7 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
         const Checkpoint ck = read_checkpoint(ckpt);
         text = ck.config;
         for (int v : ck.input_shape) shape += (shape.empty() ? "" : ",") + std::to_string(v);
-        for (const std::string& n : ck.class_names) names += (names.empty() ? "" : "\n") + n;
+        names = join_class_names(ck.class_names);
         // The classes the model was trained for: its class names, else its data's identity
         // ("..., 10 classes, ...").
         int classes = int(ck.class_names.size());
@@ -61,8 +61,8 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
   bcast_string(c, text);
   bcast_string(c, shape);
   bcast_string(c, names);
-  if (input_shape) *input_shape = shape;
-  if (class_names) *class_names = names;
+  input_shape = shape;
+  class_names = split_class_names(names);
   Invocation inv = kind == "dptrain checkpoint" ? parse_invocation(argc, argv, ckpt + " (its config)", text) : given;
   if (kind != "dptrain checkpoint") validate(inv.cfg);
   inv.cfg.init = ckpt;
@@ -72,7 +72,7 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
 }
 
 // --eval's table: per class (the first 100) its index, rows, correct rows and accuracy, and its
-// name when the test set has class names.
+// name when the test set or the checkpoint has class names.
 void log_class_accuracy(const EvalResult& e, const std::vector<std::string>& names) {
   const int classes = int(e.class_rows.size());
   const int shown = std::min(classes, 100);
@@ -105,8 +105,8 @@ struct PredictInput {
   std::vector<std::string> class_names;
   int64_t begin = 0;
 };
-Dataset predict_input(const Invocation& inv, const std::string& shape, const std::string& names, int rank, int world,
-                      PredictInput& p) {
+Dataset predict_input(const Invocation& inv, const std::string& shape, const std::vector<std::string>& names, int rank,
+                      int world, PredictInput& p) {
   const Config& cfg = inv.cfg;
   int c = 0, h = 0, w = 0, classes = 0;
   if (std::sscanf(shape.c_str(), "%d,%d,%d;%d", &c, &h, &w, &classes) < 3)
@@ -117,11 +117,7 @@ Dataset predict_input(const Invocation& inv, const std::string& shape, const std
                      "classes (a checkpoint of an older version): evaluate it with --eval instead");
   const int side = cfg.crop_size > 0 ? int(std::lround(cfg.crop_size / cfg.eval_crop_ratio)) : h;
   p.files = list_image_files(inv.predict);
-  for (size_t at = 0; !names.empty() && at <= names.size();) {
-    const size_t nl = std::min(names.find('\n', at), names.size());
-    p.class_names.push_back(names.substr(at, nl - at));
-    at = nl + 1;
-  }
+  p.class_names = names;
   int64_t end = 0;
   eval_shard(int64_t(p.files.size()), rank, world, p.begin, end);
   // Labels are 0 and unused; num_classes plans the model's head as the checkpoint holds it.
@@ -285,20 +281,22 @@ int main(int argc, char** argv) {
     log::info(version_line("dptrain"));
     return 0;
   }
+  // --eval and --predict: the checkpoint's input shape and class names.
+  std::string ckpt_shape;
+  std::vector<std::string> ckpt_names;
   if (inv.eval_only && stage(world, [&] {
         if (inv.eval_checkpoint.empty()) throw InputError("--eval needs --checkpoint FILE");
-        inv = eval_invocation(world, argc, argv, inv);
+        inv = eval_invocation(world, argc, argv, inv, ckpt_shape, ckpt_names);
         inv.eval_only = true;
         watchdog::set_timeout(inv.cfg.timeout_s);
       }))
     return kExitUsage;
   // --predict: the checkpoint's model and config, no data files; the images in place of a test set.
   const bool predicting = !inv.predict.empty();
-  std::string predict_shape, predict_names;
   if (predicting && stage(world, [&] {
         if (inv.eval_checkpoint.empty()) throw InputError("--predict needs --checkpoint FILE (a dptrain checkpoint)");
         Invocation given = inv;
-        inv = eval_invocation(world, argc, argv, inv, &predict_shape, &predict_names);
+        inv = eval_invocation(world, argc, argv, inv, ckpt_shape, ckpt_names);
         inv.predict = given.predict;
         inv.top_k = given.top_k;
         inv.predictions = given.predictions;
@@ -357,12 +355,15 @@ int main(int argc, char** argv) {
                            "folder, or name the test set: --data.test FILE");
         }
         if (inv.eval_only && !predicting && cfg.test_file.empty()) throw InputError("--eval needs data.test");
+        if (inv.eval_only && !predicting)
+          check_same_classes("the checkpoint (" + inv.eval_checkpoint + ")", ckpt_names,
+                             "data.test (" + cfg.test_file + ")", data.test.class_names);
       }))
     return rc;
   PredictInput pin;
   if (predicting && stage(world, [&] {
         watchdog::Phase phase("reading the images to predict", 0);
-        data.test = predict_input(inv, predict_shape, predict_names, rt.comm->rank(), rt.comm->size(), pin);
+        data.test = predict_input(inv, ckpt_shape, ckpt_names, rt.comm->rank(), rt.comm->size(), pin);
         data.has_test = true;
       }))
     return kExitUsage;
@@ -388,7 +389,7 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "eval %s: %lld samples, loss %.8g, accuracy %.4f", cfg.test_file.c_str(),
                     static_cast<long long>(e.n), e.loss, e.accuracy);
       log::info(buf);
-      log_class_accuracy(e, data.test.class_names);
+      log_class_accuracy(e, data.test.class_names.empty() ? ckpt_names : data.test.class_names);
     } else {
       const double t0 = timing::now();
       TrainResult r = trainer->run();

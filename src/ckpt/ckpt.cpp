@@ -224,6 +224,22 @@ std::string layout_problem(const Checkpoint& ck) {
 
 }  // namespace
 
+std::string join_class_names(const std::vector<std::string>& names) {
+  std::string joined;
+  for (size_t i = 0; i < names.size(); ++i) joined += (i ? "\n" : "") + names[i];
+  return joined;
+}
+
+std::vector<std::string> split_class_names(const std::string& joined) {
+  std::vector<std::string> names;
+  for (size_t at = 0; !joined.empty() && at <= joined.size();) {
+    const size_t nl = std::min(joined.find('\n', at), joined.size());
+    names.push_back(joined.substr(at, nl - at));
+    at = nl + 1;
+  }
+  return names;
+}
+
 uint32_t tensor_checksum(const std::vector<Tensor>& tensors) {
   std::vector<const Tensor*> order;
   for (const Tensor& t : tensors) order.push_back(&t);
@@ -308,11 +324,7 @@ void write_root_attrs(hid_t file, const Checkpoint& ck) {
   if (!ck.data_train.empty()) write_string_attr(file, "data_train", ck.data_train);
   if (ck.schedule_steps > 0)
     write_attr(file, "schedule_steps", H5T_STD_I64LE, H5T_NATIVE_INT64, &ck.schedule_steps);
-  if (!ck.class_names.empty()) {
-    std::string names;
-    for (const std::string& n : ck.class_names) names += (names.empty() ? "" : "\n") + n;
-    write_string_attr(file, "class_names", names);
-  }
+  if (!ck.class_names.empty()) write_string_attr(file, "class_names", join_class_names(ck.class_names));
   if (ck.model.empty()) {
     write_ints_attr(file, "layers", ck.layers);
   } else {
@@ -548,14 +560,7 @@ uint32_t read_header(const Reader& r, hid_t file, Checkpoint& ck) {
   if (H5Aexists(file, "run_id") > 0) ck.run_id = read_string(r, file, "run_id");
   if (H5Aexists(file, "data_train") > 0) ck.data_train = read_string(r, file, "data_train");
   if (H5Aexists(file, "schedule_steps") > 0) ck.schedule_steps = read_count(r, file, "schedule_steps", 1, big);
-  if (H5Aexists(file, "class_names") > 0) {
-    const std::string names = read_string(r, file, "class_names");
-    for (size_t at = 0; at <= names.size();) {
-      const size_t nl = std::min(names.find('\n', at), names.size());
-      ck.class_names.push_back(names.substr(at, nl - at));
-      at = nl + 1;
-    }
-  }
+  if (H5Aexists(file, "class_names") > 0) ck.class_names = split_class_names(read_string(r, file, "class_names"));
   // The MLP widths form, or a layer list with its input shape (checked with the tensors).
   const htri_t list = H5Aexists(file, "model");
   if (list < 0) r.ok(-1, "cannot look up attribute 'model'");

@@ -1,11 +1,13 @@
 // A training file's identity: what it holds and a checksum of rows spread over it, so that a
 // checkpoint knows what it was trained on wherever the file was copied to (a path alone does not:
-// staging to node-local disk moves it, and a new file can take an old one's name).
+// staging to node-local disk moves it, and a new file can take an old one's name). And whether
+// two class lists give each label the same meaning.
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
 
+#include "dpt/check.hpp"
 #include "dpt/data.hpp"
 
 namespace dpt {
@@ -44,6 +46,18 @@ std::string data_identity(const std::string& path) {
                 double(info.scale), double(info.offset), static_cast<unsigned long>(crc),
                 static_cast<long long>(k));
   return buf;
+}
+
+void check_same_classes(const std::string& a_name, const std::vector<std::string>& a, const std::string& b_name,
+                        const std::vector<std::string>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] == b[i]) continue;
+    throw InputError(b_name + " names class " + std::to_string(i) + " '" + b[i] + "', " + a_name + " names it '" +
+                     a[i] + "': the two number their classes differently, so a label means one class in one and "
+                     "another in the other. Import both from one class list (dpdata images --val-folder DIR or "
+                     "--val-fraction F keeps the training folder's classes)");
+  }
 }
 
 }  // namespace dpt

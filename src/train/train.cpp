@@ -94,6 +94,9 @@ Trainer::Trainer(const Config& cfg, Backend& be, Comm& comm, std::unique_ptr<Tra
       if (xform_.any()) model_in_ = TensorShape::image(shape[0], shape[1], shape[2]);
     }
     data_dim = std::max(data_dim, test->dim);
+    if (rows_)
+      check_same_classes("data.train (" + rows_->path() + ")", rows_->info().class_names,
+                         "data.test (" + test->path + ")", test->class_names);
   }
   if (!rows_ && !test) mp = model_plan(cfg, {}, list ? 0 : cfg.layers.front(), 0, "(no data)");
   class_names_ = rows_ ? rows_->info().class_names : test ? test->class_names : std::vector<std::string>{};
