@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -446,4 +447,61 @@ TEST_F(Import, TrainAndTestSetsMustNumberClassesAlike) {
     EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
   EXPECT_NE(r.out.find("  cat\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  dog\n"), std::string::npos) << r.out;
+}
+
+// --eval on more than 100 classes shows the 100 with the lowest accuracy, lowest first, and what
+// the rest reach. 150 classes of 4 rows: classes below 100 one-hot (learnt), 100-119 one-hot in
+// half their rows and zero in the rest, 120-149 zero (the model cannot tell them apart).
+TEST_F(Import, EvalOfManyClassesShowsTheLowestAccuracyFirst) {
+  const uint64_t k = 150, n = 4 * k;
+  std::vector<float> x(n * k, 0.f);
+  std::vector<int32_t> y(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t c = i % k, copy = i / k;
+    y[i] = int32_t(c);
+    if (c < 100 || (c < 120 && copy < 2)) x[i * k + c] = 1.f;
+  }
+  npy("many_x.npy", "<f4", {n, k}, x);
+  npy("many_y.npy", "<i4", {n}, y);
+  const std::string data = path("many.h5"), ck = path("many-ck");
+  ASSERT_EQ(sh(dpdata("npy " + path("many_x.npy") + " " + path("many_y.npy") + " " + data)).code, 0);
+  fs::remove_all(ck);
+  Outcome r = sh(cli::mpirun(2) + DPT_BINARY_DIR + "/dptrain --data.train " + data + " --data.test " + data +
+                 " --model.layers 150,150 --train.batch_per_rank 50 --train.epochs 20 --train.optimizer adam"
+                 " --train.lr 0.05 --checkpoint.dir " + ck + " --log.metrics " + path("many.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::string checkpoint;
+  for (const auto& e : fs::directory_iterator(ck))
+    if (e.path().extension() == ".h5" && e.path().string() > checkpoint) checkpoint = e.path().string();
+  ASSERT_FALSE(checkpoint.empty()) << r.out;
+  r = sh(cli::mpirun(2) + DPT_BINARY_DIR + "/dptrain --eval --checkpoint " + checkpoint);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t head = r.out.find("the 100 of 150 classes with the lowest accuracy, lowest first:\n");
+  ASSERT_NE(head, std::string::npos) << r.out;
+  std::istringstream lines(r.out.substr(head));
+  std::string line;
+  std::getline(lines, line);
+  std::getline(lines, line);  // the column heads
+  std::vector<std::pair<int, double>> rows;
+  while (rows.size() < 100 && std::getline(lines, line)) {
+    int c = -1;
+    long long count = 0, correct = 0;
+    double acc = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%d %lld %lld %lf", &c, &count, &correct, &acc), 4) << line;
+    EXPECT_EQ(count, 4) << line;
+    EXPECT_NEAR(acc, double(correct) / 4, 1e-9) << line;
+    rows.emplace_back(c, acc);
+  }
+  ASSERT_EQ(rows.size(), 100u) << r.out;
+  for (size_t i = 1; i < rows.size(); ++i) EXPECT_LE(rows[i - 1].second, rows[i].second) << "row " << i << "\n" << r.out;
+  // Zero rows all get one answer: at most one of the 30 zero classes is right.
+  EXPECT_GE(rows.front().first, 100) << r.out;
+  EXPECT_EQ(rows.front().second, 0.0) << r.out;
+  int zero_classes_shown = 0;
+  for (const auto& [c, acc] : rows) zero_classes_shown += c >= 120;
+  EXPECT_GE(zero_classes_shown, 29) << r.out;
+  std::getline(lines, line);
+  double rest = -1;
+  ASSERT_EQ(std::sscanf(line.c_str(), "  (50 more classes, each at accuracy %lf or more)", &rest), 1) << line;
+  EXPECT_GE(rest, rows.back().second) << line;
 }

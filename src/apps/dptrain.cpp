@@ -71,16 +71,31 @@ Invocation eval_invocation(MPI_Comm c, int argc, char** argv, const Invocation& 
   return inv;
 }
 
-// --eval's table: per class (the first 100) its index, rows, correct rows and accuracy, and its
-// name when the test set or the checkpoint has class names.
+// --eval's table: per class its index, rows, correct rows and accuracy, and its name when the
+// test set or the checkpoint has class names. Up to 100 classes in class order (as `dpdata info`
+// lists them); of more (ImageNet's 1,000), the 100 with the lowest accuracy, lowest first.
 void log_class_accuracy(const EvalResult& e, const std::vector<std::string>& names) {
+  constexpr int kShown = 100;
   const int classes = int(e.class_rows.size());
-  const int shown = std::min(classes, 100);
+  const int shown = std::min(classes, kShown);
+  auto accuracy = [&](int c) {  // a class without rows sorts last
+    const int64_t n = e.class_rows[size_t(c)];
+    return n > 0 ? double(e.class_correct[size_t(c)]) / double(n) : 2.0;
+  };
+  std::vector<int> order(static_cast<size_t>(classes));
+  for (int c = 0; c < classes; ++c) order[size_t(c)] = c;
+  if (classes > kShown)
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return accuracy(a) < accuracy(b); });
   char buf[512];
+  if (classes > kShown) {
+    std::snprintf(buf, sizeof buf, "the %d of %d classes with the lowest accuracy, lowest first:", kShown, classes);
+    log::info(buf);
+  }
   std::snprintf(buf, sizeof buf, "%8s %12s %12s %9s%s", "class", "rows", "correct", "accuracy",
                 names.empty() ? "" : "  name");
   log::info(buf);
-  for (int c = 0; c < shown; ++c) {
+  for (int i = 0; i < shown; ++i) {
+    const int c = order[size_t(i)];
     const int64_t n = e.class_rows[size_t(c)], ok = e.class_correct[size_t(c)];
     char acc[16] = "-";
     if (n > 0) std::snprintf(acc, sizeof acc, "%.4f", double(ok) / double(n));
@@ -88,7 +103,12 @@ void log_class_accuracy(const EvalResult& e, const std::vector<std::string>& nam
                   size_t(c) < names.size() ? "  " : "");
     log::info(buf + (size_t(c) < names.size() ? names[size_t(c)] : std::string()));
   }
-  if (shown < classes) log::info("  (" + std::to_string(classes - shown) + " more classes not shown)");
+  if (shown < classes) {
+    const double next = accuracy(order[size_t(shown)]);
+    if (next <= 1.0) std::snprintf(buf, sizeof buf, "  (%d more classes, each at accuracy %.4f or more)", classes - shown, next);
+    else std::snprintf(buf, sizeof buf, "  (%d more classes, without rows in the test set)", classes - shown);
+    log::info(buf);
+  }
 }
 
 // The watchdog aborts the communicator before MPI_Abort; it must forget it before it is freed.
