@@ -658,4 +658,4 @@ if want images_acc; then
 fi
 # The device tool brings back few files: pack everything into one archive, the summaries beside it.
 tar -czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz"
-for f in /tmp/dpt-summary-*.txt; do [ -f "$f" ] && mv "$f" "$OUT/"; done
+for f in /tmp/dpt-summary-*.txt; do if [ -f "$f" ]; then mv "$f" "$OUT/"; fi; done
