@@ -84,10 +84,9 @@ void log_class_accuracy(const EvalResult& e, const std::vector<std::string>& nam
   };
   std::vector<int> order(static_cast<size_t>(classes));
   for (int c = 0; c < classes; ++c) order[size_t(c)] = c;
-  if (classes > kShown)
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return accuracy(a) < accuracy(b); });
   char buf[512];
   if (classes > kShown) {
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return accuracy(a) < accuracy(b); });
     std::snprintf(buf, sizeof buf, "the %d of %d classes with the lowest accuracy, lowest first:", kShown, classes);
     log::info(buf);
   }
@@ -98,7 +97,7 @@ void log_class_accuracy(const EvalResult& e, const std::vector<std::string>& nam
     const int c = order[size_t(i)];
     const int64_t n = e.class_rows[size_t(c)], ok = e.class_correct[size_t(c)];
     char acc[16] = "-";
-    if (n > 0) std::snprintf(acc, sizeof acc, "%.4f", double(ok) / double(n));
+    if (n > 0) std::snprintf(acc, sizeof acc, "%.4f", accuracy(c));
     std::snprintf(buf, sizeof buf, "%8d %12lld %12lld %9s%s", c, (long long)n, (long long)ok, acc,
                   size_t(c) < names.size() ? "  " : "");
     log::info(buf + (size_t(c) < names.size() ? names[size_t(c)] : std::string()));
